@@ -1,0 +1,1 @@
+"""The serving side: rendering, exact-token splice, inference engines, the HTTP gateway."""

@@ -1,0 +1,1 @@
+"""The application on top: command line, configuration, wiring, the demo."""

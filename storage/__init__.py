@@ -1,0 +1,1 @@
+"""Tensor blobs in object storage: keys, codec, digests, the write-once store, cleanup."""

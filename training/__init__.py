@@ -1,0 +1,1 @@
+"""The consuming side: selection, forest, rows, batches, advantages, loss, projector, trainer."""
