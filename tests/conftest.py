@@ -44,5 +44,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # no
     terminalreporter.section("tests per backend")
     for key in ("database", "blob_backend"):
         for value in sorted({v for (k, v, _) in counts if k == key}):
-            parts = [f"{counts[(key, value, o)]} {o}" for o in ("passed", "failed", "error", "skipped") if counts[(key, value, o)]]
+            parts = [
+                f"{counts[(key, value, o)]} {o}"
+                for o in ("passed", "failed", "error", "skipped")
+                if counts[(key, value, o)]
+            ]
             terminalreporter.write_line(f"{key} {value}: {', '.join(parts)}")

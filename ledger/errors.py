@@ -1,0 +1,126 @@
+"""The ledger's errors, one tree, translated from database errors in one place (``database.py``).
+
+::
+
+    LedgerError
+    ├── EventValidationError          a payload or type the catalog does not accept
+    │   ├── UnknownEventType
+    │   └── InvalidEventPayload
+    ├── StreamIdError                 a stream id outside the documented alphabet
+    ├── WrongExpectedVersion          optimistic concurrency: the stream moved on
+    ├── EventIdConflict               an event id reused with a different payload
+    ├── AppendOnlyViolation           UPDATE, DELETE or TRUNCATE on the event table
+    ├── SchemaNotReady                the database has no (or an old) ledger schema
+    └── DatabaseUnavailable           the database cannot be reached
+
+Every message states the rule, then the identifiers and got-versus-expected values, which are also
+kept as attributes.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AppendOnlyViolation",
+    "DatabaseUnavailable",
+    "EventIdConflict",
+    "EventValidationError",
+    "InvalidEventPayload",
+    "LedgerError",
+    "SchemaNotReady",
+    "StreamIdError",
+    "UnknownEventType",
+    "WrongExpectedVersion",
+]
+
+
+class LedgerError(Exception):
+    """Root of every error the ledger raises."""
+
+
+class EventValidationError(LedgerError, ValueError):
+    """An event the catalog does not accept; nothing was written."""
+
+
+class UnknownEventType(EventValidationError):
+    """The event type is not in the catalog."""
+
+    def __init__(self, event_type: str, known: list[str]) -> None:
+        self.event_type = event_type
+        super().__init__(
+            f"Unknown event type: {event_type!r} is not in the catalog "
+            f"(known types: {', '.join(sorted(known))}); see docs/events.md"
+        )
+
+
+class InvalidEventPayload(EventValidationError):
+    """The payload does not validate against its event model."""
+
+    def __init__(self, event_type: str, schema_version: int, detail: str) -> None:
+        self.event_type = event_type
+        self.schema_version = schema_version
+        self.detail = detail
+        super().__init__(
+            f"Invalid payload for event {event_type!r} (schema version {schema_version}): {detail}"
+        )
+
+
+class StreamIdError(LedgerError, ValueError):
+    """A stream id outside the documented alphabet."""
+
+    def __init__(self, stream_id: object, rule: str) -> None:
+        self.stream_id = stream_id
+        super().__init__(f"Invalid stream id {stream_id!r}: {rule}")
+
+
+class WrongExpectedVersion(LedgerError):
+    """Optimistic concurrency: the stream's version is not the one the writer expected."""
+
+    def __init__(self, stream_id: str, expected: int, actual: int) -> None:
+        self.stream_id = stream_id
+        self.expected = expected
+        self.actual = actual
+        super().__init__(
+            f"Wrong expected version: {expected} (Stream: {stream_id}, Stream Version: {actual}); "
+            "re-read the stream and decide again"
+        )
+
+
+class EventIdConflict(LedgerError):
+    """An event id that already exists with a different stream, type or payload."""
+
+    def __init__(self, event_id: str, detail: str) -> None:
+        self.event_id = event_id
+        super().__init__(
+            f"Event id {event_id} is already recorded with a different {detail}; an event id is "
+            "an idempotency key and may only be retried with the identical event"
+        )
+
+
+class AppendOnlyViolation(LedgerError):
+    """The database refused to change recorded history."""
+
+    def __init__(self, operation: str, detail: str = "") -> None:
+        self.operation = operation
+        super().__init__(
+            f"The event ledger is append-only: {operation} refused"
+            + (f" ({detail})" if detail else "")
+        )
+
+
+class SchemaNotReady(LedgerError):
+    """The database lacks the ledger schema; run ``grove db upgrade``."""
+
+    def __init__(self, url: str, detail: str) -> None:
+        self.url = url
+        super().__init__(
+            f"The ledger schema is missing or out of date at {url}: {detail}. "
+            "Run `grove db upgrade` (or `alembic upgrade head`)."
+        )
+
+
+class DatabaseUnavailable(LedgerError):
+    """The database cannot be reached or opened."""
+
+    def __init__(self, url: str, detail: str) -> None:
+        self.url = url
+        super().__init__(f"Cannot reach the ledger database at {url}: {detail}")

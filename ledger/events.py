@@ -1,0 +1,227 @@
+"""The event catalog: one frozen pydantic model per event type, with a stable type name and version.
+
+Producers: the capture lifecycle (``attempt.*``, ``call.*``), the harness adapter (``rollout.selected``)
+and the projector (``rollout.finalized``, ``batch.published``). Consumers: projections, replay,
+training. A payload is stored as JSON exactly as ``model_dump(mode="json")`` returns it; reading an
+older ``schema_version`` goes through the upcasters in ``upcasting.py`` and is never rewritten in place.
+``docs/events.md`` describes every field.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ledger.errors import InvalidEventPayload, UnknownEventType
+
+__all__ = [
+    "CATALOG",
+    "AdmissionsClosed",
+    "AttemptCleaned",
+    "AttemptOpened",
+    "AttemptSettled",
+    "BatchPublished",
+    "CallCommitted",
+    "CallFailed",
+    "CallIntended",
+    "Event",
+    "LedgerPosition",
+    "ReplaySummary",
+    "RolloutFinalized",
+    "RolloutSelected",
+    "event_class",
+    "validate_payload",
+]
+
+Digest = str  # lowercase hex sha256
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Event(_Record):
+    """Base of every event payload; subclasses set ``type`` and ``schema_version``."""
+
+    type: ClassVar[str]
+    schema_version: ClassVar[int] = 1
+
+
+CATALOG: dict[str, type[Event]] = {}
+
+
+def _register(cls: type[Event]) -> type[Event]:
+    if cls.type in CATALOG:
+        raise RuntimeError(f"event type {cls.type!r} registered twice")
+    CATALOG[cls.type] = cls
+    return cls
+
+
+def event_class(event_type: str) -> type[Event]:
+    """The model for ``event_type``; raises UnknownEventType outside the catalog."""
+    try:
+        return CATALOG[event_type]
+    except KeyError:
+        raise UnknownEventType(event_type, list(CATALOG)) from None
+
+
+def validate_payload(event_type: str, payload: Any) -> Event:
+    """Validate a current-version payload into its model, with a ledger error on failure."""
+    cls = event_class(event_type)
+    try:
+        return cls.model_validate(payload)
+    except ValidationError as exc:
+        detail = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '<payload>'}: {err['msg']}"
+            for err in exc.errors()
+        )
+        raise InvalidEventPayload(event_type, cls.schema_version, detail) from None
+
+
+class ReplaySummary(_Record):
+    """What admission needs to match a later request against this call, without the messages."""
+
+    normalization_version: int = Field(ge=1)
+    item_count: int = Field(ge=0, description="items of the request plus the call's own output")
+    source_digest: Digest
+    render_options_digest: Digest
+
+
+class LedgerPosition(_Record):
+    """A gap-free reader's mark: the last (transaction id, position) consumed.
+
+    On SQLite ``transaction_id`` is None and position order is commit order.
+    """
+
+    transaction_id: int | None = None
+    position: int = Field(ge=0)
+
+
+@_register
+class AttemptOpened(Event):
+    """An attempt (one execution of a harness for one logical rollout) starts.
+
+    Version 2 added ``forest_mode`` and ``selection_policy``; version-1 payloads are upcast
+    (``upcasting.py``) to the behaviour they were written under: no forest, returned history.
+    """
+
+    type: ClassVar[str] = "attempt.opened"
+    schema_version: ClassVar[int] = 2
+    capture_key: str
+    rollout_id: str
+    prompt_group: str
+    rollout_index: int = Field(ge=0)
+    policy_version: int = Field(ge=0)
+    model_fingerprint: str
+    template_fingerprint: str
+    forest_mode: bool = True
+    selection_policy: str = "returned_history"
+
+
+@_register
+class CallIntended(Event):
+    """A call was admitted before inference; its id is unique within the attempt."""
+
+    type: ClassVar[str] = "call.intended"
+    call_id: str
+    decision: Literal["root", "continuation"]
+    parent_call_id: str | None = None
+    root_reason: str | None = Field(
+        default=None, description="why the call is a root (initial request, rewrite, failed check)"
+    )
+    replay_summary: ReplaySummary
+    equivalences: tuple[str, ...] = ()
+    prompt_tokens: int = Field(ge=0)
+
+
+@_register
+class CallCommitted(Event):
+    """The call's delta blob is stored and acknowledged; the blob is written before this event."""
+
+    type: ClassVar[str] = "call.committed"
+    call_id: str
+    parent_call_id: str | None = None
+    prev_len: int = Field(ge=0, description="tokens inherited from the parent chain")
+    delta_len: int = Field(ge=0, description="new tokens: prompt delta plus generated")
+    cum_len: int = Field(ge=0)
+    prompt_delta_len: int = Field(ge=0)
+    generated_len: int = Field(ge=0)
+    blob_key: str
+    blob_sha256: Digest
+    blob_bytes: int = Field(ge=0)
+    finish_reason: str
+    response_id: str
+    output_fingerprint: Digest
+    replay_summary: ReplaySummary
+
+
+@_register
+class CallFailed(Event):
+    """The call ended without a usable capture."""
+
+    type: ClassVar[str] = "call.failed"
+    call_id: str
+    reason: str = Field(description="a reason code, e.g. engine_error, storage_error")
+    detail: str = ""
+
+
+@_register
+class AdmissionsClosed(Event):
+    """The harness returned; later intents are refused."""
+
+    type: ClassVar[str] = "attempt.admissions_closed"
+
+
+@_register
+class AttemptSettled(Event):
+    """Pending calls resolved, or the wait for them ran out."""
+
+    type: ClassVar[str] = "attempt.settled"
+    pending_call_ids: tuple[str, ...] = ()
+    timed_out: bool = False
+
+
+@_register
+class RolloutSelected(Event):
+    """The selection policy's result for the attempt: the ordered calls that count for training."""
+
+    type: ClassVar[str] = "rollout.selected"
+    policy: str
+    call_ids: tuple[str, ...]
+    terminal_response_id: str | None = None
+    reward: float
+
+
+@_register
+class RolloutFinalized(Event):
+    """The projector's decision for the attempt's logical rollout."""
+
+    type: ClassVar[str] = "rollout.finalized"
+    rollout_id: str
+    trainable: bool
+    masked_reason: str | None = None
+    paths: tuple[tuple[str, ...], ...] = ()
+    owned: tuple[tuple[str, ...], ...] = Field(
+        default=(), description="per path, the call ids whose generated span it owns"
+    )
+
+
+@_register
+class BatchPublished(Event):
+    """Rows handed to training for one optimizer step."""
+
+    type: ClassVar[str] = "batch.published"
+    step: int = Field(ge=0)
+    rollout_ids: tuple[str, ...]
+    row_ids: tuple[str, ...]
+    padding_row_ids: tuple[str, ...] = ()
+    ledger_position: LedgerPosition
+
+
+@_register
+class AttemptCleaned(Event):
+    """Staging blobs removed for the attempt: exactly these keys."""
+
+    type: ClassVar[str] = "attempt.cleaned"
+    keys: tuple[str, ...]

@@ -1,0 +1,300 @@
+"""The append-only event store: optimistic appends, idempotent retries, gap-free reading.
+
+A stream's versions start at 1. ``append`` takes the version the writer last saw (0 for a new
+stream, ``ANY_VERSION`` to skip the check); a racing writer loses on the unique
+``(stream_id, stream_version)`` index and gets ``WrongExpectedVersion``. An event id is an
+idempotency key: retrying an append whose events are all recorded with identical stream, type and
+payload returns the recorded positions; reusing an id for anything else is ``EventIdConflict``.
+Every event is validated against the catalog before anything is written.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Final
+
+from sqlalchemy import Engine, Row, exc, func, insert, select
+
+from ledger.database import dialect_of, open_engine, read_only, translate_errors
+from ledger.errors import EventIdConflict, StreamIdError, WrongExpectedVersion
+from ledger.events import Event, LedgerPosition, validate_payload
+from ledger.postgres import PostgresBackend
+from ledger.schema import EVENTS
+from ledger.sqlite import SqliteBackend
+from ledger.upcasting import decode_payload, upcast
+
+__all__ = [
+    "ANY_VERSION",
+    "STREAM_ID_PATTERN",
+    "AppendResult",
+    "EventStore",
+    "ImportEvent",
+    "NewEvent",
+    "ReadBatch",
+    "StoredEvent",
+    "validate_stream_id",
+]
+
+ANY_VERSION: Final = -1
+STREAM_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,199}$")
+_RETRIES = 5
+
+
+def validate_stream_id(stream_id: object) -> str:
+    """``stream_id`` if it is 1-200 of ``A-Z a-z 0-9 . _ : @ -``, starting alphanumeric."""
+    if not isinstance(stream_id, str):
+        raise StreamIdError(stream_id, "a stream id is a string")
+    if not STREAM_ID_PATTERN.match(stream_id):
+        raise StreamIdError(
+            stream_id,
+            "use 1-200 characters from A-Z a-z 0-9 . _ : @ -, starting with a letter or digit",
+        )
+    return stream_id
+
+
+@dataclass(frozen=True)
+class NewEvent:
+    """An event to append with its idempotency key (a fresh UUID unless the caller names one)."""
+
+    event: Event
+    event_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+
+@dataclass(frozen=True)
+class ImportEvent:
+    """A row for bulk import: an event with its explicit stream version (replays, migrations)."""
+
+    stream_id: str
+    stream_version: int
+    event_type: str
+    schema_version: int
+    payload: dict[str, Any]
+    event_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+
+@dataclass(frozen=True)
+class StoredEvent:
+    """A recorded event as read back; ``payload`` is as stored (possibly an old version)."""
+
+    position: int
+    event_id: str
+    stream_id: str
+    stream_version: int
+    event_type: str
+    schema_version: int
+    payload: dict[str, Any]
+    recorded_at: datetime
+    transaction_id: int | None
+
+    def decode(self) -> Event:
+        """The payload as the current event model (upcast when it is an older version)."""
+        return decode_payload(self.event_type, self.schema_version, self.payload)
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    """Where an append landed; ``duplicate`` when it was an idempotent retry."""
+
+    stream_id: str
+    positions: tuple[int, ...]
+    stream_version: int
+    duplicate: bool = False
+
+
+@dataclass(frozen=True)
+class ReadBatch:
+    """Events read after a mark, and the mark to read after next time."""
+
+    events: tuple[StoredEvent, ...]
+    mark: LedgerPosition
+
+
+def _stored(row: Row) -> StoredEvent:
+    return StoredEvent(
+        position=row.position,
+        event_id=row.event_id,
+        stream_id=row.stream_id,
+        stream_version=row.stream_version,
+        event_type=row.event_type,
+        schema_version=row.schema_version,
+        payload=row.payload,
+        recorded_at=row.recorded_at,
+        transaction_id=row.transaction_id,
+    )
+
+
+def _prepare(item: Event | NewEvent) -> tuple[str, Event]:
+    new = item if isinstance(item, NewEvent) else NewEvent(item)
+    if not isinstance(new.event, Event):
+        raise TypeError(f"expected a ledger event model, got {type(new.event).__name__}")
+    # Round-trip through validation: a model built with model_construct cannot slip past.
+    validate_payload(new.event.type, new.event.model_dump(mode="json"))
+    return new.event_id, new.event
+
+
+class EventStore:
+    """The ledger's event store over one SQLAlchemy engine (SQLite or PostgreSQL)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.url = engine.url.render_as_string(hide_password=True)
+        self.backend = PostgresBackend() if dialect_of(engine) == "postgresql" else SqliteBackend()
+
+    @classmethod
+    def open(cls, url: str, *, pool: bool = True) -> EventStore:
+        """A store on the database at ``url`` (its schema made by ``grove db upgrade``)."""
+        return cls(open_engine(url, pool=pool))
+
+    def close(self) -> None:
+        """Release the engine's connections."""
+        self.engine.dispose()
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def append(
+        self,
+        stream_id: str,
+        events: Sequence[Event | NewEvent],
+        expected_version: int = ANY_VERSION,
+    ) -> AppendResult:
+        """Append ``events`` to ``stream_id`` in one transaction, if its version is as expected."""
+        validate_stream_id(stream_id)
+        if not events:
+            raise ValueError(f"append to {stream_id} needs at least one event")
+        prepared = [_prepare(item) for item in events]
+        if len({event_id for event_id, _ in prepared}) != len(prepared):
+            raise EventIdConflict(
+                next(i for i, _ in prepared if sum(j == i for j, _ in prepared) > 1),
+                "event in the same append (an id appears twice)",
+            )
+        with translate_errors(self.url):
+            for attempt in range(_RETRIES):
+                try:
+                    return self._append_once(stream_id, prepared, expected_version)
+                except exc.IntegrityError:
+                    # A racing writer took our version or event id; decide again from the
+                    # committed state (the next round raises the precise error or succeeds).
+                    if attempt == _RETRIES - 1:
+                        raise
+        raise AssertionError("unreachable")
+
+    def _append_once(
+        self, stream_id: str, prepared: list[tuple[str, Event]], expected_version: int
+    ) -> AppendResult:
+        ids = [event_id for event_id, _ in prepared]
+        with self.engine.begin() as conn:
+            existing = conn.execute(
+                select(EVENTS).where(EVENTS.c.event_id.in_(ids)).order_by(EVENTS.c.position)
+            ).all()
+            if existing:
+                return self._idempotent(stream_id, prepared, existing)
+            actual = conn.execute(
+                select(func.coalesce(func.max(EVENTS.c.stream_version), 0)).where(
+                    EVENTS.c.stream_id == stream_id
+                )
+            ).scalar_one()
+            if expected_version != ANY_VERSION and actual != expected_version:
+                raise WrongExpectedVersion(stream_id, expected_version, actual)
+            rows = [
+                {
+                    "event_id": event_id,
+                    "stream_id": stream_id,
+                    "stream_version": actual + offset + 1,
+                    "event_type": event.type,
+                    "schema_version": event.schema_version,
+                    "payload": event.model_dump(mode="json"),
+                }
+                for offset, (event_id, event) in enumerate(prepared)
+            ]
+            result = conn.execute(
+                insert(EVENTS).returning(EVENTS.c.position, sort_by_parameter_order=True), rows
+            )
+            positions = tuple(result.scalars().all())
+        return AppendResult(stream_id, positions, actual + len(prepared))
+
+    def _idempotent(
+        self, stream_id: str, prepared: list[tuple[str, Event]], existing: Sequence[Row]
+    ) -> AppendResult:
+        recorded = {row.event_id: row for row in existing}
+        for event_id, event in prepared:
+            row = recorded.get(event_id)
+            if row is None:
+                raise EventIdConflict(
+                    next(iter(recorded)),
+                    "batch (part of this append is already recorded, part is not)",
+                )
+            if row.stream_id != stream_id:
+                raise EventIdConflict(event_id, f"stream ({row.stream_id!r}, not {stream_id!r})")
+            if row.event_type != event.type:
+                raise EventIdConflict(event_id, f"type ({row.event_type!r}, not {event.type!r})")
+            stored = upcast(row.event_type, row.schema_version, row.payload)
+            if stored != event.model_dump(mode="json"):
+                raise EventIdConflict(event_id, "payload")
+        return AppendResult(
+            stream_id,
+            tuple(recorded[event_id].position for event_id, _ in prepared),
+            max(row.stream_version for row in existing),
+            duplicate=True,
+        )
+
+    def import_events(self, events: Iterable[ImportEvent]) -> int:
+        """Bulk-insert events with explicit stream versions in one transaction (``COPY`` on
+        PostgreSQL); every payload is validated first, and on any error nothing is written."""
+        rows = []
+        for item in events:
+            validate_stream_id(item.stream_id)
+            decode_payload(item.event_type, item.schema_version, item.payload)
+            rows.append(
+                {
+                    "event_id": item.event_id,
+                    "stream_id": item.stream_id,
+                    "stream_version": item.stream_version,
+                    "event_type": item.event_type,
+                    "schema_version": item.schema_version,
+                    "payload": item.payload,
+                }
+            )
+        if not rows:
+            return 0
+        with translate_errors(self.url), self.engine.begin() as conn:
+            self.backend.bulk_insert(conn, rows)
+        return len(rows)
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def stream_version(self, stream_id: str) -> int:
+        """The stream's current version (0 when it has no events)."""
+        query = select(func.coalesce(func.max(EVENTS.c.stream_version), 0)).where(
+            EVENTS.c.stream_id == validate_stream_id(stream_id)
+        )
+        with translate_errors(self.url), read_only(self.engine.connect()) as conn:
+            return conn.execute(query).scalar_one()
+
+    def read_stream(self, stream_id: str, after_version: int = 0) -> list[StoredEvent]:
+        """The stream's events after ``after_version``, in version order."""
+        query = (
+            select(EVENTS)
+            .where(
+                EVENTS.c.stream_id == validate_stream_id(stream_id),
+                EVENTS.c.stream_version > after_version,
+            )
+            .order_by(EVENTS.c.stream_version)
+        )
+        with translate_errors(self.url), read_only(self.engine.connect()) as conn:
+            return [_stored(row) for row in conn.execute(query)]
+
+    def read_after(self, mark: LedgerPosition, limit: int = 1000) -> ReadBatch:
+        """Up to ``limit`` committed events after ``mark``, never skipping one that commits late."""
+        with translate_errors(self.url), read_only(self.engine.connect()) as conn:
+            rows = self.backend.read_after(conn, mark, limit)
+        events = tuple(_stored(row) for row in rows)
+        return ReadBatch(events, self.backend.mark_of(rows[-1]) if rows else mark)
+
+    def count(self) -> int:
+        """How many events the ledger holds."""
+        with translate_errors(self.url), read_only(self.engine.connect()) as conn:
+            return conn.execute(select(func.count()).select_from(EVENTS)).scalar_one()

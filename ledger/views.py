@@ -1,0 +1,55 @@
+"""Lineage views over the projection tables, the same SQL on SQLite and PostgreSQL.
+
+``grove_calls``: one row per call with its attempt's rollout identity, status and selection.
+``grove_call_lineage``: each call with itself (depth 0) and every ancestor (depth 1 = its parent).
+``grove_rollouts``: one row per selected attempt with its decision and training step.
+``docs/sql.md`` is the cookbook of queries over them.
+"""
+
+from __future__ import annotations
+
+__all__ = ["VIEWS", "create_view_statements", "drop_view_statements"]
+
+VIEWS: dict[str, str] = {
+    "grove_calls": """
+        SELECT c.capture_key, a.rollout_id, a.prompt_group, a.rollout_index, c.call_id,
+               c.parent_call_id, c.decision, c.root_reason, c.status, c.late,
+               c.prompt_tokens, c.prev_len, c.delta_len, c.cum_len, c.generated_len,
+               c.finish_reason, c.response_id, c.failure_reason, c.blob_key,
+               c.selection_index, (c.selection_index IS NOT NULL) AS selected,
+               c.intended_position, c.resolved_position
+        FROM grove_proj_calls c
+        JOIN grove_proj_attempts a ON a.capture_key = c.capture_key
+    """,
+    "grove_call_lineage": """
+        WITH RECURSIVE lineage (capture_key, call_id, ancestor_call_id, depth) AS (
+            SELECT capture_key, call_id, call_id, 0 FROM grove_proj_calls
+            UNION ALL
+            SELECT l.capture_key, l.call_id, c.parent_call_id, l.depth + 1
+            FROM lineage l
+            JOIN grove_proj_calls c
+              ON c.capture_key = l.capture_key AND c.call_id = l.ancestor_call_id
+            WHERE c.parent_call_id IS NOT NULL
+        )
+        SELECT capture_key, call_id, ancestor_call_id, depth FROM lineage
+    """,
+    "grove_rollouts": """
+        SELECT r.capture_key, r.rollout_id, r.prompt_group, a.rollout_index, a.policy_version,
+               r.policy, r.reward, r.terminal_response_id, r.selected_calls, r.status,
+               r.masked_reason, r.rows, r.step,
+               (SELECT COUNT(*) FROM grove_proj_calls c WHERE c.capture_key = r.capture_key)
+                   AS captured_calls
+        FROM grove_proj_rollouts r
+        JOIN grove_proj_attempts a ON a.capture_key = r.capture_key
+    """,
+}
+
+
+def create_view_statements() -> tuple[str, ...]:
+    """``CREATE VIEW`` statements for every lineage view."""
+    return tuple(f"CREATE VIEW {name} AS {body.strip()}" for name, body in VIEWS.items())
+
+
+def drop_view_statements() -> tuple[str, ...]:
+    """``DROP VIEW`` statements, in reverse order of creation."""
+    return tuple(f"DROP VIEW IF EXISTS {name}" for name in reversed(VIEWS))

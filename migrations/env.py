@@ -1,0 +1,54 @@
+"""Alembic environment: the ledger's metadata, one URL from the caller, online migrations only."""
+
+from __future__ import annotations
+
+import os
+
+from alembic import context
+
+from ledger.database import open_engine
+from ledger.schema import METADATA
+
+config = context.config
+
+
+def _url() -> str:
+    given = config.attributes.get("url") or context.get_x_argument(as_dictionary=True).get("url")
+    return given or os.environ.get("GROVE_DATABASE_URL") or config.get_main_option("sqlalchemy.url")
+
+
+def _include_object(obj, name, type_, reflected, compare_to):  # noqa: ANN001, ARG001
+    # Alembic's own version table is not part of the ledger schema.
+    return not (type_ == "table" and name == "alembic_version")
+
+
+def run_migrations_online() -> None:
+    """Run migrations on a connection given by the caller, or on a fresh engine."""
+    connection = config.attributes.get("connection")
+    if connection is not None:
+        _run(connection)
+        return
+    engine = open_engine(_url(), pool=False)
+    try:
+        with engine.connect() as conn:
+            _run(conn)
+            conn.commit()
+    finally:
+        engine.dispose()
+
+
+def _run(connection) -> None:  # noqa: ANN001
+    context.configure(
+        connection=connection,
+        target_metadata=METADATA,
+        render_as_batch=connection.dialect.name == "sqlite",
+        include_object=_include_object,
+        compare_type=True,
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+if context.is_offline_mode():
+    raise SystemExit("Grove's migrations run online only: give a database URL")
+run_migrations_online()
