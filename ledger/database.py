@@ -28,7 +28,7 @@ SQLITE_BUSY_TIMEOUT_S = 60.0
 
 
 def open_engine(url: str, *, pool: bool = True) -> Engine:
-    """An engine for ``url`` (``sqlite:///PATH`` or ``postgresql+psycopg://…``), configured for Grove."""
+    """An engine for ``url`` (``sqlite:///PATH`` or ``postgresql+psycopg://…``) for Grove."""
     parsed = make_url(url)
     backend = parsed.get_backend_name()
     if backend == "sqlite":
@@ -52,7 +52,7 @@ def open_engine(url: str, *, pool: bool = True) -> Engine:
 
 def _configure_sqlite(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_connection, _record) -> None:  # noqa: ANN001
+    def _on_connect(dbapi_connection, _record) -> None:
         dbapi_connection.isolation_level = None  # we issue BEGIN ourselves
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")

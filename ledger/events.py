@@ -1,9 +1,10 @@
 """The event catalog: one frozen pydantic model per event type, with a stable type name and version.
 
-Producers: the capture lifecycle (``attempt.*``, ``call.*``), the harness adapter (``rollout.selected``)
-and the projector (``rollout.finalized``, ``batch.published``). Consumers: projections, replay,
-training. A payload is stored as JSON exactly as ``model_dump(mode="json")`` returns it; reading an
-older ``schema_version`` goes through the upcasters in ``upcasting.py`` and is never rewritten in place.
+Producers: the capture lifecycle (``attempt.*``, ``call.*``), the harness adapter
+(``rollout.selected``) and the projector (``rollout.finalized``, ``batch.published``). Consumers:
+projections, replay, training. A payload is stored as JSON exactly as ``model_dump(mode="json")``
+returns it; reading an older ``schema_version`` goes through the upcasters (``upcasting.py``), it is
+never rewritten in place.
 ``docs/events.md`` describes every field.
 """
 

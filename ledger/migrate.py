@@ -1,7 +1,7 @@
 """Schema migrations through Alembic, programmatically: upgrade, downgrade, current, drift check.
 
-``grove db …`` and the tests call these; ``alembic …`` with the repository's ``alembic.ini`` does the
-same from the shell.
+``grove db …`` and the tests call these; ``alembic …`` with the repository's ``alembic.ini`` does
+the same from the shell.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ COPY_COLUMNS = (
 )
 
 
-def _oldest_running_transaction():  # noqa: ANN202
+def _oldest_running_transaction():
     return cast(cast(func.pg_snapshot_xmin(func.pg_current_snapshot()), Text), BigInteger)
 
 

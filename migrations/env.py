@@ -17,7 +17,7 @@ def _url() -> str:
     return given or os.environ.get("GROVE_DATABASE_URL") or config.get_main_option("sqlalchemy.url")
 
 
-def _include_object(obj, name, type_, reflected, compare_to):  # noqa: ANN001, ARG001
+def _include_object(obj, name, type_, reflected, compare_to):
     # Alembic's own version table is not part of the ledger schema.
     return not (type_ == "table" and name == "alembic_version")
 
@@ -37,7 +37,7 @@ def run_migrations_online() -> None:
         engine.dispose()
 
 
-def _run(connection) -> None:  # noqa: ANN001
+def _run(connection) -> None:
     context.configure(
         connection=connection,
         target_metadata=METADATA,

@@ -27,7 +27,7 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
         yield request.getfixturevalue("postgres_url")
 
 
-def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # noqa: ARG001
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     """Print how many tests ran (passed, failed, skipped) per database and blob backend."""
     counts: Counter[tuple[str, str, str]] = Counter()
     for outcome in ("passed", "failed", "error", "skipped"):

@@ -32,7 +32,7 @@ CHECKS = {
 }
 
 
-def _alter_events(change) -> None:  # noqa: ANN001
+def _alter_events(change) -> None:
     """Apply ``change`` to grove_events; on SQLite, re-make what a table rebuild loses."""
     dialect = op.get_bind().dialect.name
     if dialect == "sqlite":
@@ -48,7 +48,7 @@ def _alter_events(change) -> None:  # noqa: ANN001
 
 
 def upgrade() -> None:
-    def add_checks(batch) -> None:  # noqa: ANN001
+    def add_checks(batch) -> None:
         for name, condition in CHECKS.items():
             batch.create_check_constraint(f"ck_grove_events_{name}", condition)
 
@@ -135,7 +135,7 @@ def downgrade() -> None:
     op.drop_table("grove_proj_attempts")
     op.drop_table("grove_projection_checkpoints")
 
-    def drop_checks(batch) -> None:  # noqa: ANN001
+    def drop_checks(batch) -> None:
         for name in CHECKS:
             batch.drop_constraint(f"ck_grove_events_{name}", type_="check")
 
