@@ -1,0 +1,145 @@
+"""The ``grove`` command line. Every command takes ``--workdir``, ``--database-url``, ``--blob-url``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from grove.errors import GROVE_ERRORS
+from grove.workspace import Workspace
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    help="Grove: capture ledger and forest projector for RL of context-rewriting LLM agents.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+db_app = typer.Typer(help="The ledger database: migrations and status.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+
+console = Console()
+errors = Console(stderr=True)
+
+WorkdirOption = Annotated[
+    Path | None,
+    typer.Option("--workdir", help="Directory for the embedded defaults (default .grove/)."),
+]
+DatabaseOption = Annotated[
+    str | None,
+    typer.Option(
+        "--database-url",
+        envvar="GROVE_DATABASE_URL",
+        help="Ledger database (sqlite:///PATH or postgresql+psycopg://…); default WORKDIR/ledger.db.",
+    ),
+]
+BlobOption = Annotated[
+    str | None,
+    typer.Option(
+        "--blob-url",
+        envvar="GROVE_BLOB_URL",
+        help="Blob store (a directory or s3://bucket/prefix); default WORKDIR/blobs.",
+    ),
+]
+
+
+def _workspace(workdir: Path | None, database_url: str | None, blob_url: str | None) -> Workspace:
+    return Workspace.resolve(workdir, database_url, blob_url)
+
+
+@db_app.command("upgrade")
+def db_upgrade(
+    revision: Annotated[str, typer.Argument(help="Target revision.")] = "head",
+    workdir: WorkdirOption = None,
+    database_url: DatabaseOption = None,
+    blob_url: BlobOption = None,
+) -> None:
+    """Create or upgrade the ledger schema."""
+    from ledger import migrate
+
+    ws = _workspace(workdir, database_url, blob_url)
+    migrate.upgrade(ws.database_url, revision)
+    console.print(f"ledger schema at revision {migrate.current_revision(ws.database_url)}")
+
+
+@db_app.command("downgrade")
+def db_downgrade(
+    revision: Annotated[str, typer.Argument(help="Target revision (base removes everything).")],
+    workdir: WorkdirOption = None,
+    database_url: DatabaseOption = None,
+    blob_url: BlobOption = None,
+) -> None:
+    """Take the ledger schema down to REVISION."""
+    from ledger import migrate
+
+    ws = _workspace(workdir, database_url, blob_url)
+    migrate.downgrade(ws.database_url, revision)
+    console.print(f"ledger schema at revision {migrate.current_revision(ws.database_url)}")
+
+
+@db_app.command("status")
+def db_status(
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    workdir: WorkdirOption = None,
+    database_url: DatabaseOption = None,
+    blob_url: BlobOption = None,
+) -> None:
+    """Head revision, the database's revision, event count and projection positions."""
+    from ledger import migrate
+    from ledger.projections import projection_marks
+    from ledger.store import EventStore
+
+    ws = _workspace(workdir, database_url, blob_url)
+    current = migrate.current_revision(ws.database_url)
+    status: dict[str, object] = {
+        "database": Workspace.redacted(ws.database_url),
+        "head_revision": migrate.head_revision(),
+        "current_revision": current,
+    }
+    if current is not None:
+        store = EventStore.open(ws.database_url, pool=False)
+        try:
+            status["events"] = store.count()
+            status["projections"] = {
+                name: mark.model_dump() for name, mark in projection_marks(store).items()
+            }
+        finally:
+            store.close()
+    if as_json:
+        print(json.dumps(status))
+        return
+    table = Table(show_header=False, box=None)
+    for key, value in status.items():
+        table.add_row(key, str(value))
+    console.print(table)
+    if current is None:
+        console.print("[yellow]no ledger schema yet: run `grove db upgrade`[/]")
+
+
+@app.command("demo")
+def demo(
+    as_json: Annotated[bool, typer.Option("--json", help="Print only one JSON line.")] = False,
+    workdir: WorkdirOption = None,
+    database_url: DatabaseOption = None,
+    blob_url: BlobOption = None,
+) -> None:
+    """Run the main job on embedded defaults (for now: a walkthrough of the ledger)."""
+    from grove.walkthrough import run_walkthrough
+
+    ws = _workspace(workdir, database_url, blob_url)
+    summary = run_walkthrough(ws, console=None if as_json else console)
+    print(json.dumps(summary))
+
+
+def main() -> None:
+    """Entry point: run the app and report Grove's errors as one clear line, exit status 1."""
+    try:
+        app()
+    except GROVE_ERRORS as error:
+        errors.print(f"[bold red]error:[/] {error}", highlight=False)
+        raise SystemExit(1) from None
