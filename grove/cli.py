@@ -1,4 +1,4 @@
-"""The ``grove`` command line. Every command takes ``--workdir``, ``--database-url``, ``--blob-url``."""
+"""The ``grove`` command line: every command takes --workdir, --database-url and --blob-url."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ DatabaseOption = Annotated[
     typer.Option(
         "--database-url",
         envvar="GROVE_DATABASE_URL",
-        help="Ledger database (sqlite:///PATH or postgresql+psycopg://…); default WORKDIR/ledger.db.",
+        help="Ledger: sqlite:///PATH or postgresql+psycopg://… (default WORKDIR/ledger.db).",
     ),
 ]
 BlobOption = Annotated[

@@ -1,4 +1,4 @@
-"""Where a command's ledger, blobs and checkpoints live: ``--workdir`` and the URLs that override it.
+"""Where a command's ledger, blobs and checkpoints live: ``--workdir``, and URLs that override it.
 
 The embedded defaults keep everything under one directory (``.grove/`` unless told otherwise):
 ``ledger.db`` (SQLite), ``blobs/`` (a local blob directory) and ``checkpoints/``.

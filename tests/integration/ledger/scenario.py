@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
+from ledger.database import translate_errors
 from ledger.events import (
     AdmissionsClosed,
     AttemptOpened,
@@ -15,10 +16,17 @@ from ledger.events import (
     RolloutFinalized,
     RolloutSelected,
 )
+from ledger.store import EventStore
 
 SUMMARY = ReplaySummary(
     normalization_version=1, item_count=1, source_digest="0" * 64, render_options_digest="1" * 64
 )
+
+
+def execute_raw(store: EventStore, statement: str) -> None:
+    """Run ``statement`` on the store's database, with database errors translated as Grove does."""
+    with translate_errors(store.url), store.engine.begin() as conn:
+        conn.exec_driver_sql(statement)
 
 
 def digest(text: str) -> str:
