@@ -1,0 +1,413 @@
+"""The call-delta codec: one committed call's tensors as one safetensors blob, exactly.
+
+A call stores only what it adds to its context (design.md, "Storage"): the new prompt tokens
+(for a root, its whole rendered prompt), the generated tokens with their generation logprobs, and,
+where present, routed experts and the processed media of its new prompt tokens.
+
+Blob layout (safetensors; ``docs/storage.md`` has the full description):
+
+==================  ==============================  ==========================================
+tensor              dtype, shape                    meaning
+==================  ==============================  ==========================================
+``prompt_delta``    int32 ``(P,)``                  new prompt token ids
+``generated``       int32 ``(G,)``                  generated token ids
+``logprobs``        float32 ``(G,)``                generation logprob of each generated token
+``routes``          integer ``(P + G, top_k)``      routed experts per delta token (optional)
+``media.{i}``       any supported dtype and shape   processed pixels of media ``i``
+==================  ==============================  ==========================================
+
+The header's metadata holds one entry, ``grove``: canonical JSON (sorted keys, no spaces) with the
+codec name, its version and the media descriptors in order. safetensors orders the tensors itself,
+so equal deltas always encode to identical bytes — the write-once store relies on that for
+idempotent retries.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import numpy as np
+import safetensors.torch
+import torch
+from safetensors import SafetensorError
+
+from storage.digests import media_digest, token_ids_array
+from storage.errors import BlobFormatError, InvalidDeltaError
+from storage.keys import capture_key_of
+
+__all__ = [
+    "CODEC_NAME",
+    "CODEC_VERSION",
+    "MEDIA_DTYPES",
+    "ROUTE_DTYPES",
+    "CallDelta",
+    "MediaDescriptor",
+    "MediaKind",
+    "MediaTensor",
+    "decode_delta",
+    "describe_media",
+    "encode_delta",
+]
+
+CODEC_NAME = "grove.call-delta"
+CODEC_VERSION = 1
+ROUTE_DTYPES = frozenset({torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64})
+MEDIA_DTYPES = frozenset(
+    {
+        torch.bool,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float64,
+    }
+)
+MediaKind = Literal["image", "video"]
+_MEDIA_KINDS = ("image", "video")
+_FIXED_TENSORS = ("prompt_delta", "generated", "logprobs")
+
+
+@dataclass(frozen=True)
+class MediaDescriptor:
+    """Where one media item sits in a call's new prompt tokens, and what it is.
+
+    Produced by the capture engine (usually through ``describe_media``), stored in the blob's
+    metadata, read by the projector to re-own media in rows. ``[token_start, token_end)`` is a
+    non-empty span inside the call's ``prompt_delta``; ``frames`` is 1 for an image; ``digest`` is
+    the ``grove.media.v1`` digest of the pixels.
+    """
+
+    media_id: str
+    kind: MediaKind
+    height: int
+    width: int
+    frames: int
+    token_start: int
+    token_end: int
+    digest: str
+
+
+@dataclass(frozen=True, eq=False)
+class MediaTensor:
+    """A media item's descriptor and its processed pixels (the processor's output tensor)."""
+
+    descriptor: MediaDescriptor
+    pixels: torch.Tensor
+
+
+def describe_media(
+    *,
+    media_id: str,
+    kind: MediaKind,
+    pixels: torch.Tensor,
+    height: int,
+    width: int,
+    token_span: tuple[int, int],
+    frames: int = 1,
+) -> MediaTensor:
+    """A ``MediaTensor`` for ``pixels``, with the digest computed; validated with its delta."""
+    descriptor = MediaDescriptor(
+        media_id=media_id,
+        kind=kind,
+        height=height,
+        width=width,
+        frames=frames,
+        token_start=token_span[0],
+        token_end=token_span[1],
+        digest=media_digest(pixels),
+    )
+    return MediaTensor(descriptor=descriptor, pixels=pixels)
+
+
+@dataclass(frozen=True, eq=False)
+class CallDelta:
+    """One committed call's tensors: what the call adds to its context.
+
+    Produced by the capture engine, stored by ``BlobStore.put_delta``, read back by the training
+    projector. Every tensor field is a torch tensor (lists are refused; ``from_lists`` converts):
+
+    - ``prompt_delta``: int32 ``(P,)``, token ids >= 0 — a root's whole prompt, a continuation's
+      new observation tokens;
+    - ``generated``: int32 ``(G,)``, token ids >= 0;
+    - ``logprobs``: float32 ``(G,)``, never NaN or +inf — one per generated token;
+    - ``routes``: ``None`` (no routed experts captured) or an integer ``(P + G, top_k)`` tensor,
+      one row per delta token, in delta order;
+    - ``media``: media items of the new prompt tokens, spans ordered and disjoint, ids unique.
+
+    Construction validates all of it and raises ``InvalidDeltaError``. Equality is exact: same
+    dtypes, shapes and bits.
+    """
+
+    prompt_delta: torch.Tensor
+    generated: torch.Tensor
+    logprobs: torch.Tensor
+    routes: torch.Tensor | None = None
+    media: tuple[MediaTensor, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "media", tuple(self.media))
+        _validate(self)
+
+    @classmethod
+    def from_lists(
+        cls,
+        prompt_delta: Sequence[int],
+        generated: Sequence[int],
+        logprobs: Sequence[float],
+        *,
+        routes: torch.Tensor | None = None,
+        media: Sequence[MediaTensor] = (),
+    ) -> CallDelta:
+        """A ``CallDelta`` from plain token-id and logprob lists, as an HTTP response has them."""
+        try:
+            logprob_array = np.asarray(logprobs, dtype=np.float64)
+        except (TypeError, ValueError) as exc:
+            raise InvalidDeltaError("logprobs", "must be a sequence of floats", exc) from None
+        return cls(
+            prompt_delta=_int32_tensor(prompt_delta, "prompt_delta"),
+            generated=_int32_tensor(generated, "generated"),
+            logprobs=torch.from_numpy(logprob_array.astype(np.float32)),
+            routes=routes,
+            media=tuple(media),
+        )
+
+    @property
+    def delta_len(self) -> int:
+        """Tokens this call adds to its context: ``len(prompt_delta) + len(generated)``."""
+        return int(self.prompt_delta.numel() + self.generated.numel())
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, CallDelta):
+            return NotImplemented
+        if (self.routes is None) != (other.routes is None) or len(self.media) != len(other.media):
+            return False
+        pairs = [
+            (self.prompt_delta, other.prompt_delta),
+            (self.generated, other.generated),
+            (self.logprobs, other.logprobs),
+            *([(self.routes, other.routes)] if self.routes is not None else []),
+            *[(a.pixels, b.pixels) for a, b in zip(self.media, other.media, strict=True)],
+        ]
+        return all(
+            a.descriptor == b.descriptor for a, b in zip(self.media, other.media, strict=True)
+        ) and all(_same_bits(a, b) for a, b in pairs)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _int32_tensor(tokens: Sequence[int], field: str) -> torch.Tensor:
+    return torch.from_numpy(token_ids_array(tokens, field).astype(np.int32))
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return _raw(a) == _raw(b)
+
+
+def _raw(tensor: torch.Tensor) -> bytes:
+    flat = tensor.detach().cpu().contiguous().reshape(-1)
+    return flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+
+
+def _require_tensor(value: object, field: str) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise InvalidDeltaError(field, "must be a torch tensor", type(value).__name__)
+    return value
+
+
+def _require(condition: bool, field: str, rule: str, got: object) -> None:
+    if not condition:
+        raise InvalidDeltaError(field, rule, got)
+
+
+def _validate_tokens(value: object, field: str) -> torch.Tensor:
+    tensor = _require_tensor(value, field)
+    _require(tensor.dtype == torch.int32, field, "must have dtype torch.int32", tensor.dtype)
+    _require(tensor.dim() == 1, field, "must be one-dimensional", f"shape {tuple(tensor.shape)}")
+    if tensor.numel():
+        low = int(tensor.min())
+        _require(low >= 0, field, "must hold token ids >= 0", f"minimum {low}")
+    return tensor
+
+
+def _validate(delta: CallDelta) -> None:
+    prompt = _validate_tokens(delta.prompt_delta, "prompt_delta")
+    generated = _validate_tokens(delta.generated, "generated")
+    logprobs = _require_tensor(delta.logprobs, "logprobs")
+    _require(
+        logprobs.dtype == torch.float32, "logprobs", "must have dtype torch.float32", logprobs.dtype
+    )
+    _require(
+        logprobs.shape == generated.shape,
+        "logprobs",
+        f"must have one value per generated token, shape ({generated.numel()},)",
+        f"shape {tuple(logprobs.shape)}",
+    )
+    nan = int(torch.isnan(logprobs).sum())
+    _require(nan == 0, "logprobs", "must not be NaN", f"{nan} NaN value(s)")
+    positive_inf = int(torch.isposinf(logprobs).sum())
+    _require(positive_inf == 0, "logprobs", "must not be +inf", f"{positive_inf} +inf value(s)")
+    if delta.routes is not None:
+        routes = _require_tensor(delta.routes, "routes")
+        _require(routes.dtype in ROUTE_DTYPES, "routes", "must have an integer dtype", routes.dtype)
+        rows = prompt.numel() + generated.numel()
+        _require(
+            routes.dim() == 2 and routes.shape[0] == rows and routes.shape[1] >= 1,
+            "routes",
+            f"must have shape ({rows}, top_k) with top_k >= 1 (one row per delta token)",
+            f"shape {tuple(routes.shape)}",
+        )
+    _validate_media(delta.media, prompt.numel())
+
+
+def _validate_media(media: tuple[MediaTensor, ...], prompt_len: int) -> None:
+    seen: set[str] = set()
+    previous_end = 0
+    for index, item in enumerate(media):
+        field = f"media[{index}]"
+        _require(isinstance(item, MediaTensor), field, "must be a MediaTensor", type(item).__name__)
+        d = item.descriptor
+        _require(
+            isinstance(d, MediaDescriptor), field, "must have a MediaDescriptor", type(d).__name__
+        )
+        _require(
+            isinstance(d.media_id, str) and d.media_id != "",
+            field,
+            "media_id must be a non-empty string",
+            repr(d.media_id),
+        )
+        _require(
+            d.media_id not in seen,
+            field,
+            "media_id must be unique within the call",
+            repr(d.media_id),
+        )
+        seen.add(d.media_id)
+        _require(d.kind in _MEDIA_KINDS, field, f"kind must be one of {_MEDIA_KINDS}", repr(d.kind))
+        for name in ("height", "width", "frames", "token_start", "token_end"):
+            value = getattr(d, name)
+            _require(type(value) is int, field, f"{name} must be an int", repr(value))
+        _require(
+            d.height >= 1 and d.width >= 1,
+            field,
+            "height and width must be >= 1",
+            f"{d.height}x{d.width}",
+        )
+        _require(d.frames >= 1, field, "frames must be >= 1", d.frames)
+        _require(
+            d.kind != "image" or d.frames == 1, field, "an image has exactly 1 frame", d.frames
+        )
+        _require(
+            previous_end <= d.token_start < d.token_end <= prompt_len,
+            field,
+            f"token span must be non-empty, inside the {prompt_len} new prompt tokens, "
+            f"and after the previous span (ending at {previous_end})",
+            f"[{d.token_start}, {d.token_end})",
+        )
+        previous_end = d.token_end
+        pixels = _require_tensor(item.pixels, f"{field}.pixels")
+        _require(
+            pixels.dtype in MEDIA_DTYPES,
+            f"{field}.pixels",
+            "must have a supported dtype",
+            pixels.dtype,
+        )
+        _require(
+            pixels.numel() > 0,
+            f"{field}.pixels",
+            "must not be empty",
+            f"shape {tuple(pixels.shape)}",
+        )
+        actual = media_digest(pixels)
+        _require(actual == d.digest, field, f"digest must be the pixels' digest {actual}", d.digest)
+
+
+def encode_delta(delta: CallDelta) -> bytes:
+    """The safetensors bytes of ``delta``; revalidates first, so bad input never reaches a store."""
+    if not isinstance(delta, CallDelta):
+        raise InvalidDeltaError("delta", "must be a CallDelta", type(delta).__name__)
+    _validate(delta)
+    tensors = {
+        "prompt_delta": delta.prompt_delta,
+        "generated": delta.generated,
+        "logprobs": delta.logprobs,
+    }
+    if delta.routes is not None:
+        tensors["routes"] = delta.routes
+    for index, item in enumerate(delta.media):
+        tensors[f"media.{index}"] = item.pixels
+    tensors = {name: t.detach().cpu().contiguous() for name, t in tensors.items()}
+    header = {
+        "codec": CODEC_NAME,
+        "version": CODEC_VERSION,
+        "media": [asdict(item.descriptor) for item in delta.media],
+    }
+    metadata = {"grove": json.dumps(header, sort_keys=True, separators=(",", ":"))}
+    return safetensors.torch.save(tensors, metadata=metadata)
+
+
+class _Malformed(Exception):
+    """A rule that blob bytes break; ``decode_delta`` turns it into ``BlobFormatError``."""
+
+
+def _read_metadata(data: bytes) -> dict[str, Any]:
+    if len(data) < 8:
+        raise _Malformed(f"shorter than the 8-byte safetensors header length ({len(data)} bytes)")
+    (length,) = struct.unpack("<Q", data[:8])
+    if length > len(data) - 8:
+        raise _Malformed(f"header length {length} exceeds the blob's {len(data)} bytes")
+    try:
+        grove = json.loads(json.loads(data[8 : 8 + length])["__metadata__"]["grove"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise _Malformed(
+            f"no readable 'grove' metadata in the safetensors header ({exc})"
+        ) from None
+    if not isinstance(grove, dict) or grove.get("codec") != CODEC_NAME:
+        raise _Malformed(f"metadata codec is not {CODEC_NAME!r}")
+    if grove.get("version") != CODEC_VERSION:
+        raise _Malformed(f"codec version {grove.get('version')!r} is not {CODEC_VERSION}")
+    if not isinstance(grove.get("media"), list):
+        raise _Malformed("metadata 'media' is not a list")
+    return grove
+
+
+def _decode(data: bytes) -> CallDelta:
+    descriptors = _read_metadata(data)["media"]
+    try:
+        tensors = safetensors.torch.load(bytes(data))
+    except SafetensorError as exc:
+        raise _Malformed(f"safetensors cannot read it ({exc})") from None
+    expected = {*_FIXED_TENSORS, *(f"media.{i}" for i in range(len(descriptors)))}
+    if set(tensors) - {"routes"} != expected:
+        raise _Malformed(f"tensors {sorted(tensors)} are not {sorted(expected)} (+ 'routes')")
+    try:
+        media = tuple(
+            MediaTensor(MediaDescriptor(**fields), tensors[f"media.{i}"])
+            for i, fields in enumerate(descriptors)
+        )
+        return CallDelta(
+            prompt_delta=tensors["prompt_delta"],
+            generated=tensors["generated"],
+            logprobs=tensors["logprobs"],
+            routes=tensors.get("routes"),
+            media=media,
+        )
+    except (InvalidDeltaError, TypeError) as exc:
+        raise _Malformed(f"its contents break the codec's rules ({exc})") from None
+
+
+def decode_delta(data: bytes, *, key: str | None = None) -> CallDelta:
+    """The ``CallDelta`` in ``data``; ``BlobFormatError`` (naming ``key``) if it is not one."""
+    try:
+        return _decode(data)
+    except _Malformed as exc:
+        raise BlobFormatError(key, capture_key_of(key) if key else None, str(exc)) from None
