@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from sqlalchemy import ColumnElement, Connection, Table, delete, insert, select, update
+from sqlalchemy.dialects.postgresql import insert as postgres_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from ledger.database import translate_errors
 from ledger.events import (
@@ -266,18 +268,18 @@ def projection_marks(store: EventStore) -> dict[str, LedgerPosition]:
         return {p.name: _mark_row(conn, p.name) for p in PROJECTIONS}
 
 
-def _advance(conn: Connection, name: str, old: LedgerPosition, new: LedgerPosition) -> bool:
-    values = {"transaction_id": new.transaction_id, "position": new.position}
-    if (
-        conn.execute(
-            select(PROJ_CHECKPOINTS.c.projection).where(PROJ_CHECKPOINTS.c.projection == name)
-        ).first()
-        is None
-    ):
-        if old.position != 0:
-            return False
-        conn.execute(insert(PROJ_CHECKPOINTS).values(projection=name, **values))
-        return True
+def _ensure_checkpoints(conn: Connection) -> None:
+    dialect_insert = postgres_insert if conn.dialect.name == "postgresql" else sqlite_insert
+    rows = [{"projection": p.name, "transaction_id": None, "position": 0} for p in PROJECTIONS]
+    conn.execute(dialect_insert(PROJ_CHECKPOINTS).on_conflict_do_nothing(), rows)
+
+
+def _claim(conn: Connection, name: str, old: LedgerPosition, new: LedgerPosition) -> bool:
+    """Move the checkpoint from ``old`` to ``new`` first thing in the fold transaction.
+
+    The UPDATE row-locks the checkpoint on PostgreSQL (SQLite's write lock does the same), so a
+    concurrent runner waits, then finds the checkpoint moved and folds nothing.
+    """
     result = conn.execute(
         update(PROJ_CHECKPOINTS)
         .where(
@@ -285,7 +287,7 @@ def _advance(conn: Connection, name: str, old: LedgerPosition, new: LedgerPositi
             PROJ_CHECKPOINTS.c.position == old.position,
             PROJ_CHECKPOINTS.c.transaction_id.is_not_distinct_from(old.transaction_id),
         )
-        .values(**values)
+        .values(transaction_id=new.transaction_id, position=new.position)
     )
     return result.rowcount == 1
 
@@ -298,6 +300,8 @@ def catch_up(store: EventStore, batch_size: int = 1000) -> dict[str, LedgerPosit
     """Fold every committed event not yet folded into each projection; returns the new marks."""
     marks = {}
     with translate_errors(store.url):
+        with store.engine.begin() as conn:
+            _ensure_checkpoints(conn)
         for projection in PROJECTIONS:
             while True:
                 with store.engine.connect() as conn:
@@ -307,12 +311,12 @@ def catch_up(store: EventStore, batch_size: int = 1000) -> dict[str, LedgerPosit
                     break
                 try:
                     with store.engine.begin() as conn:
+                        if not _claim(conn, projection.name, mark, batch.mark):
+                            raise _CheckpointMoved
                         for stored in batch.events:
                             handler = projection.handlers.get(stored.event_type)
                             if handler is not None:
                                 handler(conn, stored, stored.decode())
-                        if not _advance(conn, projection.name, mark, batch.mark):
-                            raise _CheckpointMoved
                 except _CheckpointMoved:
                     continue  # another runner folded these events first; nothing is kept
             marks[projection.name] = mark
