@@ -1,0 +1,331 @@
+"""Configuration: keys, bounds, the renamed key, policy resolution, combination rules, the pin."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from grove.config import ConfigurationError, GroveConfig, config_field_paths, load_config
+
+POLICIES = "tests.unit.trainer.selection_policies"
+
+# Every known field. A new field turns this test red until it is triaged against the combination
+# rules in grove/config.py (review item AI-2 of seed 002): add it here AND to a rule, or here with
+# a note that it was reviewed and is safe in forest mode.
+KNOWN_FIELDS = frozenset(
+    {
+        "seed",
+        "token_capture.enabled",
+        "token_capture.forest_training",
+        "token_capture.selection_policy",
+        "token_capture.min_valid_fraction_per_group",
+        "token_capture.defer_routed_experts_to_policy",
+        "token_capture.pending_call_timeout_s",  # reviewed: capture lifecycle, mode-independent
+        "grpo.num_prompts_per_step",
+        "grpo.num_generations_per_prompt",
+        "grpo.max_num_steps",  # reviewed: safe
+        "grpo.normalize_rewards",  # reviewed: per logical rollout, safe
+        "grpo.use_leave_one_out_baseline",  # reviewed: per logical rollout, safe
+        "grpo.advantage_clip_low",
+        "grpo.advantage_clip_high",
+        "grpo.seq_logprob_error_threshold",
+        "grpo.masked_reward_policy",
+        "grpo.overlong_filtering",
+        "grpo.calculate_advantages_on_gpu",
+        "grpo.reward_shaping.enabled",
+        "loss_fn.ratio_clip_min",  # reviewed: token-level, safe
+        "loss_fn.ratio_clip_max",  # reviewed: token-level, safe
+        "loss_fn.token_level_loss",
+        "loss_fn.sequence_level_importance_ratios",
+        "policy.train_global_batch_size",
+        "policy.train_micro_batch_size",
+        "policy.logprob_micro_batch_size",
+        "policy.data_parallel_size",
+        "policy.learning_rate",  # reviewed: safe
+        "policy.weight_decay",  # reviewed: safe
+        "policy.max_grad_norm",  # reviewed: safe
+        "policy.lr_warmup_rollouts",  # reviewed: counts logical rollouts
+        "policy.max_total_sequence_length",  # reviewed: per row, safe
+        "policy.megatron_cfg.enabled",
+        "policy.megatron_cfg.virtual_pipeline_model_parallel_size",
+        "policy.automodel_cfg.enabled",
+        "policy.sequence_packing.enabled",
+        "policy.dynamic_batching.enabled",
+        "async_rl.rollout_failure.min_step_batch_fraction",
+        "checkpointing.enabled",  # reviewed: safe
+        "checkpointing.checkpoint_dir",  # reviewed: safe
+        "checkpointing.save_period",  # reviewed: safe
+    }
+)
+
+FOREST = {"token_capture": {"enabled": True, "forest_training": True}}
+
+
+def _with(*sections: dict) -> dict:
+    merged: dict = {}
+    for section in sections:
+        for key, value in section.items():
+            merged[key] = {**merged.get(key, {}), **value} if isinstance(value, dict) else value
+    return merged
+
+
+def _problems(data: dict) -> tuple[str, ...]:
+    with pytest.raises(ConfigurationError) as caught:
+        load_config(data)
+    return caught.value.problems
+
+
+def test_known_configuration_fields_are_pinned() -> None:
+    assert config_field_paths() == KNOWN_FIELDS
+
+
+def _sections(model: type[BaseModel]) -> list[type[BaseModel]]:
+    found = [model]
+    for field in model.model_fields.values():
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            found.extend(_sections(field.annotation))
+    return found
+
+
+def test_every_field_has_a_default_and_a_docstring() -> None:
+    for section in _sections(GroveConfig):
+        for name, field in section.model_fields.items():
+            assert not field.is_required(), f"{section.__name__}.{name} has no default"
+            assert field.description, f"{section.__name__}.{name} has no docstring"
+
+
+def test_defaults_load_without_a_source() -> None:
+    config = load_config()
+    assert config.token_capture.selection_policy == "returned_history"
+    assert config.grpo.masked_reward_policy == "exclude"
+    assert config.policy.train_global_batch_size == 16
+
+
+def test_yaml_and_json_files_load_the_same_configuration(tmp_path: Path) -> None:
+    data = _with(FOREST, {"grpo": {"advantage_clip_low": -2.0, "overlong_filtering": True}})
+    (tmp_path / "c.yaml").write_text(
+        "token_capture:\n  enabled: true\n  forest_training: true\n"
+        "grpo:\n  advantage_clip_low: -2.0\n  overlong_filtering: true\n"
+    )
+    (tmp_path / "c.json").write_text(json.dumps(data))
+    from_yaml = load_config(tmp_path / "c.yaml")
+    assert from_yaml == load_config(str(tmp_path / "c.json")) == load_config(data)
+    assert from_yaml.grpo.advantage_clip_low == -2.0
+
+
+def test_empty_yaml_file_gives_the_defaults(tmp_path: Path) -> None:
+    (tmp_path / "empty.yml").write_text("")
+    assert load_config(tmp_path / "empty.yml") == load_config()
+
+
+def test_unknown_file_type_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "c.toml").write_text("")
+    with pytest.raises(ConfigurationError, match=r"unknown file type '\.toml'"):
+        load_config(tmp_path / "c.toml")
+
+
+def test_missing_file_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="cannot read the file"):
+        load_config(tmp_path / "absent.yaml")
+
+
+def test_unparsable_yaml_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "bad.yaml").write_text("grpo: [unclosed\n")
+    with pytest.raises(ConfigurationError, match="cannot parse the file"):
+        load_config(tmp_path / "bad.yaml")
+
+
+def test_top_level_that_is_not_a_mapping_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigurationError, match="the top level must be a mapping, got list"):
+        load_config(tmp_path / "list.yaml")
+
+
+def test_unknown_key_is_refused() -> None:
+    assert _problems({"grpo": {"advantage_clip_lo": 1.0}}) == (
+        "grpo.advantage_clip_lo: Extra inputs are not permitted",
+    )
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value", "message"),
+    [
+        ("token_capture", "min_valid_fraction_per_group", 1.5, "less than or equal to 1"),
+        ("grpo", "seq_logprob_error_threshold", 0.5, "greater than or equal to 1"),
+        ("grpo", "masked_reward_policy", "drop", "'exclude' or 'include'"),
+        ("loss_fn", "ratio_clip_min", 1.0, "less than 1"),
+        ("policy", "train_micro_batch_size", 0, "greater than or equal to 1"),
+        ("async_rl", "rollout_failure", {"min_step_batch_fraction": 0.0}, "greater than 0"),
+    ],
+)
+def test_values_outside_their_bounds_are_refused(section, key, value, message) -> None:
+    (problem,) = _problems({section: {key: value}})
+    assert problem.startswith(f"{section}.{key}")
+    assert message in problem
+
+
+def test_context_compaction_key_is_refused_with_a_migration_message() -> None:
+    assert _problems({"token_capture": {"context_compaction": True}}) == (
+        "token_capture: token_capture.context_compaction was renamed to "
+        "token_capture.forest_training: rename the key and keep its value (True)",
+    )
+
+
+def test_custom_selection_policy_resolves_during_validation() -> None:
+    config = load_config(
+        _with(FOREST, {"token_capture": {"selection_policy": f"{POLICIES}:select_all"}})
+    )
+    assert config.token_capture.selection_policy == f"{POLICIES}:select_all"
+
+
+@pytest.mark.parametrize(
+    ("policy", "message"),
+    [
+        ("no_such_module_anywhere:select", "(unknown_module)"),
+        (f"{POLICIES}:missing", "(missing_attribute)"),
+        (f"{POLICIES}:NOT_A_FUNCTION", "(not_callable)"),
+        ("newest_first", "(malformed_name)"),
+    ],
+)
+def test_unusable_selection_policy_is_refused_before_any_rollout(policy, message) -> None:
+    (problem,) = _problems(_with(FOREST, {"token_capture": {"selection_policy": policy}}))
+    assert problem.startswith(f"token_capture.selection_policy: Selection policy {policy!r}")
+    assert message in problem
+
+
+@pytest.mark.parametrize(
+    ("data", "problem"),
+    [
+        (
+            {"token_capture": {"forest_training": True}},
+            "token_capture.forest_training needs token_capture.enabled: true",
+        ),
+        (
+            {"token_capture": {"selection_policy": "all_captured"}},
+            "token_capture.selection_policy 'all_captured' needs "
+            "token_capture.forest_training: true",
+        ),
+        (
+            _with(FOREST, {"token_capture": {"defer_routed_experts_to_policy": True}}),
+            "token_capture.defer_routed_experts_to_policy must be false with forest training",
+        ),
+        (
+            _with(FOREST, {"policy": {"automodel_cfg": {"enabled": True}}}),
+            "policy.automodel_cfg.enabled must be false with forest training",
+        ),
+        (
+            _with(
+                FOREST,
+                {
+                    "policy": {
+                        "megatron_cfg": {"enabled": True, "virtual_pipeline_model_parallel_size": 2}
+                    }
+                },
+            ),
+            "policy.megatron_cfg.virtual_pipeline_model_parallel_size (2): interleaved Megatron is "
+            "not supported with forest training",
+        ),
+        (
+            _with(FOREST, {"grpo": {"calculate_advantages_on_gpu": True}}),
+            "grpo.calculate_advantages_on_gpu must be false with forest training",
+        ),
+        (
+            _with(FOREST, {"grpo": {"reward_shaping": {"enabled": True}}}),
+            "grpo.reward_shaping.enabled must be false with forest training",
+        ),
+        (
+            {"policy": {"train_global_batch_size": 32}},
+            "policy.train_global_batch_size (32) must equal the logical rollouts per step, "
+            "grpo.num_prompts_per_step x grpo.num_generations_per_prompt (16): one optimizer step "
+            "per batch",
+        ),
+        (
+            {"grpo": {"advantage_clip_low": 1.0, "advantage_clip_high": -1.0}},
+            "grpo.advantage_clip_low (1.0) must not exceed grpo.advantage_clip_high (-1.0)",
+        ),
+        (
+            {"loss_fn": {"token_level_loss": False}},
+            "loss_fn.token_level_loss: false is not supported (token-level loss only)",
+        ),
+        (
+            {"loss_fn": {"sequence_level_importance_ratios": True}},
+            "loss_fn.sequence_level_importance_ratios: true is not supported",
+        ),
+        (
+            {"policy": {"dynamic_batching": {"enabled": True}}},
+            "policy.dynamic_batching.enabled: true is not supported",
+        ),
+        (
+            {"policy": {"sequence_packing": {"enabled": True}}},
+            "policy.sequence_packing.enabled needs policy.megatron_cfg.enabled: Grove's torch "
+            "trainer runs fixed micro batches",
+        ),
+    ],
+)
+def test_each_unsupported_combination_is_refused(data, problem) -> None:
+    assert _problems(data) == (problem,)
+
+
+def test_unsupported_combinations_are_refused_together_in_one_bulleted_error() -> None:
+    data = _with(
+        {"token_capture": {"forest_training": True, "defer_routed_experts_to_policy": True}},
+        {"grpo": {"calculate_advantages_on_gpu": True}},
+        {"loss_fn": {"sequence_level_importance_ratios": True}},
+    )
+    with pytest.raises(ConfigurationError) as caught:
+        load_config(data)
+    assert str(caught.value) == (
+        "Invalid Grove configuration (mapping):\n"
+        "- loss_fn.sequence_level_importance_ratios: true is not supported\n"
+        "- token_capture.forest_training needs token_capture.enabled: true\n"
+        "- token_capture.defer_routed_experts_to_policy must be false with forest training\n"
+        "- grpo.calculate_advantages_on_gpu must be false with forest training"
+    )
+
+
+def test_seed_forest_overrides_are_accepted() -> None:
+    config = load_config(
+        _with(
+            {
+                "token_capture": {
+                    "enabled": True,
+                    "forest_training": True,
+                    "selection_policy": "returned_history",
+                    "defer_routed_experts_to_policy": False,
+                },
+                "policy": {
+                    "megatron_cfg": {"enabled": True},
+                    "automodel_cfg": {"enabled": False},
+                    "sequence_packing": {"enabled": False},
+                    "dynamic_batching": {"enabled": False},
+                },
+                "grpo": {"calculate_advantages_on_gpu": False},
+                "loss_fn": {"token_level_loss": True, "sequence_level_importance_ratios": False},
+                "async_rl": {"rollout_failure": {"min_step_batch_fraction": 1}},
+            }
+        )
+    )
+    assert config.token_capture.forest_training is True
+
+
+def test_execution_row_multiple_is_data_parallel_times_micro_batch_for_fixed_batches() -> None:
+    config = load_config({"policy": {"data_parallel_size": 4, "train_micro_batch_size": 2}})
+    assert config.policy.execution_row_multiple == 8
+
+
+def test_execution_row_multiple_is_data_parallel_size_with_packing() -> None:
+    policy = {
+        "data_parallel_size": 4,
+        "train_micro_batch_size": 2,
+        "sequence_packing": {"enabled": True},
+        "megatron_cfg": {"enabled": True},
+    }
+    assert load_config({"policy": policy}).policy.execution_row_multiple == 4
+
+
+def test_digest_is_stable_and_changes_with_any_value() -> None:
+    assert load_config().digest() == load_config({}).digest()
+    assert load_config().digest() != load_config({"seed": 1}).digest()
