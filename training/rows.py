@@ -1,0 +1,212 @@
+"""Row tensors: a forest's rows as torch tensors, with routed experts and media placed per row.
+
+The forest (``training.forest``) fixes each row's calls and token layout; this module adds what
+the blob of each call carries besides tokens, given as plain data (``CallExtras``): the projector
+reads and verifies blobs, this module never touches storage.
+
+- Routed experts: a call's ``routes`` has one ``top_k`` entry per delta token (its prompt delta,
+  then its generated tokens), as the codec stores them. The engine samples a call's final
+  generated token but never runs it through the model, so that token has no observed route: rows
+  carry ``ROUTE_MISSING_SENTINEL`` there — in particular at every path's last token — and
+  Megatron's router replay falls back to routing it itself (seed ``002_…``, review of
+  ``nemo_gym.py:1364``). Every other token keeps its captured route.
+- Media: every row carries the media of every call on its path, with its span moved to row
+  coordinates, since each row is a separate attention context. A media item is ``owned`` by the
+  first row that contains its call (the loss-ownership rule); a rewrite's new root stores its
+  media in full, so the first row of a new root re-owns everything it shows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+import torch
+
+from training.errors import RowError
+from training.forest import Forest, ForestRow, RowSegment
+
+__all__ = [
+    "ROUTE_MISSING_SENTINEL",
+    "CallExtras",
+    "MediaItem",
+    "RowMedia",
+    "RowTensors",
+    "rollout_rows",
+    "row_tensors",
+]
+
+ROUTE_MISSING_SENTINEL: Final = -1
+"""Routed-expert id meaning "no observed route": the learner routes the token itself."""
+
+
+@dataclass(frozen=True, eq=False)
+class MediaItem:
+    """One media occurrence in a call's new prompt tokens (producer: the projector, from the
+    blob's media descriptor and pixels). ``[token_start, token_end)`` is a non-empty span of the
+    call's prompt delta; ``frames`` is 1 for an image; ``pixels`` is the processor output."""
+
+    media_id: str
+    kind: str
+    token_start: int
+    token_end: int
+    height: int
+    width: int
+    frames: int = 1
+    pixels: torch.Tensor | None = None
+    digest: str | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class CallExtras:
+    """What a call's blob carries besides tokens: ``routes`` (integer ``(P + G, top_k)``, or None
+    when no routes were captured) and the media of its new prompt tokens, spans ordered."""
+
+    routes: torch.Tensor | None = None
+    media: tuple[MediaItem, ...] = ()
+
+
+@dataclass(frozen=True, eq=False)
+class RowMedia:
+    """A media item placed in a row: ``[token_start, token_end)`` in row coordinates; ``owned``
+    in the first row that contains ``call_id``."""
+
+    call_id: str
+    item: MediaItem
+    token_start: int
+    token_end: int
+    owned: bool
+
+
+@dataclass(frozen=True, eq=False)
+class RowTensors:
+    """One forest row as tensors (producer: ``rollout_rows``; consumer: ``training.batch``).
+
+    ``token_ids`` int64 ``(T,)``; ``loss_mask`` bool ``(T,)``, True on owned generated tokens;
+    ``generation_logprobs`` float32 ``(T,)``, 0.0 where ``loss_mask`` is False; ``routes`` int32
+    ``(T, top_k)`` or None; ``media`` in row order. ``call_ids`` runs root to endpoint.
+    """
+
+    token_ids: torch.Tensor
+    loss_mask: torch.Tensor
+    generation_logprobs: torch.Tensor
+    routes: torch.Tensor | None
+    media: tuple[RowMedia, ...]
+    call_ids: tuple[str, ...]
+    owned_call_ids: tuple[str, ...]
+
+    @property
+    def length(self) -> int:
+        """Tokens in the row."""
+        return int(self.token_ids.shape[0])
+
+
+def rollout_rows(
+    forest: Forest, extras: Mapping[str, CallExtras] | None = None
+) -> list[RowTensors]:
+    """The forest's rows as tensors, in row order (empty for a masked forest).
+
+    ``extras`` maps call ids to their routes and media; calls without an entry have neither.
+    Raises ``RowError`` when routes or media do not fit their call's tokens; the projector then
+    masks the rollout with ``blob_invalid``.
+    """
+    extras = extras or {}
+    return [row_tensors(row, extras) for row in forest.rows]
+
+
+def row_tensors(row: ForestRow, extras: Mapping[str, CallExtras]) -> RowTensors:
+    """One forest row as tensors, with its calls' routes and media placed (see the module)."""
+    loss_mask = torch.tensor(row.loss_mask, dtype=torch.bool)
+    return RowTensors(
+        token_ids=torch.tensor(row.token_ids, dtype=torch.int64),
+        loss_mask=loss_mask,
+        generation_logprobs=torch.tensor(row.logprobs, dtype=torch.float32),
+        routes=_row_routes(row.segments, extras),
+        media=tuple(placed for segment in row.segments for placed in _row_media(segment, extras)),
+        call_ids=tuple(row.call_ids),
+        owned_call_ids=tuple(row.owned_call_ids),
+    )
+
+
+def _row_routes(
+    segments: Sequence[RowSegment], extras: Mapping[str, CallExtras]
+) -> torch.Tensor | None:
+    """Concatenated per-call routes, with the sentinel at each call's final generated token."""
+    routes = [extras[s.call_id].routes if s.call_id in extras else None for s in segments]
+    if all(r is None for r in routes):
+        return None
+    top_k: int | None = None
+    pieces = []
+    for segment, call_routes in zip(segments, routes, strict=True):
+        if call_routes is None:
+            raise RowError(
+                "routes_incomplete",
+                segment.call_id,
+                "other calls of its row carry routed experts but this call has none; a row is "
+                "replayed with routes for every token or for none",
+            )
+        expected = segment.end - segment.start
+        if (
+            call_routes.ndim != 2
+            or call_routes.shape[0] != expected
+            or call_routes.dtype.is_floating_point
+            or call_routes.dtype.is_complex
+            or call_routes.dtype == torch.bool
+        ):
+            raise RowError(
+                "routes_shape",
+                segment.call_id,
+                f"routes must be an integer (delta tokens, top_k) tensor: expected "
+                f"({expected}, top_k), got {call_routes.dtype} {tuple(call_routes.shape)}",
+            )
+        if top_k is None:
+            top_k = call_routes.shape[1]
+        elif call_routes.shape[1] != top_k:
+            raise RowError(
+                "routes_shape",
+                segment.call_id,
+                f"top_k {call_routes.shape[1]} differs from {top_k} of earlier calls in its row",
+            )
+        pieces.append(call_routes.to(torch.int32))
+    row_routes = torch.cat(pieces)  # (T, top_k)
+    for segment in segments:
+        if segment.end > segment.generated_start:
+            row_routes[segment.end - 1] = ROUTE_MISSING_SENTINEL
+    return row_routes
+
+
+def _row_media(segment: RowSegment, extras: Mapping[str, CallExtras]) -> list[RowMedia]:
+    """The call's media moved to row coordinates, after checking spans against its prompt."""
+    if segment.call_id not in extras:
+        return []
+    prompt_length = segment.generated_start - segment.start
+    placed: list[RowMedia] = []
+    previous_end = 0
+    for item in extras[segment.call_id].media:
+        if not (previous_end <= item.token_start < item.token_end <= prompt_length):
+            raise RowError(
+                "media_span",
+                segment.call_id,
+                f"media {item.media_id!r} spans [{item.token_start}, {item.token_end}); spans "
+                f"must be non-empty, ordered, disjoint and inside the {prompt_length} new "
+                f"prompt tokens (previous span ends at {previous_end})",
+            )
+        if item.height < 1 or item.width < 1 or item.frames < 1:
+            raise RowError(
+                "media_geometry",
+                segment.call_id,
+                f"media {item.media_id!r} has height {item.height}, width {item.width}, frames "
+                f"{item.frames}; each must be at least 1",
+            )
+        previous_end = item.token_end
+        placed.append(
+            RowMedia(
+                call_id=segment.call_id,
+                item=item,
+                token_start=segment.start + item.token_start,
+                token_end=segment.start + item.token_end,
+                owned=segment.owned,
+            )
+        )
+    return placed
