@@ -1,0 +1,226 @@
+"""The embedded engine: a tiny transformers causal LM and tokenizer, built offline in code.
+
+For tests and the demo; nothing is downloaded. The tokenizer is a byte-level BPE trained by the
+``tokenizers`` library on a small corpus in this module (so every string round-trips through
+bytes) and wrapped as a transformers fast tokenizer with a ChatML-style chat template. The model
+is a Qwen2-style decoder with random weights drawn from a fixed seed.
+
+Sampling is at temperature 1 with no top-k or top-p, so the recorded logprob of each token is the
+log-softmax of the model's raw logits at that step: exactly what the trainer recomputes. Other
+sampling parameters are refused rather than approximated.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Iterable, Sequence
+from typing import Final
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from capture.engine import Generation, SamplingParams
+from capture.errors import InvalidPromptError, PromptTooLongError, UnsupportedSamplingError
+
+__all__ = [
+    "CHATML_TEMPLATE",
+    "EMBEDDED_MODEL_NAME",
+    "REASONING_STRIPPING_TEMPLATE",
+    "EmbeddedEngine",
+    "build_model",
+    "build_tokenizer",
+    "chat_template",
+]
+
+EMBEDDED_MODEL_NAME: Final = "grove/embedded-tiny"
+END_OF_TEXT: Final = "<|endoftext|>"
+IM_START: Final = "<|im_start|>"
+IM_END: Final = "<|im_end|>"
+_MARKUP_TOKENS: Final = ("<think>", "</think>", "<tool_call>", "</tool_call>")
+_VOCAB_SIZE: Final = 512
+
+_CORPUS: Final = (
+    "The quick brown fox jumps over the lazy dog while the cat sleeps in the warm sun.",
+    "A model reads a prompt, writes an answer, and a harness decides what to keep.",
+    "When the context grows too long, the agent summarizes the oldest turns and continues.",
+    "Tool results arrive as observations: the weather is sunny, 21 degrees, light wind.",
+    "user assistant system tool developer reasoning answer question observation summary",
+    "def add(a, b):\n    return a + b\n\nprint(add(2, 3))\n",
+    '{"name": "search", "arguments": {"query": "weather in Paris", "limit": 3}}',
+    "0123456789 + - * / = ( ) [ ] { } < > , . ; : ! ? ' \" # @ & % $ _ | \\ ~ `",
+    "Please think step by step, then give the final answer in one short sentence.",
+    "Grove records every model call with its exact tokens and trains on accepted history.",
+)
+
+
+def chat_template(*, strip_earlier_reasoning: bool = False) -> str:
+    """A ChatML chat template; optionally one that drops the reasoning of assistant turns before
+    the last user message (as Qwen3-style templates do), which is not append-compatible."""
+    keep = "message.role != 'assistant' or loop.index0 > ns.last_user"
+    if not strip_earlier_reasoning:
+        keep = "true"
+    return (
+        "{%- set ns = namespace(last_user=-1) %}"
+        "{%- for message in messages %}{%- if message.role == 'user' %}"
+        "{%- set ns.last_user = loop.index0 %}{%- endif %}{%- endfor %}"
+        "{%- if tools %}{{- '<|im_start|>system\\n# Tools\\n' }}"
+        "{%- for tool in tools %}{{- tool | tojson }}{{- '\\n' }}{%- endfor %}"
+        "{{- '<|im_end|>\\n' }}{%- endif %}"
+        "{%- for message in messages %}"
+        f"{{%- set keep = {keep} %}}"
+        "{{- '<|im_start|>' + message.role + '\\n' }}"
+        "{%- if keep and message.reasoning_content is defined %}"
+        "{{- '<think>' + message.reasoning_content + '</think>' }}{%- endif %}"
+        "{%- if message.content is string %}"
+        "{%- if keep %}{{- message.content }}"
+        "{%- else %}{{- message.content.split('</think>')[-1] }}{%- endif %}"
+        "{%- elif message.content is defined %}{%- for part in message.content %}"
+        "{%- if part.text is defined %}{{- part.text }}{%- endif %}{%- endfor %}{%- endif %}"
+        "{%- if message.tool_calls is defined %}{%- for call in message.tool_calls %}"
+        "{{- '<tool_call>' + (call.function | tojson) + '</tool_call>' }}{%- endfor %}{%- endif %}"
+        "{{- '<|im_end|>\\n' }}"
+        "{%- endfor %}"
+        "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+    )
+
+
+CHATML_TEMPLATE: Final = chat_template()
+REASONING_STRIPPING_TEMPLATE: Final = chat_template(strip_earlier_reasoning=True)
+
+
+@functools.cache
+def _trained_bpe() -> str:
+    """The trained tokenizer as JSON (trained once per process; BPE training is deterministic)."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=_VOCAB_SIZE,
+        special_tokens=[END_OF_TEXT, IM_START, IM_END],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_CORPUS, trainer=trainer)
+    tokenizer.add_tokens(list(_MARKUP_TOKENS))
+    return tokenizer.to_str()
+
+
+def build_tokenizer(*, template: str = CHATML_TEMPLATE) -> PreTrainedTokenizerFast:
+    """The embedded byte-level BPE tokenizer with ``template`` as its chat template.
+
+    End of turn (``<|im_end|>``) is the end-of-sequence token; ``<|endoftext|>`` pads.
+    """
+    return PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(_trained_bpe()),
+        eos_token=IM_END,
+        pad_token=END_OF_TEXT,
+        chat_template=template,
+        clean_up_tokenization_spaces=False,
+        model_max_length=2048,
+    )
+
+
+def build_model(
+    tokenizer: PreTrainedTokenizerFast,
+    *,
+    seed: int = 0,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    context_length: int = 2048,
+) -> Qwen2ForCausalLM:
+    """A Qwen2-style causal LM sized for ``tokenizer``, with random weights from ``seed``.
+
+    The global torch random state is left as it was.
+    """
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=context_length,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        use_sliding_window=False,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    return model.eval()
+
+
+class EmbeddedEngine:
+    """An :class:`capture.engine.Engine` over a local transformers causal LM.
+
+    Deterministic: a call with ``sampling.seed`` set draws from a generator seeded with it; a
+    call without one draws from the engine's own stream, seeded at construction, so the same
+    sequence of calls gives the same generations. Calls are serialized by a lock.
+    """
+
+    name: Final = "embedded"
+
+    def __init__(
+        self, model: Qwen2ForCausalLM, *, stop_token_ids: Iterable[int], seed: int = 0
+    ) -> None:
+        self.model = model
+        self.stop_token_ids = frozenset(stop_token_ids)
+        self._generator = torch.Generator().manual_seed(seed)
+        self._lock = threading.Lock()
+
+    @classmethod
+    def build(
+        cls, tokenizer: PreTrainedTokenizerFast, *, seed: int = 0, model_seed: int = 0
+    ) -> EmbeddedEngine:
+        """An engine over :func:`build_model` for ``tokenizer``, stopping at end of turn."""
+        model = build_model(tokenizer, seed=model_seed)
+        return cls(model, stop_token_ids=[tokenizer.eos_token_id], seed=seed)
+
+    def generate(self, prompt_token_ids: Sequence[int], sampling: SamplingParams) -> Generation:
+        """Sample up to ``max_tokens`` tokens after the prompt, stopping at a stop token."""
+        self._check(prompt_token_ids, sampling)
+        stops = self.stop_token_ids | set(sampling.stop_token_ids)
+        with self._lock, torch.inference_mode():
+            generator = (
+                self._generator
+                if sampling.seed is None
+                else torch.Generator().manual_seed(sampling.seed)
+            )
+            tokens: list[int] = []
+            logprobs: list[float] = []
+            finish = "length"
+            inputs = torch.tensor([list(prompt_token_ids)], dtype=torch.long)  # (1, T)
+            cache = None
+            for _ in range(sampling.max_tokens):
+                out = self.model(input_ids=inputs, cache=cache, use_cache=True, logits_to_keep=1)
+                cache = out.cache
+                step = torch.log_softmax(out.logits[0, -1].float(), dim=-1)  # (V,)
+                token = int(torch.multinomial(step.exp(), 1, generator=generator).item())
+                tokens.append(token)
+                logprobs.append(float(step[token]))
+                if token in stops:
+                    finish = "stop"
+                    break
+                inputs = torch.tensor([[token]], dtype=torch.long)  # (1, 1)
+        return Generation(token_ids=tuple(tokens), logprobs=tuple(logprobs), finish_reason=finish)
+
+    def _check(self, prompt_token_ids: Sequence[int], sampling: SamplingParams) -> None:
+        for name, got, supported in (
+            ("temperature", sampling.temperature, 1.0),
+            ("top_p", sampling.top_p, 1.0),
+            ("top_k", sampling.top_k, 0),
+        ):
+            if got != supported:
+                raise UnsupportedSamplingError(self.name, name, got, supported)
+        if not prompt_token_ids:
+            raise InvalidPromptError("a prompt has at least one token", list(prompt_token_ids))
+        vocab = self.model.config.vocab_size
+        outside = sorted({t for t in prompt_token_ids if not 0 <= t < vocab})
+        if outside:
+            raise InvalidPromptError(f"token ids must lie in [0, {vocab})", outside[:10])
+        context = self.model.config.max_position_embeddings
+        if len(prompt_token_ids) + sampling.max_tokens > context:
+            raise PromptTooLongError(len(prompt_token_ids), sampling.max_tokens, context)

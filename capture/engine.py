@@ -1,0 +1,90 @@
+"""The inference seam: one ``Engine.generate`` call per model call, exact tokens in and out.
+
+The lifecycle hands an engine the exact prompt token ids that ``capture/splice.py`` planned and
+stores what comes back; nothing between them re-tokenizes. Engines: ``capture/embedded.py`` (a
+tiny transformers model, for tests and the demo); a vLLM engine may implement the same protocol.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final, Literal, Protocol, get_args, runtime_checkable
+
+from capture.errors import InvalidGenerationError, InvalidSamplingError
+
+__all__ = ["FINISH_REASONS", "Engine", "FinishReason", "Generation", "SamplingParams"]
+
+FinishReason = Literal["stop", "length"]
+FINISH_REASONS: Final = frozenset(get_args(FinishReason))
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one generation. Producer: the gateway (request body); consumer: an engine.
+
+    ``top_k`` 0 and ``top_p`` 1.0 mean no truncation of the distribution. ``seed`` None lets the
+    engine use its own random stream. ``stop_token_ids`` are added to the engine's own stop tokens
+    (end of turn, end of text); a stop token is part of the generation.
+    """
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_tokens, bool) or self.max_tokens < 1:
+            raise InvalidSamplingError("max_tokens", self.max_tokens, "an integer >= 1")
+        if not (math.isfinite(self.temperature) and self.temperature > 0):
+            raise InvalidSamplingError("temperature", self.temperature, "a finite number > 0")
+        if not 0 < self.top_p <= 1:
+            raise InvalidSamplingError("top_p", self.top_p, "a number in (0, 1]")
+        if self.top_k < 0:
+            raise InvalidSamplingError("top_k", self.top_k, "an integer >= 0 (0: disabled)")
+        if any(t < 0 for t in self.stop_token_ids):
+            raise InvalidSamplingError("stop_token_ids", self.stop_token_ids, "token ids >= 0")
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One engine result. Producer: an :class:`Engine`; consumer: the lifecycle (delta blob).
+
+    ``token_ids`` are the generated ids exactly as sampled (a stop token included when
+    ``finish_reason`` is ``"stop"``); ``logprobs[i]`` is the sampling log-probability of
+    ``token_ids[i]``; ``routes``, when the engine reports routed experts, holds one tuple of expert
+    ids per generated token, else None. All three have the same length, at least 1.
+    """
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: FinishReason
+    routes: tuple[tuple[int, ...], ...] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            raise InvalidGenerationError("a generation has at least one token", self.token_ids)
+        if len(self.logprobs) != len(self.token_ids):
+            raise InvalidGenerationError(
+                f"one logprob per token ({len(self.token_ids)} tokens)", len(self.logprobs)
+            )
+        if self.routes is not None and len(self.routes) != len(self.token_ids):
+            raise InvalidGenerationError(
+                f"one route per token ({len(self.token_ids)} tokens)", len(self.routes)
+            )
+        if self.finish_reason not in FINISH_REASONS:
+            raise InvalidGenerationError(
+                f"finish_reason is one of {sorted(FINISH_REASONS)}", self.finish_reason
+            )
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """Generates from exact prompt token ids; never truncates or re-tokenizes the prompt."""
+
+    def generate(self, prompt_token_ids: Sequence[int], sampling: SamplingParams) -> Generation:
+        """Sample one generation after ``prompt_token_ids``."""
+        ...

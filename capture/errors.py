@@ -1,0 +1,129 @@
+"""The capture package's errors, one tree.
+
+::
+
+    CaptureError
+    ├── NormalizationError        an item normalization cannot map (docs/normalization.md)
+    ├── RenderError               the chat template failed to render the messages
+    ├── SpliceError               a prompt plan that lacks, or contradicts, its token evidence
+    └── EngineError               inference refused or failed
+        ├── InvalidSamplingError      sampling parameters out of range
+        ├── UnsupportedSamplingError  valid parameters this engine cannot honour exactly
+        ├── InvalidPromptError        an empty prompt, or token ids outside the vocabulary
+        ├── PromptTooLongError        prompt plus max_tokens exceed the context (no truncation)
+        └── InvalidGenerationError    an engine result whose lengths disagree
+
+Admission errors (assistant prefill, empty suffix, ambiguous parent) belong to the ledger:
+``ledger.admission.AdmissionError``. Every message states the rule, then the identifiers and
+got-versus-expected values, which are also kept as attributes.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CaptureError",
+    "EngineError",
+    "InvalidGenerationError",
+    "InvalidPromptError",
+    "InvalidSamplingError",
+    "NormalizationError",
+    "PromptTooLongError",
+    "RenderError",
+    "SpliceError",
+    "UnsupportedSamplingError",
+]
+
+
+class CaptureError(Exception):
+    """Root of every error the capture package raises."""
+
+
+class NormalizationError(CaptureError, ValueError):
+    """A request item that normalization cannot map; nothing is rendered or recorded."""
+
+    def __init__(self, item_index: int, rule: str, got: object) -> None:
+        self.item_index = item_index
+        self.rule = rule
+        self.got = got
+        super().__init__(
+            f"Cannot normalize request item {item_index}: {rule}; got {got!r} "
+            "(see docs/normalization.md)"
+        )
+
+
+class RenderError(CaptureError):
+    """The chat template raised while rendering."""
+
+    def __init__(self, model: str, detail: str) -> None:
+        self.model = model
+        self.detail = detail
+        super().__init__(f"The chat template of model {model!r} failed to render: {detail}")
+
+
+class SpliceError(CaptureError):
+    """A prompt plan whose token evidence is missing or contradicts the admission decision."""
+
+    def __init__(self, rule: str, call_id: str | None) -> None:
+        self.rule = rule
+        self.call_id = call_id
+        super().__init__(f"Cannot plan the prompt (parent call {call_id}): {rule}")
+
+
+class EngineError(CaptureError):
+    """Inference was refused or failed; the lifecycle records ``call.failed`` (engine_error)."""
+
+
+class InvalidSamplingError(EngineError, ValueError):
+    """A sampling parameter out of its range."""
+
+    def __init__(self, name: str, got: object, expected: str) -> None:
+        self.name = name
+        self.got = got
+        self.expected = expected
+        super().__init__(f"Invalid sampling parameter {name}: got {got!r}, expected {expected}")
+
+
+class UnsupportedSamplingError(EngineError, ValueError):
+    """Valid sampling parameters that this engine cannot honour with exact logprobs."""
+
+    def __init__(self, engine: str, name: str, got: object, supported: object) -> None:
+        self.engine = engine
+        self.name = name
+        self.got = got
+        self.supported = supported
+        super().__init__(
+            f"The {engine} engine samples from the raw distribution so that recorded logprobs are "
+            f"exact: {name} must be {supported!r}, got {got!r}"
+        )
+
+
+class InvalidPromptError(EngineError, ValueError):
+    """An empty prompt, or prompt token ids outside the model's vocabulary."""
+
+    def __init__(self, rule: str, got: object) -> None:
+        self.rule = rule
+        self.got = got
+        super().__init__(f"Invalid prompt: {rule}; got {got!r}")
+
+
+class PromptTooLongError(EngineError, ValueError):
+    """Prompt plus max_tokens exceed the context; engine-side truncation is not supported."""
+
+    def __init__(self, prompt_tokens: int, max_tokens: int, context_length: int) -> None:
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
+        self.context_length = context_length
+        super().__init__(
+            "Prompt tokens plus max_tokens must fit the model's context (prompts are never "
+            f"truncated): got {prompt_tokens} + {max_tokens} = {prompt_tokens + max_tokens}, "
+            f"context is {context_length}; shorten the request or lower max_tokens"
+        )
+
+
+class InvalidGenerationError(EngineError):
+    """An engine result whose token, logprob and route lengths disagree."""
+
+    def __init__(self, rule: str, got: object) -> None:
+        self.rule = rule
+        self.got = got
+        super().__init__(f"Invalid generation from the engine: {rule}; got {got!r}")

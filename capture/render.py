@@ -1,0 +1,462 @@
+"""Message normalization, chat-template rendering, render-option digests and replay summaries.
+
+Normalization (version :data:`NORMALIZATION_VERSION`, rules in ``docs/normalization.md``) turns the
+items a client sends — Chat Completions messages or Responses input items — into one canonical
+message list. Everything downstream reads only that list: the chat template renders it, admission
+digests it (``ledger/admission.py``), and replay summaries chain its digests. Two requests that
+differ only in what normalization drops (item ids, statuses, ``None`` values, key order, the
+spelling of tool-call arguments) therefore render, digest and admit identically.
+
+A call's *replay summary* (seed ``000``, "Measurement and lifecycle") is what a later request is
+matched against without keeping the messages: normalization version, item count (its request plus
+its own output), the source digest chained over those items, the same chain with null and empty
+assistant tool-call content identified, and the digest of the effective render options.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import jinja2
+from transformers import PreTrainedTokenizerBase
+
+from capture.errors import NormalizationError, RenderError
+from ledger.admission import (
+    ASSISTANT_ROLE,
+    PREFIX_DIGEST_SEED,
+    AdmissionItem,
+    CallStatus,
+    CandidateCall,
+    extend_prefix_digest,
+)
+
+__all__ = [
+    "NORMALIZATION_VERSION",
+    "NormalizedRequest",
+    "RenderOptions",
+    "Renderer",
+    "ReplaySummary",
+    "admission_items",
+    "normalize_messages",
+    "render_options_digest",
+    "replay_summary",
+]
+
+NORMALIZATION_VERSION: Final = 1
+_ROLES: Final = frozenset({"system", "developer", "user", "assistant", "tool"})
+_DROPPED_ITEM_KEYS: Final = frozenset({"id", "status", "type"})
+_TEXT_PART_TYPES: Final = frozenset({"text", "input_text", "output_text"})
+_ITEM_DIGEST_TAG: Final = f"grove.item.v{NORMALIZATION_VERSION}\n".encode()
+_OPTIONS_DIGEST_TAG: Final = b"grove.render_options.v1\n"
+
+
+@dataclass(frozen=True)
+class NormalizedRequest:
+    """A request's items after normalization, in order; treat the message dicts as read-only.
+
+    Producer: :func:`normalize_messages`; consumers: :class:`Renderer`, :func:`admission_items`,
+    ``capture.splice.plan_prompt``. ``echoed_ids[i]`` are the provider ids the client sent on the
+    source items of ``messages[i]`` (dropped from the message itself); both tuples have one entry
+    per normalized message.
+    """
+
+    messages: tuple[dict[str, Any], ...]
+    echoed_ids: tuple[tuple[str, ...], ...]
+    normalization_version: int = NORMALIZATION_VERSION
+
+    def __post_init__(self) -> None:
+        if len(self.messages) != len(self.echoed_ids):
+            raise ValueError(
+                "NormalizedRequest needs one echoed-id tuple per message: got "
+                f"{len(self.echoed_ids)} for {len(self.messages)} messages"
+            )
+
+
+def normalize_messages(items: Sequence[Mapping[str, Any]]) -> NormalizedRequest:
+    """Normalize Chat Completions messages and/or Responses input items (``docs/normalization.md``).
+
+    Drops item ids (kept as echoed ids), statuses and ``None`` values; sorts keys; parses JSON
+    tool-call arguments; joins all-text content parts; maps Responses reasoning, function-call and
+    function-call-output items to assistant and tool messages, folding consecutive assistant
+    output items into one assistant message. Idempotent.
+    """
+    messages: list[dict[str, Any]] = []
+    echoed: list[tuple[str, ...]] = []
+    foldable = False  # the last message was built from Responses output items and may take more
+    for index, item in enumerate(items):
+        if not isinstance(item, Mapping):
+            raise NormalizationError(index, "an item must be a JSON object", item)
+        item_id = item.get("id")
+        ids = (item_id,) if isinstance(item_id, str) and item_id else ()
+        kind = item.get("type")
+        if kind in (None, "message"):
+            message = _chat_message(index, item)
+            output = kind == "message" and message["role"] == ASSISTANT_ROLE
+            fold = output and foldable and not {"content", "tool_calls"} & messages[-1].keys()
+        elif kind == "reasoning":
+            message = {"role": ASSISTANT_ROLE, "reasoning_content": _reasoning_text(index, item)}
+            output, fold = True, False
+        elif kind == "function_call":
+            call = _tool_call(index, _responses_function_call(index, item))
+            message = {"role": ASSISTANT_ROLE, "tool_calls": [call]}
+            output, fold = True, foldable
+        elif kind == "function_call_output":
+            message = _function_call_output(index, item)
+            output = fold = False
+        else:
+            raise NormalizationError(
+                index,
+                "a Responses item type must be message, reasoning, function_call or "
+                "function_call_output",
+                kind,
+            )
+        if fold:
+            _fold_into(messages[-1], message)
+            echoed[-1] += ids
+        else:
+            messages.append(message)
+            echoed.append(ids)
+        foldable = output
+    return NormalizedRequest(
+        messages=tuple(_sorted_keys(m) for m in messages), echoed_ids=tuple(echoed)
+    )
+
+
+def admission_items(request: NormalizedRequest) -> tuple[AdmissionItem, ...]:
+    """The request's items as admission sees them: role, strict and canonical digest, echoed ids."""
+    return tuple(
+        AdmissionItem(
+            role=message["role"],
+            digest=_item_digest(message),
+            canonical_digest=_item_digest(_tool_content_canonical(message)),
+            echoed_ids=ids,
+        )
+        for message, ids in zip(request.messages, request.echoed_ids, strict=True)
+    )
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    """Everything besides the messages that decides the rendered prompt; digested per request.
+
+    Producer: the gateway (from the model configuration and the request body); consumers:
+    :class:`Renderer` and :func:`render_options_digest`. ``chat_template`` None means the
+    tokenizer's own template; ``tools`` None means no tools. Mappings must hold JSON values.
+    """
+
+    model: str
+    chat_template: str | None = None
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    tools: tuple[Mapping[str, Any], ...] | None = None
+    tool_choice: str | Mapping[str, Any] | None = None
+    add_generation_prompt: bool = True
+    add_special_tokens: bool = False
+    reasoning_effort: str | None = None
+    processor_kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+
+def render_options_digest(options: RenderOptions, chat_template: str) -> str:
+    """The sha256 of the effective render options, with ``chat_template`` the template text used."""
+    record = {
+        "model": options.model,
+        "chat_template_sha256": hashlib.sha256(chat_template.encode()).hexdigest(),
+        "template_kwargs": dict(options.template_kwargs),
+        "tools": None if options.tools is None else [dict(t) for t in options.tools],
+        "tool_choice": options.tool_choice,
+        "add_generation_prompt": options.add_generation_prompt,
+        "add_special_tokens": options.add_special_tokens,
+        "reasoning_effort": options.reasoning_effort,
+        "processor_kwargs": dict(options.processor_kwargs),
+    }
+    try:
+        text = _canonical_json(record)
+    except (TypeError, ValueError) as exc:
+        raise RenderError(options.model, f"render options must be JSON values: {exc}") from None
+    return hashlib.sha256(_OPTIONS_DIGEST_TAG + text.encode()).hexdigest()
+
+
+class Renderer:
+    """Renders normalized messages with a transformers tokenizer's chat template, and tokenizes.
+
+    One per model; thread-safe as far as the tokenizer is. Text is tokenized without special
+    tokens unless the options ask for them, and decoded without skipping or cleaning anything, so
+    the boundary check in ``capture/splice.py`` compares exact text.
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.tokenizer = tokenizer
+
+    def chat_template(self, options: RenderOptions) -> str:
+        """The template text the options select: their own, else the tokenizer's."""
+        template = options.chat_template or self.tokenizer.chat_template
+        if not isinstance(template, str) or not template:
+            raise RenderError(options.model, "no chat template: the tokenizer has none and the "
+                              "render options name none")  # fmt: skip
+        return template
+
+    def options_digest(self, options: RenderOptions) -> str:
+        """The render-options digest of ``options`` with their effective template."""
+        return render_options_digest(options, self.chat_template(options))
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        options: RenderOptions,
+        *,
+        add_generation_prompt: bool | None = None,
+    ) -> str:
+        """The template's text for ``messages``; the generation prompt follows ``options`` unless
+        ``add_generation_prompt`` overrides it (the splice renders prefixes without one)."""
+        kwargs = dict(options.template_kwargs)
+        if options.reasoning_effort is not None:
+            kwargs["reasoning_effort"] = options.reasoning_effort
+        try:
+            text = self.tokenizer.apply_chat_template(
+                [dict(m) for m in messages],
+                tools=None if options.tools is None else [dict(t) for t in options.tools],
+                chat_template=self.chat_template(options),
+                add_generation_prompt=(
+                    options.add_generation_prompt
+                    if add_generation_prompt is None
+                    else add_generation_prompt
+                ),
+                tokenize=False,
+                **kwargs,
+            )
+        except jinja2.TemplateError as exc:
+            raise RenderError(options.model, f"{type(exc).__name__}: {exc}") from None
+        if not isinstance(text, str):
+            raise RenderError(options.model, f"expected text, got {type(text).__name__}")
+        return text
+
+    def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of ``text``; special tokens are added only when asked."""
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """The exact text of ``token_ids``: special tokens kept, no clean-up of spaces."""
+        return self.tokenizer.decode(
+            list(token_ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
+
+    def tool_content_forms_render_identically(
+        self, messages: Sequence[Mapping[str, Any]], options: RenderOptions
+    ) -> bool:
+        """Whether the template renders ``messages`` the same with every null-or-empty assistant
+        tool-call content absent as with it empty: the proof admission needs before it may match
+        the two forms (vacuously true when no message has such content)."""
+        positions = {i for i, m in enumerate(messages) if _null_or_empty_tool_content(m)}
+        if not positions:
+            return True
+        absent = [_tool_content_canonical(m) for m in messages]
+        empty = [{**m, "content": ""} if i in positions else m for i, m in enumerate(absent)]
+        return self.render(absent, options) == self.render(empty, options)
+
+
+@dataclass(frozen=True)
+class ReplaySummary:
+    """What a later request of the attempt is matched against, without the messages.
+
+    Producer: :func:`replay_summary` (a request, for ``call.intended``) and :meth:`extended` (the
+    request plus the call's normalized output, for ``call.committed``); consumer: the lifecycle,
+    which stores :meth:`as_payload` and builds the admission index with :meth:`candidate`.
+    ``item_count`` counts the chained items; both digests are chains (``ledger.admission``).
+    """
+
+    normalization_version: int
+    item_count: int
+    source_digest: str
+    canonical_source_digest: str
+    render_options_digest: str
+
+    def extended(self, items: Sequence[AdmissionItem]) -> ReplaySummary:
+        """This summary with ``items`` chained on (one hash per item, whatever came before)."""
+        strict, canonical = self.source_digest, self.canonical_source_digest
+        for item in items:
+            strict = extend_prefix_digest(strict, item.digest)
+            canonical = extend_prefix_digest(canonical, item.canonical_digest)
+        return ReplaySummary(
+            normalization_version=self.normalization_version,
+            item_count=self.item_count + len(items),
+            source_digest=strict,
+            canonical_source_digest=canonical,
+            render_options_digest=self.render_options_digest,
+        )
+
+    def candidate(
+        self, call_id: str, status: CallStatus, response_ids: frozenset[str] = frozenset()
+    ) -> CandidateCall:
+        """The admission index entry of the call this summary describes."""
+        return CandidateCall(
+            call_id=call_id,
+            status=status,
+            source_digest=self.source_digest,
+            canonical_source_digest=self.canonical_source_digest,
+            render_options_digest=self.render_options_digest,
+            response_ids=response_ids,
+        )
+
+    def as_payload(self) -> dict[str, Any]:
+        """A JSON-ready dict of every field."""
+        return {
+            "normalization_version": self.normalization_version,
+            "item_count": self.item_count,
+            "source_digest": self.source_digest,
+            "canonical_source_digest": self.canonical_source_digest,
+            "render_options_digest": self.render_options_digest,
+        }
+
+    @classmethod
+    def from_payload(cls, payload: Mapping[str, Any]) -> ReplaySummary:
+        """The summary :meth:`as_payload` wrote."""
+        return cls(**{name: payload[name] for name in cls.__dataclass_fields__})
+
+
+def replay_summary(items: Sequence[AdmissionItem], render_options_digest: str) -> ReplaySummary:
+    """The replay summary of ``items`` (a request, or a request plus its output) under options."""
+    empty = ReplaySummary(
+        normalization_version=NORMALIZATION_VERSION,
+        item_count=0,
+        source_digest=PREFIX_DIGEST_SEED,
+        canonical_source_digest=PREFIX_DIGEST_SEED,
+        render_options_digest=render_options_digest,
+    )
+    return empty.extended(items)
+
+
+def _canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False)  # fmt: skip
+
+
+def _item_digest(message: Mapping[str, Any]) -> str:
+    return hashlib.sha256(_ITEM_DIGEST_TAG + _canonical_json(message).encode()).hexdigest()
+
+
+def _null_or_empty_tool_content(message: Mapping[str, Any]) -> bool:
+    """An assistant tool-call message whose content is absent (null) or empty."""
+    return (
+        message.get("role") == ASSISTANT_ROLE
+        and bool(message.get("tool_calls"))
+        and message.get("content", "") == ""
+    )
+
+
+def _tool_content_canonical(message: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``message`` without its null-or-empty tool-call content; the same object otherwise."""
+    if _null_or_empty_tool_content(message):
+        return {k: v for k, v in message.items() if k != "content"}
+    return message
+
+
+def _fold_into(previous: dict[str, Any], message: Mapping[str, Any]) -> None:
+    """Merge a Responses assistant output item into the assistant message it continues."""
+    for key, value in message.items():
+        if key == "tool_calls":
+            previous["tool_calls"] = [*previous.get("tool_calls", ()), *value]
+        elif key != "role":
+            previous[key] = value
+
+
+def _without_none(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _without_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list | tuple):
+        return [_without_none(v) for v in value]
+    return value
+
+
+def _sorted_keys(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _sorted_keys(value[k]) for k in sorted(value)}
+    if isinstance(value, list):
+        return [_sorted_keys(v) for v in value]
+    return value
+
+
+def _chat_message(index: int, item: Mapping[str, Any]) -> dict[str, Any]:
+    role = item.get("role")
+    if role not in _ROLES:
+        raise NormalizationError(index, f"role must be one of {sorted(_ROLES)}", role)
+    message = {
+        k: _without_none(v)
+        for k, v in item.items()
+        if k not in _DROPPED_ITEM_KEYS and v is not None
+    }
+    if "reasoning" in message:
+        reasoning = message.pop("reasoning")
+        if message.setdefault("reasoning_content", reasoning) != reasoning:
+            raise NormalizationError(
+                index, "reasoning and reasoning_content must agree when both are given", reasoning
+            )
+    if "content" in message:
+        message["content"] = _content(index, message["content"])
+    if "tool_calls" in message:
+        calls = message.pop("tool_calls")
+        if not isinstance(calls, list):
+            raise NormalizationError(index, "tool_calls must be a list", calls)
+        if calls:
+            message["tool_calls"] = [_tool_call(index, call) for call in calls]
+    return message
+
+
+def _content(index: int, content: Any) -> Any:
+    """A string; or all-text parts joined into one; or the parts, None values dropped."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list) or not all(isinstance(p, Mapping) for p in content):
+        raise NormalizationError(index, "content must be a string or a list of parts", content)
+    parts = [_without_none(p) for p in content]
+    if all(p.get("type") in _TEXT_PART_TYPES and isinstance(p.get("text"), str) for p in parts):
+        return "".join(p["text"] for p in parts)
+    return parts
+
+
+def _tool_call(index: int, call: Any) -> dict[str, Any]:
+    if not isinstance(call, Mapping) or not isinstance(call.get("function"), Mapping):
+        raise NormalizationError(index, "a tool call must be an object with a function", call)
+    call = _without_none(call)
+    arguments = call["function"].get("arguments")
+    if isinstance(arguments, str):
+        # Not JSON: kept verbatim, and rendered as the client sent it.
+        with contextlib.suppress(json.JSONDecodeError):
+            call["function"]["arguments"] = json.loads(arguments)
+    return call
+
+
+def _responses_function_call(index: int, item: Mapping[str, Any]) -> dict[str, Any]:
+    if not isinstance(item.get("name"), str):
+        raise NormalizationError(index, "a function_call item needs a name", item.get("name"))
+    call: dict[str, Any] = {
+        "type": "function",
+        "function": {"name": item["name"], "arguments": item.get("arguments")},
+    }
+    if item.get("call_id") is not None:
+        call["id"] = item["call_id"]
+    return call
+
+
+def _function_call_output(index: int, item: Mapping[str, Any]) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "tool", "content": _content(index, item.get("output", ""))}
+    if item.get("call_id") is not None:
+        message["tool_call_id"] = item["call_id"]
+    return message
+
+
+def _reasoning_text(index: int, item: Mapping[str, Any]) -> str:
+    """The reasoning content parts joined, else the summary parts joined by blank lines."""
+    content = item.get("content") or ()
+    summary = item.get("summary") or ()
+    for parts, separator in ((content, ""), (summary, "\n\n")):
+        if not isinstance(parts, list | tuple) or not all(
+            isinstance(p, Mapping) and isinstance(p.get("text"), str) for p in parts
+        ):
+            raise NormalizationError(index, "reasoning parts must be objects with text", parts)
+        if parts:
+            return separator.join(p["text"] for p in parts)
+    return ""
