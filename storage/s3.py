@@ -79,7 +79,7 @@ def botocore_config(options: S3Options) -> dict[str, Any]:
     return {
         "request_checksum_calculation": "when_required",
         "response_checksum_validation": "when_required",
-        "retries": {"mode": "standard", "max_attempts": options.max_attempts},
+        "retries": {"mode": "standard", "total_max_attempts": options.max_attempts},
         "connect_timeout": options.connect_timeout,
         "read_timeout": options.read_timeout,
     }
