@@ -1,0 +1,61 @@
+"""A tiny Qwen2 causal LM built in code (random init, nothing downloaded) and synthetic rows."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from training.trainer import StepBatch
+
+VOCAB = 48
+
+
+def tiny_causal_lm(
+    *, seed: int, dropout: float = 0.0, dtype: torch.dtype = torch.float32
+) -> Qwen2ForCausalLM:
+    """Two layers, hidden size 32, tied embeddings; ``dropout`` on attention weights."""
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        attention_dropout=dropout,
+        tie_word_embeddings=True,
+    )
+    return Qwen2ForCausalLM(config).to(dtype)
+
+
+def synthetic_step_batch(
+    *,
+    rows_per_rollout: Sequence[int],
+    padding_rows: int = 0,
+    length: int = 12,
+    generator: torch.Generator | None = None,
+) -> StepBatch:
+    """Random rows: rollout ``i`` gets ``rows_per_rollout[i]`` rows; each row's second half is
+    owned generated tokens with random generation logprobs; ``padding_rows`` fully masked rows
+    with owner -1 follow. Draws from ``generator`` (or torch's global generator)."""
+    owners = [index for index, rows in enumerate(rows_per_rollout) for _ in range(rows)]
+    real = len(owners)
+    total = real + padding_rows
+    token_ids = torch.randint(0, VOCAB, (total, length), generator=generator)
+    loss_mask = torch.zeros(total, length, dtype=torch.bool)
+    loss_mask[:real, length // 2 :] = True
+    generation_logprobs = -3.0 * torch.rand(total, length, generator=generator) - 0.5
+    rollout_advantages = torch.randn(len(rows_per_rollout), generator=generator)
+    advantages = torch.zeros(total)
+    advantages[:real] = rollout_advantages[owners]
+    return StepBatch(
+        token_ids=token_ids,
+        loss_mask=loss_mask,
+        generation_logprobs=generation_logprobs,
+        advantages=advantages,
+        owners=torch.tensor(owners + [-1] * padding_rows),
+        logical_rollouts=len(rows_per_rollout),
+    )
