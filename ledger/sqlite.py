@@ -22,6 +22,18 @@ class SqliteBackend:
 
     name = "sqlite"
 
+    def recorded(self, conn: Connection, event_ids: Sequence[str]) -> Sequence[Row]:
+        """The rows already recorded under any of ``event_ids``, in position order."""
+        query = select(EVENTS).where(EVENTS.c.event_id.in_(event_ids)).order_by(EVENTS.c.position)
+        return conn.execute(query).all()
+
+    def insert_rows(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> list[int]:
+        """Insert prepared rows (insertmanyvalues); their positions, in row order."""
+        result = conn.execute(
+            insert(EVENTS).returning(EVENTS.c.position, sort_by_parameter_order=True), list(rows)
+        )
+        return list(result.scalars())
+
     def read_after(self, conn: Connection, mark: LedgerPosition, limit: int) -> Sequence[Row]:
         """Committed events after ``mark`` in commit order."""
         query = (

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
-from sqlalchemy import Engine, Row, exc, func, insert, select
+from sqlalchemy import Engine, Row, exc, func, select
 
 from ledger.database import dialect_of, open_engine, read_only, translate_errors
 from ledger.errors import EventIdConflict, StreamIdError, WrongExpectedVersion
@@ -127,13 +127,17 @@ def _stored(row: Row) -> StoredEvent:
     )
 
 
-def _prepare(item: Event | NewEvent) -> tuple[str, Event]:
+Prepared = tuple[str, Event, dict[str, Any]]
+
+
+def _prepare(item: Event | NewEvent) -> tuple[str, Event, dict[str, Any]]:
     new = item if isinstance(item, NewEvent) else NewEvent(item)
     if not isinstance(new.event, Event):
         raise TypeError(f"expected a ledger event model, got {type(new.event).__name__}")
-    # Round-trip through validation: a model built with model_construct cannot slip past.
-    validate_payload(new.event.type, new.event.model_dump(mode="json"))
-    return new.event_id, new.event
+    payload = new.event.model_dump(mode="json")
+    # Validate what will be stored: a model built with model_construct cannot slip past.
+    validate_payload(new.event.type, payload)
+    return new.event_id, new.event, payload
 
 
 class EventStore:
@@ -166,9 +170,10 @@ class EventStore:
         if not events:
             raise ValueError(f"append to {stream_id} needs at least one event")
         prepared = [_prepare(item) for item in events]
-        if len({event_id for event_id, _ in prepared}) != len(prepared):
+        ids = [event_id for event_id, _, _ in prepared]
+        if len(set(ids)) != len(ids):
             raise EventIdConflict(
-                next(i for i, _ in prepared if sum(j == i for j, _ in prepared) > 1),
+                next(i for i in ids if ids.count(i) > 1),
                 "event in the same append (an id appears twice)",
             )
         with translate_errors(self.url):
@@ -183,13 +188,11 @@ class EventStore:
         raise AssertionError("unreachable")
 
     def _append_once(
-        self, stream_id: str, prepared: list[tuple[str, Event]], expected_version: int
+        self, stream_id: str, prepared: list[Prepared], expected_version: int
     ) -> AppendResult:
-        ids = [event_id for event_id, _ in prepared]
+        ids = [event_id for event_id, _, _ in prepared]
         with self.engine.begin() as conn:
-            existing = conn.execute(
-                select(EVENTS).where(EVENTS.c.event_id.in_(ids)).order_by(EVENTS.c.position)
-            ).all()
+            existing = self.backend.recorded(conn, ids)
             if existing:
                 return self._idempotent(stream_id, prepared, existing)
             actual = conn.execute(
@@ -206,21 +209,18 @@ class EventStore:
                     "stream_version": actual + offset + 1,
                     "event_type": event.type,
                     "schema_version": event.schema_version,
-                    "payload": event.model_dump(mode="json"),
+                    "payload": payload,
                 }
-                for offset, (event_id, event) in enumerate(prepared)
+                for offset, (event_id, event, payload) in enumerate(prepared)
             ]
-            result = conn.execute(
-                insert(EVENTS).returning(EVENTS.c.position, sort_by_parameter_order=True), rows
-            )
-            positions = tuple(result.scalars().all())
+            positions = tuple(self.backend.insert_rows(conn, rows))
         return AppendResult(stream_id, positions, actual + len(prepared))
 
     def _idempotent(
-        self, stream_id: str, prepared: list[tuple[str, Event]], existing: Sequence[Row]
+        self, stream_id: str, prepared: list[Prepared], existing: Sequence[Row]
     ) -> AppendResult:
         recorded = {row.event_id: row for row in existing}
-        for event_id, event in prepared:
+        for event_id, event, payload in prepared:
             row = recorded.get(event_id)
             if row is None:
                 raise EventIdConflict(
@@ -232,11 +232,11 @@ class EventStore:
             if row.event_type != event.type:
                 raise EventIdConflict(event_id, f"type ({row.event_type!r}, not {event.type!r})")
             stored = upcast(row.event_type, row.schema_version, row.payload)
-            if stored != event.model_dump(mode="json"):
+            if stored != payload:
                 raise EventIdConflict(event_id, "payload")
         return AppendResult(
             stream_id,
-            tuple(recorded[event_id].position for event_id, _ in prepared),
+            tuple(recorded[event_id].position for event_id, _, _ in prepared),
             max(row.stream_version for row in existing),
             duplicate=True,
         )

@@ -1,0 +1,234 @@
+"""Ledger append throughput and gap-free reading, each beside its baseline in the same run.
+
+Usage: ``python bench/ledger_append.py [--quick] [--json]``
+
+Per database (PostgreSQL at ``GROVE_BENCH_DATABASE_URL`` or 127.0.0.1:5432, and SQLite):
+- ``single_events_per_s``: ``EventStore.append`` of one event per transaction;
+- ``batched_events_per_s``: ``EventStore.append`` of ``BATCH`` events per transaction
+  (insertmanyvalues, with the idempotency and version checks);
+- ``raw_copy_events_per_s``: the same rows by raw ``COPY`` (PostgreSQL) or a raw ``executemany``
+  of the sqlite3 driver (SQLite) — the floor cost of getting bytes into the table;
+- ``batched_over_copy``: batched over raw (aim >= 0.5).
+Then 8 writer processes append while two readers tail the ledger: one keeps only the last
+position (``missed_events_position_only``), one is Grove's (``missed_events_grove``, must be 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import sqlite3
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import psycopg
+from sqlalchemy import select
+from sqlalchemy.engine import make_url
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ledger import migrate
+from ledger.events import CallFailed, LedgerPosition
+from ledger.postgres import COPY_COLUMNS
+from ledger.schema import EVENTS
+from ledger.store import EventStore
+
+BATCH = 500
+PG_ADMIN = os.environ.get(
+    "GROVE_BENCH_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+)
+
+
+def _event(i: int) -> CallFailed:
+    return CallFailed(call_id=f"c{i}", reason="engine_error", detail="benchmark event payload")
+
+
+def _rows(n: int, stream: str) -> list[tuple]:
+    payload = json.dumps(_event(0).model_dump(mode="json"), separators=(",", ":"))
+    return [(uuid.uuid4().hex, stream, v, "call.failed", 1, payload) for v in range(1, n + 1)]
+
+
+def _rate(count: int, seconds: float) -> float:
+    return round(count / seconds, 1)
+
+
+def _append_rates(url: str, singles: int, batched: int) -> dict[str, float]:
+    # Events are built before the clock starts: the raw baseline gets ready-made rows too.
+    store = EventStore.open(url)
+    events = [_event(i) for i in range(max(singles, BATCH))]
+    start = time.perf_counter()
+    for i in range(singles):
+        store.append("single", [events[i]], expected_version=i)
+    single_s = time.perf_counter() - start
+    start = time.perf_counter()
+    for b in range(batched // BATCH):
+        store.append("batched", events[:BATCH], expected_version=b * BATCH)
+    batched_s = time.perf_counter() - start
+    store.close()
+    return {
+        "single_events_per_s": _rate(singles, single_s),
+        "batched_events_per_s": _rate(batched // BATCH * BATCH, batched_s),
+    }
+
+
+def _raw_copy_rate(dsn: str, count: int) -> float:
+    rows = _rows(count, "raw")
+    with psycopg.connect(dsn) as conn:
+        start = time.perf_counter()
+        with (
+            conn.cursor() as cur,
+            cur.copy(f"COPY grove_events ({', '.join(COPY_COLUMNS)}) FROM STDIN") as copy,
+        ):
+            for row in rows:
+                copy.write_row(row)
+        conn.commit()
+        return _rate(count, time.perf_counter() - start)
+
+
+def _raw_sqlite_rate(path: str, count: int) -> float:
+    rows = _rows(count, "raw")
+    conn = sqlite3.connect(path, isolation_level=None)
+    start = time.perf_counter()
+    conn.execute("BEGIN IMMEDIATE")
+    conn.executemany(
+        f"INSERT INTO grove_events ({', '.join(COPY_COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?)", rows
+    )
+    conn.execute("COMMIT")
+    rate = _rate(count, time.perf_counter() - start)
+    conn.close()
+    return rate
+
+
+def _writer(url: str, index: int, count: int) -> None:
+    store = EventStore.open(url)
+    for i in range(0, count, 5):
+        store.append(f"w{index}", [_event(i + j) for j in range(5)])
+    store.close()
+
+
+def _position_only_reader(url: str, done, queue) -> None:
+    """The naive tailer: remembers the last position it saw and asks for anything above it."""
+    store = EventStore.open(url)
+    last, seen = 0, set()
+    draining = 0
+    while draining < 3:
+        draining += done.is_set()
+        with store.engine.connect() as conn:
+            rows = conn.execute(
+                select(EVENTS.c.position, EVENTS.c.event_id)
+                .where(EVENTS.c.position > last)
+                .order_by(EVENTS.c.position)
+                .limit(1000)
+            ).all()
+        for row in rows:
+            seen.add(row.event_id)
+            last = row.position
+    store.close()
+    queue.put(("position_only", seen))
+
+
+def _grove_reader(url: str, done, queue) -> None:
+    store = EventStore.open(url)
+    mark, seen = LedgerPosition(position=0), set()
+    draining = 0
+    while draining < 3:
+        draining += done.is_set()
+        batch = store.read_after(mark, limit=1000)
+        seen.update(e.event_id for e in batch.events)
+        mark = batch.mark
+    store.close()
+    queue.put(("grove", seen))
+
+
+def _missed_events(url: str, writers: int, per_writer: int) -> dict[str, int]:
+    ctx = multiprocessing.get_context("spawn")
+    queue, done = ctx.Queue(), ctx.Event()
+    readers = [
+        ctx.Process(target=fn, args=(url, done, queue))
+        for fn in (_position_only_reader, _grove_reader)
+    ]
+    procs = [ctx.Process(target=_writer, args=(url, i, per_writer)) for i in range(writers)]
+    for proc in readers + procs:
+        proc.start()
+    for proc in procs:
+        proc.join()
+    done.set()  # each reader polls three more times, then reports what it saw
+    results = dict(queue.get() for _ in readers)
+    for proc in readers:
+        proc.join()
+    store = EventStore.open(url)
+    with store.engine.connect() as conn:
+        written = set(
+            conn.execute(select(EVENTS.c.event_id).where(EVENTS.c.stream_id.like("w%"))).scalars()
+        )
+    store.close()
+    return {
+        "events_written_by_8_writers": len(written),
+        "missed_events_position_only": len(written - results["position_only"]),
+        "missed_events_grove": len(written - results["grove"]),
+    }
+
+
+def bench_postgres(quick: bool) -> dict[str, object]:
+    admin = make_url(PG_ADMIN)
+    admin_dsn = admin.set(drivername="postgresql").render_as_string(hide_password=False)
+    name = f"grove_bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = admin.set(database=name).render_as_string(hide_password=False)
+    dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    try:
+        migrate.upgrade(url)
+        singles, batched = (300, 5_000) if quick else (2_000, 50_000)
+        result: dict[str, object] = _append_rates(url, singles, batched)
+        result["raw_copy_events_per_s"] = _raw_copy_rate(dsn, batched)
+        result["batched_over_copy"] = round(
+            result["batched_events_per_s"] / result["raw_copy_events_per_s"], 3
+        )
+        result.update(_missed_events(url, 8, 500 if quick else 5_000))
+        return result
+    finally:
+        with psycopg.connect(admin_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def bench_sqlite(quick: bool) -> dict[str, object]:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = f"{tmp}/ledger.db"
+        url = f"sqlite:///{path}"
+        migrate.upgrade(url)
+        singles, batched = (300, 5_000) if quick else (2_000, 50_000)
+        result: dict[str, object] = _append_rates(url, singles, batched)
+        result["raw_executemany_events_per_s"] = _raw_sqlite_rate(path, batched)
+        result["batched_over_copy"] = round(
+            result["batched_events_per_s"] / result["raw_executemany_events_per_s"], 3
+        )
+        return result
+
+
+def main() -> None:
+    """Run the benchmark and print a table, or one JSON object with ``--json``."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer events (a smoke run)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args()
+    report = {"postgresql": bench_postgres(args.quick), "sqlite": bench_sqlite(args.quick)}
+    report["batched_over_copy"] = report["postgresql"]["batched_over_copy"]
+    report["missed_events_position_only"] = report["postgresql"]["missed_events_position_only"]
+    report["missed_events_grove"] = report["postgresql"]["missed_events_grove"]
+    if args.json:
+        print(json.dumps(report))
+        return
+    for database in ("postgresql", "sqlite"):
+        print(f"\n{database}")
+        for key, value in report[database].items():
+            print(f"  {key:34} {value}")
+
+
+if __name__ == "__main__":
+    main()
