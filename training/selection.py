@@ -43,6 +43,7 @@ import hashlib
 import importlib
 import json
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
@@ -80,6 +81,7 @@ GENERATED_ITEM_TYPES: Final = frozenset({"reasoning", "function_call", "custom_t
 """Item types (without a role) that the model generates; every other role-less type is an
 observation."""
 
+_DOTTED_NAME: Final = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 _IDENTITY_KEYS: Final = frozenset({"id", "call_id", "status", "response_id"})
 _FINGERPRINT_DOMAIN: Final = b"grove.output.v1\n"
 
@@ -329,7 +331,7 @@ def resolve_selection_policy(spec: str) -> SelectionPolicy:
     if spec in BUILTIN_POLICIES:
         return BUILTIN_POLICIES[spec]
     module_name, colon, attribute = spec.partition(":")
-    if not colon or not module_name or not attribute:
+    if not colon or not _DOTTED_NAME.match(module_name) or not _DOTTED_NAME.match(attribute):
         raise SelectionPolicyError(
             spec,
             "malformed_name",
@@ -338,7 +340,9 @@ def resolve_selection_policy(spec: str) -> SelectionPolicy:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        if exc.name is not None and module_name.startswith(exc.name):
+        if exc.name is not None and (
+            module_name == exc.name or module_name.startswith(f"{exc.name}.")
+        ):
             raise SelectionPolicyError(
                 spec,
                 "unknown_module",
