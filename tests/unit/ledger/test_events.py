@@ -80,3 +80,10 @@ def test_stream_id_outside_the_alphabet_is_refused(stream_id):
 @pytest.mark.parametrize("stream_id", ["a", "attempt-1", "g0.r1:try_2@host", "x" * 200])
 def test_stream_id_inside_the_alphabet_is_accepted(stream_id):
     assert validate_stream_id(stream_id) == stream_id
+
+
+def test_catalog_page_documents_every_event_type():
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[3] / "docs" / "events.md").read_text()
+    assert {t for t in CATALOG if f"`{t}`" not in page} == set()
