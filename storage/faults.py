@@ -44,8 +44,16 @@ def translate(
         return exc
     if isinstance(exc, FileNotFoundError) and operation == READ and key is not None:
         return MissingBlobError(key, capture_key_of(key), store_url)
-    detail = f"{type(exc).__name__}: {exc}"
-    return StorageUnavailableError(operation, key, store_url, detail)
+    return StorageUnavailableError(operation, key, store_url, _describe(exc))
+
+
+def _describe(exc: BaseException) -> str:
+    """``Type: message``; a message that cannot be rendered must not hide the error itself."""
+    try:
+        message = str(exc)
+    except Exception:  # a library's __str__ on a half-built exception
+        message = "(no message)"
+    return f"{type(exc).__name__}: {message}"
 
 
 @contextmanager
