@@ -84,8 +84,11 @@ class ReplaySummary(_Record):
     """What admission needs to match a later request against this call, without the messages."""
 
     normalization_version: int = Field(ge=1)
-    item_count: int = Field(ge=0, description="items of the request plus the call's own output")
+    item_count: int = Field(ge=0, description="items chained: the request (plus output on commit)")
     source_digest: Digest
+    canonical_source_digest: Digest = Field(
+        description="the same chain with null and empty assistant tool content identified"
+    )
     render_options_digest: Digest
 
 
@@ -134,6 +137,10 @@ class CallIntended(Event):
     replay_summary: ReplaySummary
     equivalences: tuple[str, ...] = ()
     prompt_tokens: int = Field(ge=0)
+    admission: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the full admission decision record, so replay can re-run the decision",
+    )
 
 
 @_register

@@ -19,7 +19,11 @@ from ledger.events import (
 from ledger.store import EventStore
 
 SUMMARY = ReplaySummary(
-    normalization_version=1, item_count=1, source_digest="0" * 64, render_options_digest="1" * 64
+    normalization_version=1,
+    item_count=1,
+    source_digest="0" * 64,
+    canonical_source_digest="0" * 64,
+    render_options_digest="1" * 64,
 )
 
 
