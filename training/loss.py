@@ -25,18 +25,21 @@ tokens:
   tokens sampled by the generator: with ``logr = logp_trainer - logp_generation``,
   ``exp(logr) - 1 - logr`` per token (Schulman 2020, http://joschu.net/blog/kl-approx.html), mean.
 
-Both are also pooled per logical rollout over its uniquely owned generated tokens (loss mask and
+TMPE is also pooled per logical rollout over its uniquely owned generated tokens (loss mask and
 owner, before any row is excluded), each token with equal weight, so splitting a rollout into more
-rows does not change its value (seed ``000``: ``grpo.seq_logprob_error_threshold``). Tokens whose
-logprobs are not finite are left out of the diagnostics.
+rows does not change its value; the pooling is ``training.advantages.pooled_logprob_error``, the
+same function that decides ``grpo.seq_logprob_error_threshold``. Tokens whose logprobs are not
+finite are left out of the diagnostics.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
+from training.advantages import pooled_logprob_error
 from training.errors import BatchError
 
 __all__ = [
@@ -76,8 +79,8 @@ class TokenDiagnostics:
 
     ``token_mult_prob_error`` and ``gen_kl_error`` are means, ``max_token_mult_prob_error`` the
     largest token value, over the retained tokens (1.0, 1.0 and 0.0 when there are none).
-    ``rollout_token_mult_prob_error[i]`` and ``rollout_gen_kl_error[i]`` pool logical rollout
-    ``i``'s owned tokens; ``None`` when the rollout owns no token with finite logprobs.
+    ``rollout_token_mult_prob_error[i]`` pools logical rollout ``i``'s owned tokens; ``None`` when
+    the rollout owns no token with finite logprobs.
     """
 
     token_mult_prob_error: float
@@ -85,7 +88,6 @@ class TokenDiagnostics:
     gen_kl_error: float
     diagnostic_tokens: int
     rollout_token_mult_prob_error: tuple[float | None, ...]
-    rollout_gen_kl_error: tuple[float | None, ...]
 
 
 @dataclass(frozen=True)
@@ -177,18 +179,6 @@ def clipped_policy_gradient_loss(
     return LossResult(loss=loss, retained_tokens=int(retained.sum()), clipped_tokens=clipped_tokens)
 
 
-def _pooled(values: torch.Tensor, owners: torch.Tensor, mask: torch.Tensor, rollouts: int) -> tuple:
-    token_owner = owners[:, None].expand_as(mask)[mask]
-    sums = torch.zeros(rollouts, dtype=torch.float64).index_add_(0, token_owner, values[mask])
-    counts = torch.zeros(rollouts, dtype=torch.float64).index_add_(
-        0, token_owner, torch.ones_like(values[mask])
-    )
-    return tuple(
-        float(total / count) if count > 0 else None
-        for total, count in zip(sums.tolist(), counts.tolist(), strict=True)
-    )
-
-
 @torch.no_grad()
 def token_diagnostics(
     trainer_logprobs: torch.Tensor,
@@ -199,7 +189,7 @@ def token_diagnostics(
     logical_rollouts: int,
     row_mask: torch.Tensor | None = None,
 ) -> TokenDiagnostics:
-    """TMPE (mean, max, per rollout) and generation KL error (mean, per rollout) of one step.
+    """TMPE (mean, max, per rollout) and generation KL error (mean) of one step.
 
     Step values use the retained tokens (``retained_token_mask``); per-rollout values use every
     token the rollout owns, kept row or not, so a threshold can be decided from them.
@@ -218,17 +208,24 @@ def token_diagnostics(
             f"owner index {int(owners.max())} is outside the {logical_rollouts} logical rollouts",
         )
     finite = torch.isfinite(trainer_logprobs) & torch.isfinite(generation_logprobs)
-    owned = retained_token_mask(loss_mask, owners) & finite
     retained = retained_token_mask(loss_mask, owners, row_mask) & finite
-    log_ratio = torch.where(owned, trainer_logprobs.double() - generation_logprobs.double(), 0.0)
+    log_ratio = torch.where(retained, trainer_logprobs.double() - generation_logprobs.double(), 0.0)
     tmpe = torch.exp(log_ratio.abs())  # (R, T)
     kl = torch.exp(log_ratio) - 1.0 - log_ratio  # (R, T), k3 with logr = trainer - generation
     count = int(retained.sum())
+    pooled = pooled_logprob_error(
+        generation_logprobs,
+        trainer_logprobs,
+        loss_mask.bool() & finite,
+        owners[:, None].expand_as(loss_mask),
+        logical_rollouts,
+    )
     return TokenDiagnostics(
         token_mult_prob_error=float(tmpe[retained].mean()) if count else 1.0,
         max_token_mult_prob_error=float(tmpe[retained].max()) if count else 1.0,
         gen_kl_error=float(kl[retained].mean()) if count else 0.0,
         diagnostic_tokens=count,
-        rollout_token_mult_prob_error=_pooled(tmpe, owners, owned, logical_rollouts),
-        rollout_gen_kl_error=_pooled(kl, owners, owned, logical_rollouts),
+        rollout_token_mult_prob_error=tuple(
+            None if math.isnan(value) else value for value in pooled.tolist()
+        ),
     )

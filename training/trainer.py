@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
+from training.advantages import LogicalAdvantages, broadcast_to_rows
+from training.batch import TrainingBatch
 from training.errors import BatchError
 from training.loss import (
     DEFAULT_CLIP,
@@ -35,6 +37,7 @@ from training.loss import (
     retained_token_mask,
     token_diagnostics,
 )
+from training.metrics import OPTIMIZER_STEPS, SCHEDULER_STEP_INCREMENT
 
 __all__ = [
     "StepBatch",
@@ -43,12 +46,14 @@ __all__ = [
     "causal_token_logprobs",
     "recompute_token_logprobs",
     "rollout_warmup_scheduler",
+    "step_batch",
 ]
 
 
 @dataclass(frozen=True, eq=False)
 class StepBatch:
-    """One optimizer step's rows (producer: the batch layout / projector; consumer: ``Trainer``).
+    """One optimizer step's rows (producer: ``step_batch`` from ``training.batch.TrainingBatch``
+    and ``training.advantages.LogicalAdvantages``; consumer: ``Trainer``).
 
     ``token_ids`` int64 ``(R, T)``, right-padded; ``loss_mask`` bool ``(R, T)``, True on owned
     generated tokens; ``generation_logprobs`` float ``(R, T)``, the engine's logprob of token ``t``
@@ -139,7 +144,8 @@ class StepReport:
     diagnostics: TokenDiagnostics
 
     def metrics(self) -> dict[str, float]:
-        """Flat scalar metrics for a logger, under stable names."""
+        """Flat scalar metrics for a logger; the batch's own counters (rows, padding, advantages)
+        come from ``training.metrics.step_metrics``, under the same names where they overlap."""
         return {
             "train/loss": self.loss,
             "train/learning_rate": self.learning_rate,
@@ -149,14 +155,29 @@ class StepReport:
             "train/token_mult_prob_error": self.diagnostics.token_mult_prob_error,
             "train/max_token_mult_prob_error": self.diagnostics.max_token_mult_prob_error,
             "train/gen_kl_error": self.diagnostics.gen_kl_error,
-            "batch/logical_rollouts": float(self.logical_rollouts),
-            "batch/rows": float(self.rows),
-            "batch/padding_rows": float(self.padding_rows),
-            "physical_trace_training/scheduler_step_increment": float(
-                self.scheduler_step_increment
-            ),
-            "physical_trace_training/optimizer_steps": float(self.optimizer_steps),
+            SCHEDULER_STEP_INCREMENT: float(self.scheduler_step_increment),
+            OPTIMIZER_STEPS: float(self.optimizer_steps),
         }
+
+
+def step_batch(batch: TrainingBatch, advantages: LogicalAdvantages) -> StepBatch:
+    """The trainer's input from an assembled batch and its logical advantages: each row takes its
+    owner's advantage, and rows of rollouts that train nothing (``advantages.trained`` False)
+    are excluded by ``row_mask``."""
+    if advantages.rollout_ids != batch.rollout_ids:
+        raise BatchError(
+            "rollout_order",
+            "advantages and batch must list the same logical rollouts in the same order",
+        )
+    return StepBatch(
+        token_ids=batch.input_ids,
+        loss_mask=batch.loss_mask,
+        generation_logprobs=batch.generation_logprobs,
+        advantages=broadcast_to_rows(advantages.advantages, batch.parent_indices),
+        owners=batch.parent_indices,
+        logical_rollouts=batch.num_rollouts,
+        row_mask=broadcast_to_rows(advantages.trained, batch.parent_indices),
+    )
 
 
 def causal_token_logprobs(model: torch.nn.Module, token_ids: torch.Tensor) -> torch.Tensor:

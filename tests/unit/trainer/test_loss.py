@@ -193,13 +193,11 @@ def test_rollout_tmpe_pools_owned_tokens_with_equal_weight_across_rows() -> None
     # Token-weighted (2 + 1 + 1) / 3 = 4/3, not the mean of row means (2 + 1) / 2 = 1.5.
     diagnostics = _diagnostics()
     assert diagnostics.rollout_token_mult_prob_error[0] == pytest.approx(4 / 3, abs=1e-12)
-    assert diagnostics.rollout_gen_kl_error[0] == pytest.approx((1 - LN(2)) / 3, abs=1e-12)
 
 
 def test_rollout_without_owned_tokens_has_no_pooled_error() -> None:
     diagnostics = _diagnostics()
     assert diagnostics.rollout_token_mult_prob_error[1] is None
-    assert diagnostics.rollout_gen_kl_error[1] is None
 
 
 def test_masked_rows_leave_step_diagnostics_but_stay_in_the_rollout_pool() -> None:

@@ -8,13 +8,18 @@ import pytest
 import torch
 
 from tests.unit.trainer.tiny_lm import VOCAB, synthetic_step_batch, tiny_causal_lm
+from training.advantages import AdvantageConfig, RolloutOutcome, compute_advantages
+from training.batch import LogicalRollout, assemble_batch
 from training.errors import BatchError
+from training.forest import CallRecord, build_forest
+from training.rows import rollout_rows
 from training.trainer import (
     StepBatch,
     Trainer,
     causal_token_logprobs,
     recompute_token_logprobs,
     rollout_warmup_scheduler,
+    step_batch,
 )
 
 
@@ -53,7 +58,7 @@ def test_scheduler_advances_by_logical_rollouts_not_rows() -> None:
     # (9 rows before it would have given 1.0).
     assert first.learning_rate == pytest.approx(1e-4)
     assert second.learning_rate == pytest.approx(4e-4)
-    assert first.metrics()["physical_trace_training/scheduler_step_increment"] == 3.0
+    assert first.metrics()["scheduler_step_increment"] == 3.0
 
 
 def test_micro_batch_size_does_not_change_the_update() -> None:
@@ -85,9 +90,9 @@ def test_padding_rows_leave_the_update_bitwise_unchanged() -> None:
         owners=batch.owners[:2],
     )
     results = []
-    for step_batch in (batch, unpadded):
+    for candidate in (batch, unpadded):
         model = tiny_causal_lm(seed=0)
-        report = _trainer(model, global_batch_rollouts=2).train_step(step_batch)
+        report = _trainer(model, global_batch_rollouts=2).train_step(candidate)
         results.append((report.loss, [p.detach().clone() for p in model.parameters()]))
     assert results[0][0] == results[1][0]
     assert all(torch.equal(a, b) for a, b in zip(results[0][1], results[1][1], strict=True))
@@ -206,3 +211,39 @@ def test_malformed_step_batch_raises(change, message) -> None:
     }
     with pytest.raises(BatchError, match=message):
         StepBatch(**{**fields, **change})
+
+
+def _rollout(rollout_id: str, rewrite: bool) -> LogicalRollout:
+    # c1 answers the task; c2 continues it, or (rewrite) starts a new root with a rewritten prompt.
+    calls = [
+        CallRecord("c1", None, [1, 2, 3], [4, 5], [-0.5, -0.7]),
+        CallRecord("c2", None if rewrite else "c1", [6, 7], [8, 9], [-0.2, -0.9]),
+    ]
+    forest = build_forest(calls, ["c1", "c2"], terminal="c2", strict=True)
+    return LogicalRollout(rollout_id, "g0", tuple(rollout_rows(forest)))
+
+
+def test_step_batch_from_an_assembled_forest_batch_broadcasts_logical_advantages() -> None:
+    # Rollout a was rewritten (2 rows), b was not (1 row): 3 rows + 1 padding for a multiple of 4.
+    # b is flagged by the environment: it trains nothing; with `exclude` the baseline is a's alone,
+    # so a's advantage is (1 - 1) / (0 + eps) = 0 — yet a's rows stay in the loss.
+    batch = assemble_batch([_rollout("a", True), _rollout("b", False)], row_multiple=4)
+    advantages = compute_advantages(
+        [RolloutOutcome("a", "g0", 1.0), RolloutOutcome("b", "g0", 0.0, env_masked=True)],
+        AdvantageConfig(),
+    )
+    prepared = step_batch(batch, advantages)
+    assert prepared.owners.tolist() == [0, 0, 1, -1]
+    assert prepared.row_mask.tolist() == [True, True, False, False]
+    assert prepared.advantages.tolist() == [0.0, 0.0, 0.0, 0.0]
+    assert (prepared.logical_rollouts, prepared.rows, prepared.padding_rows) == (2, 4, 1)
+    report = _trainer(tiny_causal_lm(seed=0), global_batch_rollouts=2).train_step(prepared)
+    # a's rows own c1 (2 tokens) and c2 (2 tokens); b's row is excluded.
+    assert report.retained_tokens == 4
+
+
+def test_step_batch_with_advantages_of_other_rollouts_raises() -> None:
+    batch = assemble_batch([_rollout("a", True)], row_multiple=1)
+    advantages = compute_advantages([RolloutOutcome("z", "g0", 1.0)], AdvantageConfig())
+    with pytest.raises(BatchError, match="same logical rollouts in the same order"):
+        step_batch(batch, advantages)
