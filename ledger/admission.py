@@ -100,12 +100,11 @@ class DecisionKind(StrEnum):
 class RootReason(StrEnum):
     """Why a call is a root: the recorded reason codes (``docs/normalization.md``).
 
-    The first seven come from admission; the last two from the boundary check of the splice
-    (``capture/splice.py``), which roots a candidate the template cannot extend exactly.
+    The first seven come from admission (:func:`decide`); the last two from the boundary check of
+    the splice (``capture/splice.py``), which roots a candidate the template cannot extend exactly.
     """
 
     FIRST_CALL = "first_call"
-    NO_ASSISTANT_HISTORY = "no_assistant_history"
     SUFFIX_NOT_OBSERVATIONS = "suffix_not_observations"
     HISTORY_REWRITTEN = "history_rewritten"
     RENDER_OPTIONS_CHANGED = "render_options_changed"
@@ -415,7 +414,7 @@ def decide(
     if len(index) == 0:
         return root(RootReason.FIRST_CALL)
     if boundary.prefix_item_count == 0:
-        return root(RootReason.NO_ASSISTANT_HISTORY)
+        return root(RootReason.HISTORY_REWRITTEN)  # e.g. a summary replaced every turn
     if not boundary.suffix_only_observations:
         return root(RootReason.SUFFIX_NOT_OBSERVATIONS, matched)
     equivalences: tuple[Equivalence, ...] = ()

@@ -1,0 +1,44 @@
+"""Fixtures for the capture tests: the embedded tokenizer, renderer and engine, built once."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import PreTrainedTokenizerFast
+
+from capture.embedded import (
+    EMBEDDED_MODEL_NAME,
+    REASONING_STRIPPING_TEMPLATE,
+    EmbeddedEngine,
+    build_tokenizer,
+)
+from capture.render import Renderer, RenderOptions
+
+
+@pytest.fixture(scope="session")
+def tokenizer() -> PreTrainedTokenizerFast:
+    """The embedded ChatML tokenizer."""
+    return build_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def renderer(tokenizer: PreTrainedTokenizerFast) -> Renderer:
+    """A renderer over the embedded ChatML tokenizer."""
+    return Renderer(tokenizer)
+
+
+@pytest.fixture(scope="session")
+def stripping_renderer() -> Renderer:
+    """A renderer whose template drops the reasoning of assistant turns before the last user."""
+    return Renderer(build_tokenizer(template=REASONING_STRIPPING_TEMPLATE))
+
+
+@pytest.fixture
+def options() -> RenderOptions:
+    """Default render options for the embedded model."""
+    return RenderOptions(model=EMBEDDED_MODEL_NAME)
+
+
+@pytest.fixture(scope="session")
+def engine(tokenizer: PreTrainedTokenizerFast) -> EmbeddedEngine:
+    """The embedded engine (random weights, seed 0)."""
+    return EmbeddedEngine.build(tokenizer)

@@ -1,0 +1,246 @@
+"""The boundary check and exact-token splice (capture/splice.py), with the embedded tokenizer."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from capture.errors import SpliceError
+from capture.render import (
+    NormalizedRequest,
+    Renderer,
+    RenderOptions,
+    admission_items,
+    normalize_messages,
+    replay_summary,
+)
+from capture.splice import PromptPlan, plan_prompt
+from ledger.admission import AdmissionIndex, CallStatus, DecisionKind, RootReason, admit
+
+Message = Mapping[str, Any]
+SYSTEM = {"role": "system", "content": "You are terse."}
+TASK = {"role": "user", "content": "What is the weather?"}
+FOLLOW_UP = {"role": "user", "content": "And tomorrow?"}
+TOOL_CALL = {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}
+TOOL_RESULT = {"role": "tool", "tool_call_id": "c1", "content": "sunny"}
+
+
+@dataclass(frozen=True)
+class Parent:
+    """A committed root call: its request, exact tokens (prompt + generated) and output message."""
+
+    request: tuple[Message, ...]
+    chain: tuple[int, ...]
+    output: Message
+    index: AdmissionIndex
+
+
+def committed_root(
+    renderer: Renderer,
+    options: RenderOptions,
+    *,
+    generated: Sequence[int],
+    output: Message,
+    request: Sequence[Message] = (SYSTEM, TASK),
+) -> Parent:
+    """A root call c1 of ``request`` that generated ``generated`` and answered ``output``."""
+    prompt = renderer.encode(renderer.render(normalize_messages(request).messages, options))
+    items = admission_items(normalize_messages([*request, output]))
+    summary = replay_summary(items, renderer.options_digest(options))
+    index = AdmissionIndex([summary.candidate("c1", CallStatus.COMMITTED)])
+    return Parent(tuple(request), (*prompt, *generated), output, index)
+
+
+def plan_next(
+    renderer: Renderer, options: RenderOptions, parent: Parent, *observations: Message
+) -> tuple[NormalizedRequest, PromptPlan]:
+    """Admit and plan the request that echoes the parent's history and adds ``observations``."""
+    request = normalize_messages([*parent.request, parent.output, *observations])
+    decision = admit(
+        admission_items(request),
+        render_options_digest=renderer.options_digest(options),
+        index=parent.index,
+    )
+    chain = parent.chain if decision.kind is DecisionKind.CONTINUATION else None
+    return request, plan_prompt(renderer, request, options, decision, chain)
+
+
+def text_with_end_of_turn(renderer: Renderer, text: str) -> list[int]:
+    """The tokens of ``text`` followed by the end-of-turn stop token."""
+    return [*renderer.encode(text), renderer.tokenizer.eos_token_id]
+
+
+def test_root_prompt_is_the_tokenized_rendering_of_the_request(
+    renderer: Renderer, options: RenderOptions
+) -> None:
+    request = normalize_messages([SYSTEM, TASK])
+    decision = admit(
+        admission_items(request),
+        render_options_digest=renderer.options_digest(options),
+        index=AdmissionIndex(),
+    )
+    plan = plan_prompt(renderer, request, options, decision)
+    assert plan.prompt_token_ids == tuple(
+        renderer.encode(renderer.render(request.messages, options))
+    )
+    assert (plan.prev_len, plan.delta_token_ids, plan.decision.reason) == (
+        0,
+        plan.prompt_token_ids,
+        RootReason.FIRST_CALL,
+    )
+
+
+def test_continuation_prompt_is_the_parent_chain_plus_the_tokenized_suffix(
+    renderer: Renderer, options: RenderOptions
+) -> None:
+    parent = committed_root(
+        renderer,
+        options,
+        generated=text_with_end_of_turn(renderer, "Sunny."),
+        output={"role": "assistant", "content": "Sunny."},
+    )
+    request, plan = plan_next(renderer, options, parent, FOLLOW_UP)
+    assert (plan.decision.kind, plan.decision.parent_call_id) == (DecisionKind.CONTINUATION, "c1")
+    assert plan.prompt_token_ids[: plan.prev_len] == parent.chain
+    assert plan.prev_len == len(parent.chain)
+    assert plan.delta_token_ids == tuple(
+        renderer.encode("\n<|im_start|>user\nAnd tomorrow?<|im_end|>\n<|im_start|>assistant\n")
+    )
+    assert renderer.decode(plan.prompt_token_ids) == renderer.render(request.messages, options)
+
+
+def test_generation_that_retokenizes_differently_is_spliced_with_its_exact_tokens(
+    renderer: Renderer, options: RenderOptions
+) -> None:
+    # "weather" spelled one byte-level token per character: a valid generation whose text the
+    # tokenizer would encode with fewer, merged tokens.
+    spelled = renderer.tokenizer.convert_tokens_to_ids(list("weather"))
+    assert renderer.encode("weather") != spelled
+    generated = [*spelled, renderer.tokenizer.eos_token_id]
+    parent = committed_root(
+        renderer, options, generated=generated, output={"role": "assistant", "content": "weather"}
+    )
+    _, plan = plan_next(renderer, options, parent, FOLLOW_UP)
+    assert plan.decision.kind is DecisionKind.CONTINUATION
+    assert plan.prompt_token_ids[: plan.prev_len] == parent.chain
+    assert plan.prompt_token_ids[plan.prev_len - len(generated) : plan.prev_len] == tuple(generated)
+
+
+def test_truncated_generation_is_closed_by_the_suffix(
+    renderer: Renderer, options: RenderOptions
+) -> None:
+    parent = committed_root(
+        renderer,
+        options,
+        generated=renderer.encode("Sunny and"),
+        output={"role": "assistant", "content": "Sunny and"},
+    )
+    request, plan = plan_next(renderer, options, parent, FOLLOW_UP)
+    assert plan.decision.kind is DecisionKind.CONTINUATION
+    assert renderer.decode(plan.delta_token_ids).startswith("<|im_end|>\n<|im_start|>user\n")
+    assert renderer.decode(plan.prompt_token_ids) == renderer.render(request.messages, options)
+
+
+def test_template_that_strips_earlier_reasoning_roots_a_user_turn_as_not_append_compatible(
+    stripping_renderer: Renderer, options: RenderOptions
+) -> None:
+    renderer = stripping_renderer
+    parent = committed_root(
+        renderer,
+        options,
+        generated=text_with_end_of_turn(renderer, "<think>look outside</think>Sunny."),
+        output={"role": "assistant", "reasoning_content": "look outside", "content": "Sunny."},
+    )
+    request, plan = plan_next(renderer, options, parent, FOLLOW_UP)
+    assert (plan.decision.kind, plan.decision.reason, plan.decision.candidate_call_id) == (
+        DecisionKind.ROOT,
+        RootReason.TEMPLATE_NOT_APPEND_COMPATIBLE,
+        "c1",
+    )
+    assert plan.decision.parent_call_id is None
+    assert plan.prev_len == 0
+    assert plan.prompt_token_ids == tuple(
+        renderer.encode(renderer.render(request.messages, options))
+    )
+
+
+def test_template_that_strips_earlier_reasoning_still_appends_tool_results(
+    stripping_renderer: Renderer, options: RenderOptions
+) -> None:
+    renderer = stripping_renderer
+    parent = committed_root(
+        renderer,
+        options,
+        generated=text_with_end_of_turn(
+            renderer,
+            '<think>check</think><tool_call>{"arguments": {}, "name": "weather"}</tool_call>',
+        ),
+        output={"role": "assistant", "reasoning_content": "check", "tool_calls": [TOOL_CALL]},
+    )
+    request, plan = plan_next(renderer, options, parent, TOOL_RESULT)
+    assert (plan.decision.kind, plan.decision.parent_call_id) == (DecisionKind.CONTINUATION, "c1")
+    assert renderer.decode(plan.prompt_token_ids) == renderer.render(request.messages, options)
+
+
+def test_output_that_does_not_reproduce_the_generated_text_roots_as_rendered_history_differs(
+    renderer: Renderer, options: RenderOptions
+) -> None:
+    parent = committed_root(
+        renderer,
+        options,
+        generated=text_with_end_of_turn(renderer, "  Sunny. "),
+        output={"role": "assistant", "content": "Sunny."},
+    )
+    _, plan = plan_next(renderer, options, parent, FOLLOW_UP)
+    assert (plan.decision.kind, plan.decision.reason, plan.decision.candidate_call_id) == (
+        DecisionKind.ROOT,
+        RootReason.RENDERED_HISTORY_DIFFERS,
+        "c1",
+    )
+
+
+def test_continuation_without_parent_tokens_raises_splice_error(
+    renderer: Renderer, options: RenderOptions
+) -> None:
+    parent = committed_root(
+        renderer,
+        options,
+        generated=text_with_end_of_turn(renderer, "Sunny."),
+        output={"role": "assistant", "content": "Sunny."},
+    )
+    request = normalize_messages([*parent.request, parent.output, FOLLOW_UP])
+    decision = admit(
+        admission_items(request),
+        render_options_digest=renderer.options_digest(options),
+        index=parent.index,
+    )
+    with pytest.raises(SpliceError, match=r"parent call c1.*needs its parent chain's exact tokens"):
+        plan_prompt(renderer, request, options, decision, None)
+
+
+def test_root_with_parent_tokens_raises_splice_error(
+    renderer: Renderer, options: RenderOptions
+) -> None:
+    request = normalize_messages([SYSTEM, TASK])
+    decision = admit(
+        admission_items(request),
+        render_options_digest=renderer.options_digest(options),
+        index=AdmissionIndex(),
+    )
+    with pytest.raises(SpliceError, match="a root takes no parent tokens"):
+        plan_prompt(renderer, request, options, decision, [1, 2, 3])
+
+
+def test_decision_for_another_request_raises_splice_error(
+    renderer: Renderer, options: RenderOptions
+) -> None:
+    decision = admit(
+        admission_items(normalize_messages([SYSTEM, TASK])),
+        render_options_digest=renderer.options_digest(options),
+        index=AdmissionIndex(),
+    )
+    with pytest.raises(SpliceError, match="made for 2 items, the request has 1"):
+        plan_prompt(renderer, normalize_messages([TASK]), options, decision)
