@@ -1,0 +1,325 @@
+"""The attempt lifecycle: its state folded from events, and the rules for recording the next one.
+
+An attempt is one stream (its capture key). Calls are *intended* before inference (unique per call
+id), then *committed* or *failed*; an intent with neither is pending. After the harness returns,
+admissions close (later intents are refused) and the attempt *settles*: pending calls are awaited
+up to a limit; a commit recorded after settling is *late* and never becomes a parent or trains.
+A failure is final for a pending call; a failure recorded after a commit keeps the call committed
+and records the reason (e.g. ``request_finished_without_staged_coordinates``).
+
+``fold_attempt`` is pure (events in, state out). ``AttemptLog`` records events with these rules,
+using optimistic concurrency so independent calls of one attempt may be recorded concurrently, and
+deterministic event ids so a retried write is idempotent.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+
+from ledger.errors import LedgerError, WrongExpectedVersion
+from ledger.events import (
+    AdmissionsClosed,
+    AttemptCleaned,
+    AttemptOpened,
+    AttemptSettled,
+    CallCommitted,
+    CallFailed,
+    CallIntended,
+    Event,
+    RolloutFinalized,
+    RolloutSelected,
+)
+from ledger.store import ANY_VERSION, EventStore, NewEvent, validate_stream_id
+
+__all__ = [
+    "AttemptError",
+    "AttemptLog",
+    "AttemptState",
+    "CallState",
+    "CallStatus",
+    "fold_attempt",
+]
+
+DEFAULT_SETTLE_TIMEOUT_S = 300.0
+_ALREADY = object()  # a check's answer: this exact event is already recorded
+
+
+class CallStatus(StrEnum):
+    """Where a call stands: only committed, non-late calls can be parents or train."""
+
+    PENDING = "pending"
+    COMMITTED = "committed"
+    FAILED = "failed"
+
+
+class AttemptError(LedgerError):
+    """A lifecycle rule refused the event; nothing was written."""
+
+    def __init__(self, capture_key: str, rule: str, call_id: str | None = None) -> None:
+        self.capture_key = capture_key
+        self.call_id = call_id
+        where = f"attempt {capture_key}" + (f", call {call_id}" if call_id else "")
+        super().__init__(f"{rule} ({where})")
+
+
+@dataclass(frozen=True)
+class CallState:
+    """One call of the attempt as the ledger knows it."""
+
+    intended: CallIntended
+    status: CallStatus = CallStatus.PENDING
+    committed: CallCommitted | None = None
+    failure: CallFailed | None = None
+    late: bool = False
+
+    @property
+    def call_id(self) -> str:
+        """The call's id, unique within the attempt."""
+        return self.intended.call_id
+
+    @property
+    def parent_call_id(self) -> str | None:
+        """The parent call's id (None for a root)."""
+        return self.intended.parent_call_id
+
+
+@dataclass(frozen=True)
+class AttemptState:
+    """An attempt folded from its events; ``version`` is the stream version it reflects."""
+
+    capture_key: str
+    version: int = 0
+    opened: AttemptOpened | None = None
+    calls: dict[str, CallState] = field(default_factory=dict)
+    admissions_closed: bool = False
+    settled: AttemptSettled | None = None
+    selection: RolloutSelected | None = None
+    finalized: RolloutFinalized | None = None
+    cleaned_keys: tuple[str, ...] = ()
+
+    @property
+    def pending_call_ids(self) -> tuple[str, ...]:
+        """Calls intended but neither committed nor failed, in intent order."""
+        return tuple(c.call_id for c in self.calls.values() if c.status is CallStatus.PENDING)
+
+    @property
+    def parentable_call_ids(self) -> tuple[str, ...]:
+        """Calls that may be parents: committed before the attempt settled."""
+        return tuple(
+            c.call_id
+            for c in self.calls.values()
+            if c.status is CallStatus.COMMITTED and not c.late
+        )
+
+
+def _apply(state: AttemptState, event: Event) -> AttemptState:
+    calls = state.calls
+    if isinstance(event, AttemptOpened):
+        return replace(state, opened=event)
+    if isinstance(event, CallIntended):
+        return replace(state, calls={**calls, event.call_id: CallState(event)})
+    if isinstance(event, CallCommitted):
+        call = calls[event.call_id]
+        updated = replace(
+            call, status=CallStatus.COMMITTED, committed=event, late=state.settled is not None
+        )
+        return replace(state, calls={**calls, event.call_id: updated})
+    if isinstance(event, CallFailed):
+        call = calls[event.call_id]
+        status = call.status if call.status is CallStatus.COMMITTED else CallStatus.FAILED
+        updated = replace(call, status=status, failure=event)
+        return replace(state, calls={**calls, event.call_id: updated})
+    if isinstance(event, AdmissionsClosed):
+        return replace(state, admissions_closed=True)
+    if isinstance(event, AttemptSettled):
+        return replace(state, settled=event, admissions_closed=True)
+    if isinstance(event, RolloutSelected):
+        return replace(state, selection=event)
+    if isinstance(event, RolloutFinalized):
+        return replace(state, finalized=event)
+    if isinstance(event, AttemptCleaned):
+        return replace(state, cleaned_keys=state.cleaned_keys + event.keys)
+    return state
+
+
+Check = Callable[["AttemptState"], object]
+
+
+def fold_attempt(capture_key: str, events: Iterable[Event]) -> AttemptState:
+    """The attempt's state after ``events`` (its stream, in version order)."""
+    state = AttemptState(capture_key)
+    for event in events:
+        state = replace(_apply(state, event), version=state.version + 1)
+    return state
+
+
+class AttemptLog:
+    """Records an attempt's lifecycle events in the ledger, enforcing the lifecycle rules."""
+
+    def __init__(self, store: EventStore, *, retries: int = 50) -> None:
+        self.store = store
+        self.retries = retries
+
+    def load(self, capture_key: str) -> AttemptState:
+        """The attempt's current state."""
+        events = [stored.decode() for stored in self.store.read_stream(capture_key)]
+        return fold_attempt(capture_key, events)
+
+    def _record(self, capture_key: str, event_id: str, event: Event, check: Check) -> None:
+        """Append ``event`` if ``check(state)`` passes, retrying when another writer got in first.
+
+        When ``check`` says the event is already recorded, the append is an idempotent retry: the
+        same event id with the same payload is accepted, anything else is ``EventIdConflict``.
+        """
+        validate_stream_id(capture_key)
+        for _ in range(self.retries):
+            state = self.load(capture_key)
+            expected = ANY_VERSION if check(state) is _ALREADY else state.version
+            try:
+                self.store.append(capture_key, [NewEvent(event, event_id)], expected)
+            except WrongExpectedVersion:
+                continue
+            return
+        raise AttemptError(
+            capture_key, f"gave up recording {event.type} after {self.retries} races"
+        )
+
+    def open(self, opened: AttemptOpened) -> None:
+        """Start the attempt (idempotent for the same payload)."""
+
+        def check(state: AttemptState) -> object:
+            if state.opened is not None:
+                return _ALREADY
+            if state.version:
+                raise AttemptError(opened.capture_key, "the stream already holds other events")
+            return None
+
+        self._record(opened.capture_key, f"{opened.capture_key}:opened", opened, check)
+
+    def intend(self, capture_key: str, intended: CallIntended) -> None:
+        """Record a call's intent before inference; refused when closed, duplicated or orphaned."""
+        call_id = intended.call_id
+
+        def check(state: AttemptState) -> object:
+            if state.opened is None:
+                raise AttemptError(capture_key, "unknown attempt: open it first", call_id)
+            if call_id in state.calls:
+                return _ALREADY
+            if state.admissions_closed:
+                raise AttemptError(
+                    capture_key, "admissions are closed: the harness already returned", call_id
+                )
+            parent = intended.parent_call_id
+            if parent is not None and parent not in state.parentable_call_ids:
+                raise AttemptError(
+                    capture_key,
+                    f"parent {parent} is not a committed call of this attempt "
+                    "(pending, failed, late and foreign calls are never parents)",
+                    call_id,
+                )
+            return None
+
+        self._record(capture_key, f"{capture_key}:{call_id}:intended", intended, check)
+
+    def commit(self, capture_key: str, committed: CallCommitted) -> None:
+        """Acknowledge a call whose blob is stored; late when the attempt already settled."""
+        call_id = committed.call_id
+
+        def check(state: AttemptState) -> object:
+            call = state.calls.get(call_id)
+            if call is None:
+                raise AttemptError(capture_key, "commit of a call that was never intended", call_id)
+            if call.status is CallStatus.COMMITTED:
+                return _ALREADY
+            if call.status is CallStatus.FAILED:
+                raise AttemptError(
+                    capture_key, "the call already failed; its late write stays an orphan", call_id
+                )
+            if committed.parent_call_id != call.parent_call_id:
+                raise AttemptError(
+                    capture_key,
+                    f"commit names parent {committed.parent_call_id}, the intent "
+                    f"{call.parent_call_id}",
+                    call_id,
+                )
+            return None
+
+        self._record(capture_key, f"{capture_key}:{call_id}:committed", committed, check)
+
+    def fail(self, capture_key: str, failed: CallFailed) -> None:
+        """Record that a call ended without a usable capture (or why its request ended)."""
+        call_id = failed.call_id
+
+        def check(state: AttemptState) -> object:
+            call = state.calls.get(call_id)
+            if call is None:
+                raise AttemptError(
+                    capture_key, "failure of a call that was never intended", call_id
+                )
+            return _ALREADY if call.failure is not None else None
+
+        self._record(capture_key, f"{capture_key}:{call_id}:failed", failed, check)
+
+    def close_admissions(self, capture_key: str) -> None:
+        """The harness returned: refuse later intents (idempotent)."""
+
+        def check(state: AttemptState) -> object:
+            if state.opened is None:
+                raise AttemptError(capture_key, "unknown attempt: open it first")
+            return _ALREADY if state.admissions_closed else None
+
+        self._record(capture_key, f"{capture_key}:admissions_closed", AdmissionsClosed(), check)
+
+    def settle(
+        self,
+        capture_key: str,
+        timeout_s: float = DEFAULT_SETTLE_TIMEOUT_S,
+        poll_s: float = 0.05,
+    ) -> AttemptState:
+        """Close admissions, wait for pending calls up to ``timeout_s``, record the outcome."""
+        self.close_admissions(capture_key)
+        deadline = time.monotonic() + timeout_s
+        state = self.load(capture_key)
+        while state.pending_call_ids and time.monotonic() < deadline and state.settled is None:
+            time.sleep(poll_s)
+            state = self.load(capture_key)
+        if state.settled is None:
+            pending = state.pending_call_ids
+            settled = AttemptSettled(pending_call_ids=pending, timed_out=bool(pending))
+            self._record(
+                capture_key,
+                f"{capture_key}:settled",
+                settled,
+                lambda s: _ALREADY if s.settled is not None else None,
+            )
+        return self.load(capture_key)
+
+    def select(self, capture_key: str, selected: RolloutSelected) -> None:
+        """Record the selection policy's result (once per attempt)."""
+
+        def check(state: AttemptState) -> object:
+            if not state.admissions_closed:
+                raise AttemptError(capture_key, "select after the harness returned (close first)")
+            unknown = [c for c in selected.call_ids if c not in state.calls]
+            if unknown:
+                raise AttemptError(capture_key, f"selection names unknown calls {unknown}")
+            return _ALREADY if state.selection is not None else None
+
+        self._record(capture_key, f"{capture_key}:selected", selected, check)
+
+    def finalize(self, capture_key: str, finalized: RolloutFinalized) -> None:
+        """Record the projector's decision for the attempt (once)."""
+
+        def check(state: AttemptState) -> object:
+            if state.selection is None:
+                raise AttemptError(capture_key, "finalize needs a recorded selection")
+            return _ALREADY if state.finalized is not None else None
+
+        self._record(capture_key, f"{capture_key}:finalized", finalized, check)
+
+    def cleaned(self, capture_key: str, cleaned: AttemptCleaned) -> None:
+        """Record that exactly these staging keys were removed."""
+        self.store.append(capture_key, [cleaned])
