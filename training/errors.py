@@ -34,7 +34,7 @@ class TrainingError(Exception):
     """Root of every error the training side raises; ``rule`` names the rule that was broken."""
 
     def __init__(self, rule: str, message: str) -> None:
-        self.rule = rule
+        self.rule = str(rule)
         super().__init__(message)
 
 
@@ -45,7 +45,7 @@ class ForestError(TrainingError, ValueError):
         self.call_id = call_id
         self.detail = detail
         where = f"call {call_id!r}" if call_id is not None else "the selection"
-        super().__init__(rule, f"Forest rule {rule!r} violated by {where}: {detail}")
+        super().__init__(rule, f"Forest rule {str(rule)!r} violated by {where}: {detail}")
 
 
 class SelectionError(TrainingError, ValueError):
@@ -64,7 +64,7 @@ class SelectionError(TrainingError, ValueError):
         self.response_id = response_id
         self.item_index = item_index
         self.detail = detail
-        super().__init__(rule, f"Selection rule {rule!r} violated: {detail}")
+        super().__init__(rule, f"Selection rule {str(rule)!r} violated: {detail}")
 
 
 class SelectionPolicyError(TrainingError, ValueError):
@@ -73,17 +73,19 @@ class SelectionPolicyError(TrainingError, ValueError):
     def __init__(self, spec: str, rule: str, detail: str) -> None:
         self.spec = spec
         self.detail = detail
-        super().__init__(rule, f"Selection policy {spec!r} cannot be resolved ({rule}): {detail}")
+        super().__init__(rule, f"Selection policy {spec!r} cannot be resolved ({rule!s}): {detail}")
 
 
 class RowError(TrainingError, ValueError):
     """Routes or media of ``call_id`` that do not fit its tokens; the projector masks the rollout
-    with ``blob_invalid`` (see ``training.forest.MaskReason``)."""
+    with ``mask_reason`` (``training.forest.MaskReason.BLOB_INVALID``)."""
+
+    mask_reason = "blob_invalid"
 
     def __init__(self, rule: str, call_id: str, detail: str) -> None:
         self.call_id = call_id
         self.detail = detail
-        super().__init__(rule, f"Row rule {rule!r} violated by call {call_id!r}: {detail}")
+        super().__init__(rule, f"Row rule {str(rule)!r} violated by call {call_id!r}: {detail}")
 
 
 class BatchError(TrainingError, ValueError):
@@ -91,7 +93,7 @@ class BatchError(TrainingError, ValueError):
 
     def __init__(self, rule: str, detail: str) -> None:
         self.detail = detail
-        super().__init__(rule, f"Batch rule {rule!r} violated: {detail}")
+        super().__init__(rule, f"Batch rule {str(rule)!r} violated: {detail}")
 
 
 class AdvantageError(TrainingError, ValueError):
@@ -99,4 +101,4 @@ class AdvantageError(TrainingError, ValueError):
 
     def __init__(self, rule: str, detail: str) -> None:
         self.detail = detail
-        super().__init__(rule, f"Advantage rule {rule!r} violated: {detail}")
+        super().__init__(rule, f"Advantage rule {str(rule)!r} violated: {detail}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import pytest
 
@@ -184,37 +185,38 @@ MASK_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("reason", "calls", "selected", "terminal", "culprit"), MASK_CASES)
-def test_broken_rule_masks_the_rollout_with_its_reason(
-    reason: MaskReason,
-    calls: list[CallRecord],
-    selected: list[str],
-    terminal: str | None,
-    culprit: str | None,
-) -> None:
-    forest = build_forest(calls, selected, terminal)
+@dataclass(frozen=True)
+class MaskCase:
+    reason: MaskReason
+    calls: list[CallRecord]
+    selected: list[str]
+    terminal: str | None
+    culprit: str | None
 
-    assert forest.masked_reason == reason
+
+@pytest.mark.parametrize(
+    "case", [MaskCase(*case) for case in MASK_CASES], ids=lambda case: case.reason.value
+)
+def test_broken_rule_masks_the_rollout_with_its_reason(case: MaskCase) -> None:
+    forest = build_forest(case.calls, case.selected, case.terminal)
+
+    assert forest.masked_reason == case.reason
     assert forest.rows == []
     assert forest.endpoints == []
     assert forest.trainable is False
 
 
-@pytest.mark.parametrize(("reason", "calls", "selected", "terminal", "culprit"), MASK_CASES)
-def test_strict_mode_raises_forest_error_naming_call_and_rule(
-    reason: MaskReason,
-    calls: list[CallRecord],
-    selected: list[str],
-    terminal: str | None,
-    culprit: str | None,
-) -> None:
-    with pytest.raises(ForestError, match=f"'{reason.value}'") as raised:
-        build_forest(calls, selected, terminal, strict=True)
+@pytest.mark.parametrize(
+    "case", [MaskCase(*case) for case in MASK_CASES], ids=lambda case: case.reason.value
+)
+def test_strict_mode_raises_forest_error_naming_call_and_rule(case: MaskCase) -> None:
+    with pytest.raises(ForestError, match=f"'{case.reason.value}'") as raised:
+        build_forest(case.calls, case.selected, case.terminal, strict=True)
 
-    assert raised.value.rule == reason
-    assert raised.value.call_id == culprit
-    if culprit is not None:
-        assert f"'{culprit}'" in str(raised.value)
+    assert raised.value.rule == case.reason
+    assert raised.value.call_id == case.culprit
+    if case.culprit is not None:
+        assert f"'{case.culprit}'" in str(raised.value)
 
 
 def test_mask_reasons_cover_every_case_above_plus_the_capture_and_blob_reasons() -> None:

@@ -1,0 +1,115 @@
+"""The training modules' public surface and error tree are pinned: changing them is a decision."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from training.errors import (
+    AdvantageError,
+    BatchError,
+    ForestError,
+    RowError,
+    SelectionError,
+    SelectionPolicyError,
+    TrainingError,
+)
+
+PUBLIC = {
+    "training.forest": {
+        "CALL_STATUSES",
+        "LENGTH_FINISH_REASONS",
+        "MASK_REASONS",
+        "CallRecord",
+        "Forest",
+        "ForestRow",
+        "MaskReason",
+        "RecordRule",
+        "RowSegment",
+        "build_forest",
+    },
+    "training.selection": {
+        "BUILTIN_POLICIES",
+        "COMPLETE_FINISH_REASONS",
+        "GENERATED_ITEM_TYPES",
+        "REQUEST_FINISHED_WITHOUT_STAGED_COORDINATES",
+        "CapturedCall",
+        "RolloutSelection",
+        "SelectionPolicy",
+        "SelectionRule",
+        "all_captured",
+        "completion_mask_reason",
+        "fingerprint_output",
+        "is_generated_item",
+        "resolve_selection_policy",
+        "returned_history",
+        "select_rollout",
+    },
+    "training.rows": {
+        "ROUTE_MISSING_SENTINEL",
+        "CallExtras",
+        "MediaItem",
+        "RowMedia",
+        "RowTensors",
+        "rollout_rows",
+        "row_tensors",
+    },
+    "training.batch": {"LogicalRollout", "PackedBatch", "TrainingBatch", "assemble_batch"},
+    "training.advantages": {
+        "AdvantageConfig",
+        "GroupDecision",
+        "LogicalAdvantages",
+        "MaskedRewardPolicy",
+        "RolloutFilter",
+        "RolloutOutcome",
+        "broadcast_to_rows",
+        "compute_advantages",
+        "group_decisions",
+        "pooled_logprob_error",
+    },
+    "training.errors": {
+        "AdvantageError",
+        "BatchError",
+        "ForestError",
+        "RowError",
+        "SelectionError",
+        "SelectionPolicyError",
+        "TrainingError",
+    },
+}
+
+
+@pytest.mark.parametrize("module_name", sorted(PUBLIC))
+def test_module_exports_exactly_its_pinned_names(module_name: str) -> None:
+    module = importlib.import_module(module_name)
+
+    assert set(module.__all__) == PUBLIC[module_name]
+    assert all(hasattr(module, name) for name in module.__all__)
+
+
+def test_metrics_export_every_metric_key_constant() -> None:
+    metrics = importlib.import_module("training.metrics")
+    keys = {name for name in metrics.__all__ if name.isupper()}
+
+    assert len({getattr(metrics, name) for name in keys}) == len(keys) == 15
+
+
+@pytest.mark.parametrize(
+    "error",
+    [ForestError, SelectionError, SelectionPolicyError, RowError, BatchError, AdvantageError],
+)
+def test_every_training_error_is_a_training_error_and_a_value_error(error: type[Exception]) -> None:
+    assert issubclass(error, TrainingError)
+    assert issubclass(error, ValueError)
+
+
+def test_errors_keep_the_rule_and_identifiers_as_attributes() -> None:
+    forest = ForestError("selection_not_closed", "c2", "parent 'c1' is not selected")
+    policy = SelectionPolicyError("pkg:fn", "unknown_module", "no module named 'pkg'")
+
+    assert (forest.rule, forest.call_id) == ("selection_not_closed", "c2")
+    assert str(forest) == (
+        "Forest rule 'selection_not_closed' violated by call 'c2': parent 'c1' is not selected"
+    )
+    assert (policy.rule, policy.spec) == ("unknown_module", "pkg:fn")
