@@ -53,6 +53,7 @@ _DROPPED_ITEM_KEYS: Final = frozenset({"id", "status", "type"})
 _TEXT_PART_TYPES: Final = frozenset({"text", "input_text", "output_text"})
 _ITEM_DIGEST_TAG: Final = f"grove.item.v{NORMALIZATION_VERSION}\n".encode()
 _OPTIONS_DIGEST_TAG: Final = b"grove.render_options.v1\n"
+_SCALARS: Final = (str, int, float)
 
 
 @dataclass(frozen=True)
@@ -129,15 +130,13 @@ def normalize_messages(items: Sequence[Mapping[str, Any]]) -> NormalizedRequest:
 
 def admission_items(request: NormalizedRequest) -> tuple[AdmissionItem, ...]:
     """The request's items as admission sees them: role, strict and canonical digest, echoed ids."""
-    return tuple(
-        AdmissionItem(
-            role=message["role"],
-            digest=_item_digest(message),
-            canonical_digest=_item_digest(_tool_content_canonical(message)),
-            echoed_ids=ids,
-        )
-        for message, ids in zip(request.messages, request.echoed_ids, strict=True)
-    )
+    items = []
+    for message, ids in zip(request.messages, request.echoed_ids, strict=True):
+        digest = _item_digest(message)
+        canonical = _tool_content_canonical(message)
+        canonical_digest = digest if canonical is message else _item_digest(canonical)
+        items.append(AdmissionItem(message["role"], digest, canonical_digest, ids))
+    return tuple(items)
 
 
 @dataclass(frozen=True)
@@ -329,9 +328,13 @@ def replay_summary(items: Sequence[AdmissionItem], render_options_digest: str) -
     return empty.extended(items)
 
 
+_CANONICAL_JSON: Final = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+)
+
+
 def _canonical_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False)  # fmt: skip
+    return _CANONICAL_JSON.encode(value)
 
 
 def _item_digest(message: Mapping[str, Any]) -> str:
@@ -364,7 +367,9 @@ def _fold_into(previous: dict[str, Any], message: Mapping[str, Any]) -> None:
 
 
 def _without_none(value: Any) -> Any:
-    if isinstance(value, Mapping):
+    if isinstance(value, _SCALARS):  # checked first: abstract-class checks are slow
+        return value
+    if isinstance(value, dict | Mapping):
         return {k: _without_none(v) for k, v in value.items() if v is not None}
     if isinstance(value, list | tuple):
         return [_without_none(v) for v in value]
@@ -372,7 +377,9 @@ def _without_none(value: Any) -> Any:
 
 
 def _sorted_keys(value: Any) -> Any:
-    if isinstance(value, Mapping):
+    if isinstance(value, _SCALARS):
+        return value
+    if isinstance(value, dict | Mapping):
         return {k: _sorted_keys(value[k]) for k in sorted(value)}
     if isinstance(value, list):
         return [_sorted_keys(v) for v in value]

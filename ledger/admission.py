@@ -339,19 +339,26 @@ def locate_boundary(items: Sequence[AdmissionItem]) -> RequestBoundary:
     if not items:
         raise EmptyRequestError()
     strict = canonical = PREFIX_DIGEST_SEED
-    boundary = RequestBoundary(len(items), 0, None, None, (), True)
+    boundary = 0
+    boundary_strict: str | None = None
+    boundary_canonical: str | None = None
     only_observations = True
     for position, item in enumerate(items, start=1):
         strict = extend_prefix_digest(strict, item.digest)
         canonical = extend_prefix_digest(canonical, item.canonical_digest)
         if item.role == ASSISTANT_ROLE:
-            boundary = RequestBoundary(
-                len(items), position, strict, canonical, item.echoed_ids, True
-            )
+            boundary, boundary_strict, boundary_canonical = position, strict, canonical
             only_observations = True
         elif item.role not in OBSERVATION_ROLES:
             only_observations = False
-    return replace(boundary, suffix_only_observations=only_observations)
+    return RequestBoundary(
+        item_count=len(items),
+        prefix_item_count=boundary,
+        prefix_digest=boundary_strict,
+        canonical_prefix_digest=boundary_canonical,
+        echoed_ids=items[boundary - 1].echoed_ids if boundary else (),
+        suffix_only_observations=only_observations,
+    )
 
 
 def admit(
