@@ -7,12 +7,10 @@ import dataclasses
 import pytest
 import torch
 
-from tests.unit.trainer.tiny_lm import VOCAB, synthetic_step_batch, tiny_causal_lm
+from tests.unit.trainer.tiny_lm import VOCAB, forest_rollout, synthetic_step_batch, tiny_causal_lm
 from training.advantages import AdvantageConfig, RolloutOutcome, compute_advantages
-from training.batch import LogicalRollout, assemble_batch
+from training.batch import assemble_batch
 from training.errors import BatchError
-from training.forest import CallRecord, build_forest
-from training.rows import rollout_rows
 from training.trainer import (
     StepBatch,
     Trainer,
@@ -213,21 +211,13 @@ def test_malformed_step_batch_raises(change, message) -> None:
         StepBatch(**{**fields, **change})
 
 
-def _rollout(rollout_id: str, rewrite: bool) -> LogicalRollout:
-    # c1 answers the task; c2 continues it, or (rewrite) starts a new root with a rewritten prompt.
-    calls = [
-        CallRecord("c1", None, [1, 2, 3], [4, 5], [-0.5, -0.7]),
-        CallRecord("c2", None if rewrite else "c1", [6, 7], [8, 9], [-0.2, -0.9]),
-    ]
-    forest = build_forest(calls, ["c1", "c2"], terminal="c2", strict=True)
-    return LogicalRollout(rollout_id, "g0", tuple(rollout_rows(forest)))
-
-
 def test_step_batch_from_an_assembled_forest_batch_broadcasts_logical_advantages() -> None:
     # Rollout a was rewritten (2 rows), b was not (1 row): 3 rows + 1 padding for a multiple of 4.
     # b is flagged by the environment: it trains nothing; with `exclude` the baseline is a's alone,
     # so a's advantage is (1 - 1) / (0 + eps) = 0 — yet a's rows stay in the loss.
-    batch = assemble_batch([_rollout("a", True), _rollout("b", False)], row_multiple=4)
+    batch = assemble_batch(
+        [forest_rollout("a", rewrite=True), forest_rollout("b", rewrite=False)], row_multiple=4
+    )
     advantages = compute_advantages(
         [RolloutOutcome("a", "g0", 1.0), RolloutOutcome("b", "g0", 0.0, env_masked=True)],
         AdvantageConfig(),
@@ -243,7 +233,7 @@ def test_step_batch_from_an_assembled_forest_batch_broadcasts_logical_advantages
 
 
 def test_step_batch_with_advantages_of_other_rollouts_raises() -> None:
-    batch = assemble_batch([_rollout("a", True)], row_multiple=1)
+    batch = assemble_batch([forest_rollout("a", rewrite=True)], row_multiple=1)
     advantages = compute_advantages([RolloutOutcome("z", "g0", 1.0)], AdvantageConfig())
     with pytest.raises(BatchError, match="same logical rollouts in the same order"):
         step_batch(batch, advantages)

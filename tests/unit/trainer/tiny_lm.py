@@ -5,8 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
+from training.batch import LogicalRollout
+from training.forest import CallRecord, build_forest
+from training.rows import rollout_rows
 from training.trainer import StepBatch
 
 VOCAB = 48
@@ -29,6 +32,25 @@ def tiny_causal_lm(
         tie_word_embeddings=True,
     )
     return Qwen2ForCausalLM(config).to(dtype)
+
+
+def tiny_absolute_position_lm(*, seed: int) -> GPT2LMHeadModel:
+    """A two-layer GPT-2 with learned absolute positions: unlike rotary embeddings, which see only
+    relative positions, it notices position ids that fail to restart in each packed row."""
+    torch.manual_seed(seed)
+    config = GPT2Config(
+        vocab_size=VOCAB,
+        n_positions=64,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        attn_pdrop=0.0,
+        embd_pdrop=0.0,
+        resid_pdrop=0.0,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    return GPT2LMHeadModel(config)
 
 
 def synthetic_step_batch(
@@ -59,3 +81,15 @@ def synthetic_step_batch(
         owners=torch.tensor(owners + [-1] * padding_rows),
         logical_rollouts=len(rows_per_rollout),
     )
+
+
+def forest_rollout(rollout_id: str, *, rewrite: bool, group_id: str = "g0") -> LogicalRollout:
+    """Two calls: c1 answers prompt [1, 2, 3] with [4, 5]; c2 adds observation [6, 7] and answers
+    [8, 9]. Without a rewrite c2 continues c1 (one row of 9 tokens); with one, c2 is a new root
+    (rows [1..5] and [6..9])."""
+    calls = [
+        CallRecord("c1", None, [1, 2, 3], [4, 5], [-0.5, -0.7]),
+        CallRecord("c2", None if rewrite else "c1", [6, 7], [8, 9], [-0.2, -0.9]),
+    ]
+    forest = build_forest(calls, ["c1", "c2"], terminal="c2", strict=True)
+    return LogicalRollout(rollout_id, group_id, tuple(rollout_rows(forest)))
