@@ -54,6 +54,7 @@ __all__ = [
     "CheckpointMetadata",
     "CheckpointSchemaError",
     "ResumeExpectation",
+    "checkpoint_name",
     "latest_checkpoint",
     "load_checkpoint",
     "save_checkpoint",
