@@ -34,6 +34,8 @@ __all__ = [
 ]
 
 SEGMENT_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,199}$")
+_SEGMENT = r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,199}"
+_KEY_PATTERN = re.compile(rf"{_SEGMENT}(?:/{_SEGMENT})+")  # the fast path; rules below explain
 MAX_KEY_BYTES = 1024
 STAGING = "staging"
 PUBLISHED = "published"
@@ -73,6 +75,13 @@ def _validate_segments(key: object) -> list[str]:
 
 def validate_key(key: object) -> str:
     """``key`` if it is a valid blob key of at least two segments; else ``InvalidKeyError``."""
+    if (
+        isinstance(key, str)
+        and _KEY_PATTERN.fullmatch(key)
+        and ".." not in key
+        and len(key) <= MAX_KEY_BYTES  # the pattern admits ASCII only: characters are bytes
+    ):
+        return key
     if len(_validate_segments(key)) < 2:
         raise InvalidKeyError(key, "a key has at least two segments (namespace and name)")
     return key  # type: ignore[return-value]
@@ -90,9 +99,7 @@ def validate_prefix(prefix: object) -> str:
 
 def staging_key(capture_key: str, call_id: str) -> str:
     """The key of one call's delta blob: ``staging/{capture_key}/{call_id}``."""
-    validate_segment(capture_key, what="capture key")
-    validate_segment(call_id, what="call id")
-    return f"{STAGING}/{capture_key}/{call_id}"
+    return staging_prefix(capture_key) + validate_segment(call_id, what="call id")
 
 
 def staging_prefix(capture_key: str) -> str:
@@ -103,9 +110,7 @@ def staging_prefix(capture_key: str) -> str:
 
 def published_key(partition: str, name: str) -> str:
     """The key of a published blob: ``published/{partition}/{name}``."""
-    validate_segment(partition, what="partition")
-    validate_segment(name, what="name")
-    return f"{PUBLISHED}/{partition}/{name}"
+    return published_prefix(partition) + validate_segment(name, what="name")
 
 
 def published_prefix(partition: str) -> str:

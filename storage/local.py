@@ -13,11 +13,12 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import uuid
 
 from fsspec.implementations.local import LocalFileSystem
 
 __all__ = ["LocalBackend"]
+
+_CREATE_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
 
 
 class LocalBackend:
@@ -31,11 +32,19 @@ class LocalBackend:
     def create(self, path: str, data: bytes) -> None:
         """Store ``data`` at ``path`` unless it exists (then ``FileExistsError``), atomically."""
         directory, name = os.path.split(path)
-        os.makedirs(directory, exist_ok=True)
-        temporary = os.path.join(directory, f".{name}.{uuid.uuid4().hex}.tmp")
-        with open(temporary, "xb") as handle:
-            handle.write(data)
+        temporary = f"{directory}/.{name}.{os.urandom(8).hex()}.tmp"
         try:
+            fd = os.open(temporary, _CREATE_NEW, 0o644)
+        except FileNotFoundError:  # the first blob of its directory
+            os.makedirs(directory, exist_ok=True)
+            fd = os.open(temporary, _CREATE_NEW, 0o644)
+        try:
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+            finally:
+                os.close(fd)
             os.link(temporary, path)
         finally:
             os.unlink(temporary)

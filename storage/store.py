@@ -140,7 +140,7 @@ class BlobStore:
 
         ``MissingBlobError`` if there is no blob, ``BlobIntegrityError`` if it differs.
         """
-        path = self.path(ref.key)
+        path = f"{self._root}/{ref.key}"  # a BlobRef's key is validated when it is built
         with backend_errors(READ, ref.key, self._url):
             data = self._backend.fs.cat_file(path)
         got_sha256 = blob_sha256(data)

@@ -1,0 +1,225 @@
+"""Blob storage: delta records against full-context storage; store against raw fsspec throughput.
+
+Usage: ``python bench/storage.py [--quick] [--json]``
+
+- ``naive_over_delta_bytes``: for rollouts of 2, 20 and 50 calls in one context, each call adding
+  200 new tokens (100 observation tokens, then 100 generated tokens with their logprobs), the
+  bytes stored when every call stores its full current context (the naive baseline: every call a
+  root) over the bytes stored by delta records (a root, then continuations storing only their
+  delta). Both are real ``put_delta`` calls into a local store, codec overhead included.
+  ``naive_over_delta_tokens`` is the same ratio in token ids, exactly ``(n + 1) / 2``; the byte
+  ratio is lower because logprobs are stored only for a call's own generated tokens either way.
+- ``put_over_raw`` / ``get_over_raw``: ``BlobStore.put`` (key validation, sha256, write-once
+  create) and ``BlobStore.get`` (read, size and sha256 verification) over raw fsspec
+  ``pipe_file`` / ``cat_file`` of the same bytes (the delta blobs of the 20-call rollout) on the
+  same filesystem, in the same run, in alternating rounds (median of rounds). Measured on a local
+  directory and on a moto S3 server started in-process; the top-level figure is the lower of the
+  two (aim >= 0.8).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from storage import BlobRef, BlobStore, CallDelta, encode_delta, open_blob_store, staging_key
+
+CALL_COUNTS = (2, 20, 50)
+OBSERVATION_TOKENS = 100
+GENERATED_TOKENS = 100
+
+
+def _tokens(generator: torch.Generator, count: int) -> torch.Tensor:
+    return torch.randint(0, 150_000, (count,), dtype=torch.int32, generator=generator)
+
+
+def rollout_deltas(calls: int, seed: int = 0) -> tuple[list[CallDelta], list[CallDelta]]:
+    """The delta records and the naive full-context records of one rollout of ``calls`` calls."""
+    generator = torch.Generator().manual_seed(seed)
+    deltas, naive = [], []
+    context = torch.zeros(0, dtype=torch.int32)
+    for _ in range(calls):
+        observation = _tokens(generator, OBSERVATION_TOKENS)
+        generated = _tokens(generator, GENERATED_TOKENS)
+        logprobs = -torch.rand(GENERATED_TOKENS, generator=generator)
+        deltas.append(CallDelta(observation, generated, logprobs))
+        naive.append(CallDelta(torch.cat([context, observation]), generated, logprobs))
+        context = torch.cat([context, observation, generated])
+    return deltas, naive
+
+
+def storage_ratios(store: BlobStore) -> dict[str, dict[str, float]]:
+    """Bytes and tokens stored, naive over delta, per call count (real puts into ``store``)."""
+    by_bytes, by_tokens, sizes = {}, {}, {}
+    for calls in CALL_COUNTS:
+        deltas, naive = rollout_deltas(calls)
+        stored = {}
+        for name, records in (("delta", deltas), ("naive", naive)):
+            capture_key = f"{name}-{calls}-{uuid.uuid4().hex[:8]}"
+            refs = [
+                store.put_delta(staging_key(capture_key, f"c{i}"), record)
+                for i, record in enumerate(records)
+            ]
+            tokens = sum(record.delta_len for record in records)
+            stored[name] = (sum(ref.size for ref in refs), tokens)
+        by_bytes[str(calls)] = round(stored["naive"][0] / stored["delta"][0], 3)
+        by_tokens[str(calls)] = round(stored["naive"][1] / stored["delta"][1], 3)
+        sizes[str(calls)] = {"delta_bytes": stored["delta"][0], "naive_bytes": stored["naive"][0]}
+    return {"bytes": by_bytes, "tokens": by_tokens, "sizes": sizes}
+
+
+def _timed(operation: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    operation()
+    return time.perf_counter() - start
+
+
+def throughput(store: BlobStore, blobs: list[bytes], rounds: int) -> dict[str, float]:
+    """Ops/s of store put/get and raw fsspec put/get of ``blobs`` on the store's filesystem.
+
+    Each store operation runs next to its raw twin (alternating which goes first), so that load
+    from elsewhere on the machine falls on both alike; a rate is one over the median time of one
+    operation, over all rounds, so that a stall of the shared machine does not decide a ratio.
+    """
+    fs = store.fs
+    times: dict[str, list[float]] = {"raw_put": [], "put": [], "raw_get": [], "get": []}
+    for _ in range(rounds):
+        run = uuid.uuid4().hex[:8]
+        raw_paths = [store.path(f"raw/{run}/b{i}") for i in range(len(blobs))]
+        fs.makedirs(raw_paths[0].rsplit("/", 1)[0], exist_ok=True)
+        keys = [staging_key(f"bench-{run}", f"b{i}") for i in range(len(blobs))]
+        refs: dict[int, BlobRef] = {}
+        for i, blob in enumerate(blobs):
+            pair = [
+                ("raw_put", partial(fs.pipe_file, raw_paths[i], blob)),
+                ("put", partial(_put_into, refs, i, store, keys[i], blob)),
+            ]
+            for name, operation in pair if i % 2 else reversed(pair):
+                times[name].append(_timed(operation))
+        for i in range(len(blobs)):
+            pair = [
+                ("raw_get", partial(fs.cat_file, raw_paths[i])),
+                ("get", partial(store.get, refs[i])),
+            ]
+            for name, operation in pair if i % 2 else reversed(pair):
+                times[name].append(_timed(operation))
+    result = {f"{name}_per_s": round(1 / statistics.median(v), 1) for name, v in times.items()}
+    result["put_over_raw"] = round(result["put_per_s"] / result["raw_put_per_s"], 3)
+    result["get_over_raw"] = round(result["get_per_s"] / result["raw_get_per_s"], 3)
+    return result
+
+
+def _put_into(
+    refs: dict[int, BlobRef], index: int, store: BlobStore, key: str, blob: bytes
+) -> None:
+    refs[index] = store.put(key, blob)
+
+
+def _moto_store() -> tuple[BlobStore, Callable[[], None]]:
+    """A store on a moto S3 server started in this process, and how to stop the server."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    credentials = {"aws_access_key_id": "bench", "aws_secret_access_key": "bench"}
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", **credentials).create_bucket(
+        Bucket="grove-bench"
+    )
+    store = open_blob_store(
+        "s3://grove-bench/run",
+        endpoint_url=endpoint,
+        access_key_id="bench",
+        secret_access_key="bench",
+    )
+    return store, server.stop
+
+
+def run(quick: bool) -> dict[str, Any]:
+    """Every figure of this benchmark, as one JSON-ready dict."""
+    rounds, local_blobs, s3_blobs = (3, 100, 40) if quick else (7, 400, 150)
+    with tempfile.TemporaryDirectory(prefix="grove-bench-") as directory:
+        local = open_blob_store(directory)
+        ratios = storage_ratios(local)
+        deltas, _ = rollout_deltas(20, seed=1)
+        payloads = [encode_delta(delta) for delta in deltas]
+        backends = {"local": throughput(local, _repeat(payloads, local_blobs), rounds)}
+        s3_store, stop = _moto_store()
+        try:
+            backends["s3"] = throughput(s3_store, _repeat(payloads, s3_blobs), rounds)
+        finally:
+            stop()
+    return {
+        "naive_over_delta_bytes": ratios["bytes"],
+        "naive_over_delta_tokens": ratios["tokens"],
+        "stored_bytes": ratios["sizes"],
+        "put_over_raw": min(b["put_over_raw"] for b in backends.values()),
+        "get_over_raw": min(b["get_over_raw"] for b in backends.values()),
+        "blob_bytes": len(payloads[0]),
+        "backends": backends,
+        "quick": quick,
+    }
+
+
+def _repeat(payloads: list[bytes], count: int) -> list[bytes]:
+    return [payloads[i % len(payloads)] for i in range(count)]
+
+
+def _row(cells: list[object], widths: list[int]) -> str:
+    return " ".join(
+        f"{cell:>{width}.2f}" if isinstance(cell, float) else f"{cell!s:>{width}}"
+        for cell, width in zip(cells, widths, strict=True)
+    )
+
+
+def _print_table(result: dict[str, Any]) -> None:
+    widths = [6, 12, 12, 12, 12]
+    print("Delta records against full-context storage (200 new tokens per call)")
+    print(_row(["calls", "delta bytes", "naive bytes", "bytes ratio", "token ratio"], widths))
+    for calls in map(str, CALL_COUNTS):
+        sizes = result["stored_bytes"][calls]
+        ratios = [result["naive_over_delta_bytes"][calls], result["naive_over_delta_tokens"][calls]]
+        print(_row([calls, sizes["delta_bytes"], sizes["naive_bytes"], *ratios], widths))
+    widths = [8, 9, 9, 8, 9, 9, 8]
+    print(f"\nThroughput of {result['blob_bytes']}-byte delta blobs, ops/s (median operation)")
+    print(_row(["backend", "raw put", "put", "put/raw", "raw get", "get", "get/raw"], widths))
+    for name, b in result["backends"].items():
+        puts = [round(b["raw_put_per_s"]), round(b["put_per_s"]), b["put_over_raw"]]
+        gets = [round(b["raw_get_per_s"]), round(b["get_per_s"]), b["get_over_raw"]]
+        print(_row([name, *puts, *gets], widths))
+    summary = f"put_over_raw {result['put_over_raw']}, get_over_raw {result['get_over_raw']}"
+    print(f"\n{summary} (lower of the backends; aim >= 0.8)")
+
+
+def main() -> None:
+    """Run the benchmark; print a table, or one JSON object with ``--json``."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer blobs and rounds")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args()
+    result = run(args.quick)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        _print_table(result)
+
+
+if __name__ == "__main__":
+    main()
