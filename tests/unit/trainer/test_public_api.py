@@ -1,0 +1,99 @@
+"""The trainer-side modules' public surface is pinned: changing it is a decision."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from training.checkpoint import (
+    CheckpointDigestMismatch,
+    CheckpointError,
+    CheckpointExists,
+    CheckpointFileMissing,
+    CheckpointIncompatible,
+    CheckpointSchemaError,
+)
+from training.errors import TrainingError
+from training.megatron import MegatronUnavailable
+
+PUBLIC = {
+    "grove.config": {
+        "ConfigurationError",
+        "GroveConfig",
+        "config_field_paths",
+        "load_config",
+        "unsupported_combinations",
+    },
+    "training.loss": {
+        "DEFAULT_CLIP",
+        "ClipRange",
+        "LossResult",
+        "TokenDiagnostics",
+        "clipped_policy_gradient_loss",
+        "retained_token_mask",
+        "token_diagnostics",
+    },
+    "training.trainer": {
+        "StepBatch",
+        "StepReport",
+        "Trainer",
+        "causal_token_logprobs",
+        "recompute_token_logprobs",
+        "rollout_warmup_scheduler",
+        "step_batch",
+    },
+    "training.checkpoint": {
+        "CHECKPOINT_FILES",
+        "CHECKPOINT_SCHEMA",
+        "CheckpointDigestMismatch",
+        "CheckpointError",
+        "CheckpointExists",
+        "CheckpointFileMissing",
+        "CheckpointIncompatible",
+        "CheckpointMetadata",
+        "CheckpointSchemaError",
+        "ResumeExpectation",
+        "checkpoint_name",
+        "latest_checkpoint",
+        "load_checkpoint",
+        "save_checkpoint",
+        "verify_checkpoint",
+    },
+    "training.megatron": {
+        "MegatronPackedInputs",
+        "MegatronUnavailable",
+        "label_logprobs",
+        "pack_for_megatron",
+        "packed_seq_params",
+        "unpack_to_rows",
+    },
+}
+
+
+@pytest.mark.parametrize("module_name", sorted(PUBLIC))
+def test_module_exports_exactly_its_pinned_names(module_name: str) -> None:
+    module = importlib.import_module(module_name)
+    assert set(module.__all__) == PUBLIC[module_name]
+    assert all(hasattr(module, name) for name in module.__all__)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        CheckpointExists,
+        CheckpointFileMissing,
+        CheckpointDigestMismatch,
+        CheckpointSchemaError,
+        CheckpointIncompatible,
+    ],
+)
+def test_every_checkpoint_error_is_a_checkpoint_error(error: type[Exception]) -> None:
+    assert issubclass(error, CheckpointError)
+    assert issubclass(error, TrainingError)
+
+
+def test_missing_megatron_is_a_training_error_and_an_import_error() -> None:
+    assert issubclass(MegatronUnavailable, TrainingError)
+    assert issubclass(MegatronUnavailable, ImportError)
+    assert MegatronUnavailable("no module").rule == "megatron_unavailable"
