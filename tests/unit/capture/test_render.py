@@ -161,31 +161,28 @@ def test_summary_candidate_carries_digests_status_and_response_ids() -> None:
     assert call.response_ids == frozenset({"resp_1"})
 
 
-def test_chatml_renders_null_and_empty_tool_content_identically(
-    renderer: Renderer, options: RenderOptions
-) -> None:
-    messages = normalize_messages(
+def tool_turn(content: str | None) -> tuple[dict[str, object], ...]:
+    """Normalized messages around an assistant tool call whose content is ``content``."""
+    return normalize_messages(
         [
             {"role": "user", "content": "go"},
-            {"role": "assistant", "content": "", "tool_calls": [TOOL_CALL]},
+            {"role": "assistant", "content": content, "tool_calls": [TOOL_CALL]},
             {"role": "tool", "tool_call_id": "c1", "content": "done"},
         ]
     ).messages
-    assert renderer.tool_content_forms_render_identically(messages, options) is True
+
+
+def test_chatml_renders_null_and_empty_tool_content_identically(
+    renderer: Renderer, options: RenderOptions
+) -> None:
+    assert renderer.tool_content_forms_render_identically(tool_turn(""), options) is True
 
 
 def test_a_template_that_marks_defined_content_renders_the_forms_differently(
     options: RenderOptions,
 ) -> None:
     strict = Renderer(build_tokenizer(template=STRICT_CONTENT_TEMPLATE))
-    messages = normalize_messages(
-        [
-            {"role": "user", "content": "go"},
-            {"role": "assistant", "content": None, "tool_calls": [TOOL_CALL]},
-            {"role": "tool", "tool_call_id": "c1", "content": "done"},
-        ]
-    ).messages
-    assert strict.tool_content_forms_render_identically(messages, options) is False
+    assert strict.tool_content_forms_render_identically(tool_turn(None), options) is False
 
 
 def test_tool_content_proof_is_vacuous_without_tool_call_messages(

@@ -68,9 +68,14 @@ def plan_next(
     return request, plan_prompt(renderer, request, options, decision, chain)
 
 
-def text_with_end_of_turn(renderer: Renderer, text: str) -> list[int]:
-    """The tokens of ``text`` followed by the end-of-turn stop token."""
-    return [*renderer.encode(text), renderer.tokenizer.eos_token_id]
+def answered_root(
+    renderer: Renderer, options: RenderOptions, text: str, output: Message | None = None
+) -> Parent:
+    """A root call c1 that generated ``text`` and stopped at end of turn; by default the harness
+    received ``text`` as the assistant message's content."""
+    generated = [*renderer.encode(text), renderer.tokenizer.eos_token_id]
+    output = output or {"role": "assistant", "content": text}
+    return committed_root(renderer, options, generated=generated, output=output)
 
 
 def test_root_prompt_is_the_tokenized_rendering_of_the_request(
@@ -96,12 +101,7 @@ def test_root_prompt_is_the_tokenized_rendering_of_the_request(
 def test_continuation_prompt_is_the_parent_chain_plus_the_tokenized_suffix(
     renderer: Renderer, options: RenderOptions
 ) -> None:
-    parent = committed_root(
-        renderer,
-        options,
-        generated=text_with_end_of_turn(renderer, "Sunny."),
-        output={"role": "assistant", "content": "Sunny."},
-    )
+    parent = answered_root(renderer, options, "Sunny.")
     request, plan = plan_next(renderer, options, parent, FOLLOW_UP)
     assert (plan.decision.kind, plan.decision.parent_call_id) == (DecisionKind.CONTINUATION, "c1")
     assert plan.prompt_token_ids[: plan.prev_len] == parent.chain
@@ -148,12 +148,8 @@ def test_template_that_strips_earlier_reasoning_roots_a_user_turn_as_not_append_
     stripping_renderer: Renderer, options: RenderOptions
 ) -> None:
     renderer = stripping_renderer
-    parent = committed_root(
-        renderer,
-        options,
-        generated=text_with_end_of_turn(renderer, "<think>look outside</think>Sunny."),
-        output={"role": "assistant", "reasoning_content": "look outside", "content": "Sunny."},
-    )
+    output = {"role": "assistant", "reasoning_content": "look outside", "content": "Sunny."}
+    parent = answered_root(renderer, options, "<think>look outside</think>Sunny.", output)
     request, plan = plan_next(renderer, options, parent, FOLLOW_UP)
     assert (plan.decision.kind, plan.decision.reason, plan.decision.candidate_call_id) == (
         DecisionKind.ROOT,
@@ -171,15 +167,9 @@ def test_template_that_strips_earlier_reasoning_still_appends_tool_results(
     stripping_renderer: Renderer, options: RenderOptions
 ) -> None:
     renderer = stripping_renderer
-    parent = committed_root(
-        renderer,
-        options,
-        generated=text_with_end_of_turn(
-            renderer,
-            '<think>check</think><tool_call>{"arguments": {}, "name": "weather"}</tool_call>',
-        ),
-        output={"role": "assistant", "reasoning_content": "check", "tool_calls": [TOOL_CALL]},
-    )
+    text = '<think>check</think><tool_call>{"arguments": {}, "name": "weather"}</tool_call>'
+    output = {"role": "assistant", "reasoning_content": "check", "tool_calls": [TOOL_CALL]}
+    parent = answered_root(renderer, options, text, output)
     request, plan = plan_next(renderer, options, parent, TOOL_RESULT)
     assert (plan.decision.kind, plan.decision.parent_call_id) == (DecisionKind.CONTINUATION, "c1")
     assert renderer.decode(plan.prompt_token_ids) == renderer.render(request.messages, options)
@@ -188,11 +178,8 @@ def test_template_that_strips_earlier_reasoning_still_appends_tool_results(
 def test_output_that_does_not_reproduce_the_generated_text_roots_as_rendered_history_differs(
     renderer: Renderer, options: RenderOptions
 ) -> None:
-    parent = committed_root(
-        renderer,
-        options,
-        generated=text_with_end_of_turn(renderer, "  Sunny. "),
-        output={"role": "assistant", "content": "Sunny."},
+    parent = answered_root(
+        renderer, options, "  Sunny. ", {"role": "assistant", "content": "Sunny."}
     )
     _, plan = plan_next(renderer, options, parent, FOLLOW_UP)
     assert (plan.decision.kind, plan.decision.reason, plan.decision.candidate_call_id) == (
@@ -205,12 +192,7 @@ def test_output_that_does_not_reproduce_the_generated_text_roots_as_rendered_his
 def test_continuation_without_parent_tokens_raises_splice_error(
     renderer: Renderer, options: RenderOptions
 ) -> None:
-    parent = committed_root(
-        renderer,
-        options,
-        generated=text_with_end_of_turn(renderer, "Sunny."),
-        output={"role": "assistant", "content": "Sunny."},
-    )
+    parent = answered_root(renderer, options, "Sunny.")
     request = normalize_messages([*parent.request, parent.output, FOLLOW_UP])
     decision = admit(
         admission_items(request),
