@@ -23,30 +23,46 @@ are reused as they are even where their text would tokenize differently today.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from capture.errors import SpliceError
-from capture.render import NormalizedRequest, Renderer, RenderOptions
-from ledger.admission import AdmissionDecision, DecisionKind, RootReason
+from capture.render import (
+    NormalizedRequest,
+    Renderer,
+    RenderOptions,
+    ReplaySummary,
+    admission_items,
+    replay_summary,
+)
+from ledger.admission import (
+    AdmissionDecision,
+    AdmissionIndex,
+    DecisionKind,
+    RootReason,
+    decide,
+    locate_boundary,
+)
 
-__all__ = ["PromptPlan", "plan_prompt"]
+__all__ = ["PromptPlan", "plan_call", "plan_prompt"]
 
 
 @dataclass(frozen=True)
 class PromptPlan:
-    """The prompt of one call and the final decision that produced it.
+    """The prompt of one call, the final decision that produced it, and the request's summary.
 
-    Producer: :func:`plan_prompt`; consumers: the lifecycle (``call.intended``: decision and
-    ``prompt_len``; the engine: ``prompt_token_ids``; the delta blob: ``delta_token_ids``).
-    ``prompt_token_ids[:prev_len]`` is the parent chain exactly; ``prev_len`` is 0 for a root,
-    whose delta is its whole prompt. ``decision.kind`` is continuation exactly when
-    ``prev_len > 0``.
+    Producer: :func:`plan_call` (or :func:`plan_prompt`); consumers: the lifecycle
+    (``call.intended``: ``decision``, ``request_summary``, ``prompt_len``; the engine:
+    ``prompt_token_ids``; the delta blob: ``delta_token_ids``; ``call.committed``:
+    ``request_summary.extended(output items)``). ``prompt_token_ids[:prev_len]`` is the parent
+    chain exactly; ``prev_len`` is 0 for a root, whose delta is its whole prompt.
+    ``decision.kind`` is continuation exactly when ``prev_len > 0``.
     """
 
     decision: AdmissionDecision
     prompt_token_ids: tuple[int, ...]
     prev_len: int
+    request_summary: ReplaySummary
 
     @property
     def delta_token_ids(self) -> tuple[int, ...]:
@@ -59,6 +75,46 @@ class PromptPlan:
         return len(self.prompt_token_ids)
 
 
+def plan_call(
+    renderer: Renderer,
+    request: NormalizedRequest,
+    options: RenderOptions,
+    index: AdmissionIndex,
+    parent_tokens: Callable[[str], Sequence[int]],
+) -> PromptPlan:
+    """Everything before inference for one request: admission, then the splice. Writes nothing.
+
+    ``index`` holds the attempt's calls; ``parent_tokens(call_id)`` returns a call's exact chain
+    tokens (its ancestors' and its own stored deltas) and is asked only for the chosen parent.
+    The null/empty tool-content proof is rendered only when admission needs it. Intend and
+    measure both call this, so they reach the same decision. Raises ``AdmissionError`` (assistant
+    prefill, empty suffix, ambiguous parent) before anything is generated.
+    """
+    items = admission_items(request)
+    options_digest = renderer.options_digest(options)
+    boundary = locate_boundary(items)
+    decision = decide(boundary, render_options_digest=options_digest, index=index)
+    if (
+        decision.reason is RootReason.TOOL_CONTENT_NOT_EQUIVALENT
+        and renderer.tool_content_forms_render_identically(request.messages, options)
+    ):
+        decision = decide(
+            boundary,
+            render_options_digest=options_digest,
+            index=index,
+            tool_content_equivalence_proven=True,
+        )
+    parent = decision.parent_call_id
+    return _plan(
+        renderer,
+        request,
+        options,
+        decision,
+        None if parent is None else parent_tokens(parent),
+        replay_summary(items, options_digest),
+    )
+
+
 def plan_prompt(
     renderer: Renderer,
     request: NormalizedRequest,
@@ -66,12 +122,23 @@ def plan_prompt(
     decision: AdmissionDecision,
     parent_token_ids: Sequence[int] | None = None,
 ) -> PromptPlan:
-    """Plan a call's prompt from the admission decision: splice, or root with a recorded reason.
+    """Plan a call's prompt from an admission decision: splice, or root with a recorded reason.
 
     ``parent_token_ids`` is the parent chain's exact tokens (prompt plus generated, from its
-    blobs), required for a continuation and refused for a root. Writes nothing; ``measure`` calls
-    it too.
+    blobs), required for a continuation and refused for a root. Writes nothing.
     """
+    summary = replay_summary(admission_items(request), renderer.options_digest(options))
+    return _plan(renderer, request, options, decision, parent_token_ids, summary)
+
+
+def _plan(
+    renderer: Renderer,
+    request: NormalizedRequest,
+    options: RenderOptions,
+    decision: AdmissionDecision,
+    parent_token_ids: Sequence[int] | None,
+    summary: ReplaySummary,
+) -> PromptPlan:
     if decision.boundary.item_count != len(request.messages):
         raise SpliceError(
             f"the decision was made for {decision.boundary.item_count} items, the request has "
@@ -82,7 +149,7 @@ def plan_prompt(
     if decision.kind is DecisionKind.ROOT:
         if parent_token_ids is not None:
             raise SpliceError("a root takes no parent tokens", decision.candidate_call_id)
-        return _root(renderer, options, decision, full_text)
+        return _root(renderer, options, decision, full_text, summary)
     if not parent_token_ids:
         raise SpliceError(
             "a continuation needs its parent chain's exact tokens; missing evidence is an "
@@ -92,22 +159,27 @@ def plan_prompt(
     prefix = request.messages[: decision.boundary.prefix_item_count]
     prefix_text = renderer.render(prefix, options, add_generation_prompt=False)
     if not full_text.startswith(prefix_text):
-        return _root(renderer, options, decision.rooted(RootReason.TEMPLATE_NOT_APPEND_COMPATIBLE),
-                     full_text)  # fmt: skip
+        rooted = decision.rooted(RootReason.TEMPLATE_NOT_APPEND_COMPATIBLE)
+        return _root(renderer, options, rooted, full_text, summary)
     chain_text = renderer.decode(parent_token_ids)
     if not prefix_text.startswith(chain_text):
-        return _root(renderer, options, decision.rooted(RootReason.RENDERED_HISTORY_DIFFERS),
-                     full_text)  # fmt: skip
+        rooted = decision.rooted(RootReason.RENDERED_HISTORY_DIFFERS)
+        return _root(renderer, options, rooted, full_text, summary)
     suffix = renderer.encode(full_text[len(chain_text) :])
     return PromptPlan(
         decision=decision,
         prompt_token_ids=(*parent_token_ids, *suffix),
         prev_len=len(parent_token_ids),
+        request_summary=summary,
     )
 
 
 def _root(
-    renderer: Renderer, options: RenderOptions, decision: AdmissionDecision, full_text: str
+    renderer: Renderer,
+    options: RenderOptions,
+    decision: AdmissionDecision,
+    full_text: str,
+    summary: ReplaySummary,
 ) -> PromptPlan:
     tokens = renderer.encode(full_text, add_special_tokens=options.add_special_tokens)
-    return PromptPlan(decision=decision, prompt_token_ids=tuple(tokens), prev_len=0)
+    return PromptPlan(decision, tuple(tokens), prev_len=0, request_summary=summary)

@@ -6,6 +6,7 @@ import pytest
 from transformers import PreTrainedTokenizerFast
 
 from capture.embedded import (
+    CHATML_TEMPLATE,
     EMBEDDED_MODEL_NAME,
     REASONING_STRIPPING_TEMPLATE,
     EmbeddedEngine,
@@ -30,6 +31,18 @@ def renderer(tokenizer: PreTrainedTokenizerFast) -> Renderer:
 def stripping_renderer() -> Renderer:
     """A renderer whose template drops the reasoning of assistant turns before the last user."""
     return Renderer(build_tokenizer(template=REASONING_STRIPPING_TEMPLATE))
+
+
+@pytest.fixture(scope="session")
+def strict_content_renderer() -> Renderer:
+    """A renderer whose template marks every defined content, so an empty assistant tool-call
+    content renders differently from an absent one."""
+    template = CHATML_TEMPLATE.replace(
+        "{%- if message.content is string %}",
+        "{%- if message.content is defined %}{{- '[content]' }}{%- endif %}"
+        "{%- if message.content is string %}",
+    )
+    return Renderer(build_tokenizer(template=template))
 
 
 @pytest.fixture

@@ -17,10 +17,9 @@ from capture.render import (
     RenderOptions,
     admission_items,
     normalize_messages,
-    replay_summary,
 )
-from capture.splice import PromptPlan, plan_prompt
-from ledger.admission import AdmissionIndex, CallStatus, DecisionKind, RootReason, admit
+from capture.splice import PromptPlan, plan_call
+from ledger.admission import AdmissionIndex, CallStatus, DecisionKind, RootReason
 
 Message = Mapping[str, Any]
 SYSTEM = {"role": "system", "content": "You are a terse agent."}
@@ -48,26 +47,14 @@ class SimulatedAttempt:
     def call(self, call_id: str, messages: list[Message], seed: int) -> Message:
         """Run one model call and return the assistant message the harness would receive."""
         request = normalize_messages(messages)
-        items = admission_items(request)
-        options_digest = self.renderer.options_digest(self.options)
-        decision = admit(items, render_options_digest=options_digest, index=self.index)
-        parent = decision.parent_call_id
-        plan = plan_prompt(
-            self.renderer,
-            request,
-            self.options,
-            decision,
-            self.chain(parent) if parent else None,
-        )
+        plan = plan_call(self.renderer, request, self.options, self.index, self.chain)
         generation = self.engine.generate(
             plan.prompt_token_ids, SamplingParams(max_tokens=8, seed=seed)
         )
         ids = generation.token_ids
         text_ids = ids[:-1] if generation.finish_reason == "stop" else ids
         output = {"role": "assistant", "content": self.renderer.decode(text_ids)}
-        summary = replay_summary(items, options_digest).extended(
-            admission_items(normalize_messages([output]))
-        )
+        summary = plan.request_summary.extended(admission_items(normalize_messages([output])))
         self.index.add(summary.candidate(call_id, CallStatus.COMMITTED))
         self.parents[call_id] = plan.decision.parent_call_id
         self.deltas[call_id] = plan.delta_token_ids + ids

@@ -17,8 +17,16 @@ from capture.render import (
     normalize_messages,
     replay_summary,
 )
-from capture.splice import PromptPlan, plan_prompt
-from ledger.admission import AdmissionIndex, CallStatus, DecisionKind, RootReason, admit
+from capture.splice import PromptPlan, plan_call, plan_prompt
+from ledger.admission import (
+    AdmissionIndex,
+    AmbiguousParentError,
+    CallStatus,
+    DecisionKind,
+    Equivalence,
+    RootReason,
+    admit,
+)
 
 Message = Mapping[str, Any]
 SYSTEM = {"role": "system", "content": "You are terse."}
@@ -226,3 +234,88 @@ def test_decision_for_another_request_raises_splice_error(
     )
     with pytest.raises(SpliceError, match="made for 2 items, the request has 1"):
         plan_prompt(renderer, normalize_messages([TASK]), options, decision)
+
+
+def tool_call_root(renderer: Renderer, options: RenderOptions) -> Parent:
+    """A root call c1 that called the weather tool; the harness got content null."""
+    text = '<tool_call>{"arguments": {}, "name": "weather"}</tool_call>'
+    output = {"role": "assistant", "content": None, "tool_calls": [TOOL_CALL]}
+    return answered_root(renderer, options, text, output)
+
+
+def plan_echo(
+    renderer: Renderer, options: RenderOptions, parent: Parent, *observations: Message
+) -> PromptPlan:
+    """``plan_call`` for the request that echoes the parent's tool call with content ``""``."""
+    echoed = {**parent.output, "content": ""}
+    request = normalize_messages([*parent.request, echoed, *observations])
+    return plan_call(renderer, request, options, parent.index, {"c1": parent.chain}.__getitem__)
+
+
+def test_plan_call_uses_tool_content_equivalence_when_the_template_renders_both_forms_alike(
+    renderer: Renderer, options: RenderOptions
+) -> None:
+    parent = tool_call_root(renderer, options)
+    plan = plan_echo(renderer, options, parent, TOOL_RESULT)
+    assert (plan.decision.kind, plan.decision.parent_call_id) == (DecisionKind.CONTINUATION, "c1")
+    assert plan.decision.equivalences == (Equivalence.TOOL_CONTENT_NULL_EMPTY,)
+    assert plan.prompt_token_ids[: plan.prev_len] == parent.chain
+
+
+def test_plan_call_refuses_tool_content_equivalence_when_the_template_tells_the_forms_apart(
+    strict_content_renderer: Renderer, options: RenderOptions
+) -> None:
+    parent = tool_call_root(strict_content_renderer, options)
+    plan = plan_echo(strict_content_renderer, options, parent, TOOL_RESULT)
+    assert (plan.decision.kind, plan.decision.reason) == (
+        DecisionKind.ROOT,
+        RootReason.TOOL_CONTENT_NOT_EQUIVALENT,
+    )
+    assert (plan.decision.equivalences, plan.prev_len) == ((), 0)
+
+
+def test_plan_call_asks_only_for_the_chosen_parents_tokens(
+    renderer: Renderer, options: RenderOptions
+) -> None:
+    parent = answered_root(renderer, options, "Sunny.")
+    asked: list[str] = []
+
+    def parent_tokens(call_id: str) -> tuple[int, ...]:
+        asked.append(call_id)
+        return parent.chain
+
+    request = normalize_messages([*parent.request, parent.output, FOLLOW_UP])
+    plan = plan_call(renderer, request, options, parent.index, parent_tokens)
+    assert (asked, plan.prev_len) == (["c1"], len(parent.chain))
+    first = plan_call(
+        renderer, normalize_messages([SYSTEM, FOLLOW_UP]), options, parent.index, parent_tokens
+    )
+    assert (asked, first.decision.reason) == (["c1"], RootReason.HISTORY_REWRITTEN)
+
+
+def test_plan_call_carries_the_request_replay_summary(
+    renderer: Renderer, options: RenderOptions
+) -> None:
+    request = normalize_messages([SYSTEM, TASK])
+    plan = plan_call(renderer, request, options, AdmissionIndex(), lambda call_id: ())
+    assert plan.request_summary == replay_summary(
+        admission_items(request), renderer.options_digest(options)
+    )
+    assert (
+        plan.request_summary
+        == plan_prompt(renderer, request, options, plan.decision).request_summary
+    )
+
+
+def test_plan_call_raises_admission_errors_before_planning(
+    renderer: Renderer, options: RenderOptions
+) -> None:
+    parent = answered_root(renderer, options, "Sunny.")
+    twin = replay_summary(
+        admission_items(normalize_messages([*parent.request, parent.output])),
+        renderer.options_digest(options),
+    ).candidate("c2", CallStatus.COMMITTED)
+    parent.index.add(twin)
+    request = normalize_messages([*parent.request, parent.output, FOLLOW_UP])
+    with pytest.raises(AmbiguousParentError, match="calls c1, c2"):
+        plan_call(renderer, request, options, parent.index, {"c1": parent.chain}.__getitem__)
