@@ -19,6 +19,7 @@ from capture.render import (
 )
 from capture.splice import PromptPlan, plan_call, plan_prompt
 from ledger.admission import (
+    AdmissionDecision,
     AdmissionIndex,
     AmbiguousParentError,
     CallStatus,
@@ -62,16 +63,23 @@ def committed_root(
     return Parent(tuple(request), (*prompt, *generated), output, index)
 
 
+def decide_for(
+    renderer: Renderer, options: RenderOptions, request: NormalizedRequest, index: AdmissionIndex
+) -> AdmissionDecision:
+    """Admission's decision for ``request`` under ``options``."""
+    return admit(
+        admission_items(request),
+        render_options_digest=renderer.options_digest(options),
+        index=index,
+    )
+
+
 def plan_next(
     renderer: Renderer, options: RenderOptions, parent: Parent, *observations: Message
 ) -> tuple[NormalizedRequest, PromptPlan]:
     """Admit and plan the request that echoes the parent's history and adds ``observations``."""
     request = normalize_messages([*parent.request, parent.output, *observations])
-    decision = admit(
-        admission_items(request),
-        render_options_digest=renderer.options_digest(options),
-        index=parent.index,
-    )
+    decision = decide_for(renderer, options, request, parent.index)
     chain = parent.chain if decision.kind is DecisionKind.CONTINUATION else None
     return request, plan_prompt(renderer, request, options, decision, chain)
 
@@ -90,11 +98,7 @@ def test_root_prompt_is_the_tokenized_rendering_of_the_request(
     renderer: Renderer, options: RenderOptions
 ) -> None:
     request = normalize_messages([SYSTEM, TASK])
-    decision = admit(
-        admission_items(request),
-        render_options_digest=renderer.options_digest(options),
-        index=AdmissionIndex(),
-    )
+    decision = decide_for(renderer, options, request, AdmissionIndex())
     plan = plan_prompt(renderer, request, options, decision)
     assert plan.prompt_token_ids == tuple(
         renderer.encode(renderer.render(request.messages, options))
@@ -202,11 +206,7 @@ def test_continuation_without_parent_tokens_raises_splice_error(
 ) -> None:
     parent = answered_root(renderer, options, "Sunny.")
     request = normalize_messages([*parent.request, parent.output, FOLLOW_UP])
-    decision = admit(
-        admission_items(request),
-        render_options_digest=renderer.options_digest(options),
-        index=parent.index,
-    )
+    decision = decide_for(renderer, options, request, parent.index)
     with pytest.raises(SpliceError, match=r"parent call c1.*needs its parent chain's exact tokens"):
         plan_prompt(renderer, request, options, decision, None)
 
@@ -215,11 +215,7 @@ def test_root_with_parent_tokens_raises_splice_error(
     renderer: Renderer, options: RenderOptions
 ) -> None:
     request = normalize_messages([SYSTEM, TASK])
-    decision = admit(
-        admission_items(request),
-        render_options_digest=renderer.options_digest(options),
-        index=AdmissionIndex(),
-    )
+    decision = decide_for(renderer, options, request, AdmissionIndex())
     with pytest.raises(SpliceError, match="a root takes no parent tokens"):
         plan_prompt(renderer, request, options, decision, [1, 2, 3])
 
@@ -227,11 +223,7 @@ def test_root_with_parent_tokens_raises_splice_error(
 def test_decision_for_another_request_raises_splice_error(
     renderer: Renderer, options: RenderOptions
 ) -> None:
-    decision = admit(
-        admission_items(normalize_messages([SYSTEM, TASK])),
-        render_options_digest=renderer.options_digest(options),
-        index=AdmissionIndex(),
-    )
+    decision = decide_for(renderer, options, normalize_messages([SYSTEM, TASK]), AdmissionIndex())
     with pytest.raises(SpliceError, match="made for 2 items, the request has 1"):
         plan_prompt(renderer, normalize_messages([TASK]), options, decision)
 
