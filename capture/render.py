@@ -32,7 +32,7 @@ from ledger.admission import (
     AdmissionItem,
     CallStatus,
     CandidateCall,
-    extend_prefix_digest,
+    chain_digests,
 )
 
 __all__ = [
@@ -276,9 +276,8 @@ class ReplaySummary:
     def extended(self, items: Sequence[AdmissionItem]) -> ReplaySummary:
         """This summary with ``items`` chained on (one hash per item, whatever came before)."""
         strict, canonical = self.source_digest, self.canonical_source_digest
-        for item in items:
-            strict = extend_prefix_digest(strict, item.digest)
-            canonical = extend_prefix_digest(canonical, item.canonical_digest)
+        for chained in chain_digests(items, self.source_digest, self.canonical_source_digest):
+            strict, canonical = chained
         return ReplaySummary(
             normalization_version=self.normalization_version,
             item_count=self.item_count + len(items),

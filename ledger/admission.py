@@ -41,7 +41,7 @@ Errors (each also a :class:`ledger.errors.LedgerError`)::
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any, Final
@@ -67,6 +67,7 @@ __all__ = [
     "RequestBoundary",
     "RootReason",
     "admit",
+    "chain_digests",
     "decide",
     "extend_prefix_digest",
     "locate_boundary",
@@ -80,6 +81,23 @@ PREFIX_DIGEST_SEED: Final = hashlib.sha256(b"grove.prefix.v1").hexdigest()
 def extend_prefix_digest(prefix_digest: str, item_digest: str) -> str:
     """The chain digest of a prefix extended by one item: ``sha256(prefix || item)``."""
     return hashlib.sha256(f"{prefix_digest}{item_digest}".encode("ascii")).hexdigest()
+
+
+def chain_digests(
+    items: Iterable[AdmissionItem],
+    strict: str = PREFIX_DIGEST_SEED,
+    canonical: str = PREFIX_DIGEST_SEED,
+) -> Iterator[tuple[str, str]]:
+    """Extend a strict and a canonical chain by each item in turn, yielding both after each.
+
+    While the two chains agree and an item's two digests agree, the canonical chain is the strict
+    one and is not hashed again (the common case: no null-or-empty tool-call content).
+    """
+    for item in items:
+        same = canonical == strict and item.canonical_digest == item.digest
+        strict = extend_prefix_digest(strict, item.digest)
+        canonical = strict if same else extend_prefix_digest(canonical, item.canonical_digest)
+        yield strict, canonical
 
 
 class CallStatus(StrEnum):
@@ -338,14 +356,14 @@ def locate_boundary(items: Sequence[AdmissionItem]) -> RequestBoundary:
     """Chain the request's item digests in one pass and record its last-assistant boundary."""
     if not items:
         raise EmptyRequestError()
-    strict = canonical = PREFIX_DIGEST_SEED
     boundary = 0
     boundary_strict: str | None = None
     boundary_canonical: str | None = None
     only_observations = True
-    for position, item in enumerate(items, start=1):
-        strict = extend_prefix_digest(strict, item.digest)
-        canonical = extend_prefix_digest(canonical, item.canonical_digest)
+    chains = chain_digests(items)
+    for position, (item, (strict, canonical)) in enumerate(
+        zip(items, chains, strict=True), start=1
+    ):
         if item.role == ASSISTANT_ROLE:
             boundary, boundary_strict, boundary_canonical = position, strict, canonical
             only_observations = True
