@@ -194,8 +194,8 @@ class Renderer:
         """The template text the options select: their own, else the tokenizer's."""
         template = options.chat_template or self.tokenizer.chat_template
         if not isinstance(template, str) or not template:
-            raise RenderError(options.model, "no chat template: the tokenizer has none and the "
-                              "render options name none")  # fmt: skip
+            detail = "no chat template: the tokenizer has none and the render options name none"
+            raise RenderError(options.model, detail)
         return template
 
     def options_digest(self, options: RenderOptions) -> str:

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from capture.embedded import CHATML_TEMPLATE
+from capture.embedded import CHATML_TEMPLATE, build_tokenizer
 from capture.errors import RenderError
 from capture.render import (
     NORMALIZATION_VERSION,
@@ -186,3 +186,11 @@ def test_tool_content_proof_is_vacuous_without_tool_call_messages(
 ) -> None:
     messages = normalize_messages([{"role": "user", "content": "go"}]).messages
     assert strict_content_renderer.tool_content_forms_render_identically(messages, options) is True
+
+
+def test_a_tokenizer_without_a_template_and_options_without_one_raise_render_error(
+    options: RenderOptions,
+) -> None:
+    bare = Renderer(build_tokenizer(template=""))
+    with pytest.raises(RenderError, match="no chat template"):
+        bare.render([{"role": "user", "content": "hi"}], options)
