@@ -212,12 +212,6 @@ def _pad_rows(
     pad_token_id: int,
 ) -> TrainingBatch:
     """Right-pad the rows into ``(R, L)`` tensors; ``None`` is an execution padding row."""
-    lengths = [row.length if row is not None else 1 for row in rows]
-    width = max(lengths)
-    count = len(rows)
-    input_ids = torch.full((count, width), pad_token_id, dtype=torch.int64)
-    loss_mask = torch.zeros((count, width), dtype=torch.bool)
-    logprobs = torch.zeros((count, width), dtype=torch.float32)
     real_rows = [row for row in rows if row is not None]
     routed = [row.routes for row in real_rows if row.routes is not None]
     top_ks = {r.shape[1] for r in routed}
@@ -227,33 +221,35 @@ def _pad_rows(
             "every row must carry routes with one top_k, or none does; got top_k "
             f"{sorted(top_ks)} on {len(routed)} of {len(real_rows)} rows",
         )
-    routes = (
-        torch.full((count, width, top_ks.pop()), ROUTE_MISSING_SENTINEL, dtype=torch.int32)
-        if top_ks
-        else None
-    )
-    for index, row in enumerate(rows):
-        if row is None:
-            continue
-        input_ids[index, : row.length] = row.token_ids
-        loss_mask[index, : row.length] = row.loss_mask
-        logprobs[index, : row.length] = row.generation_logprobs
-        if routes is not None:
-            routes[index, : row.length] = row.routes
-    row_lengths = torch.tensor(lengths, dtype=torch.int64)
+    pad_ids = torch.full((1,), pad_token_id, dtype=torch.int64)
+    no_loss = torch.zeros(1, dtype=torch.bool)
+    no_logprob = torch.zeros(1, dtype=torch.float32)
+    lengths = torch.tensor([row.length if row is not None else 1 for row in rows])
+    width = int(lengths.max())
+    routes = None
+    if routed:
+        no_route = torch.full((1, top_ks.pop()), ROUTE_MISSING_SENTINEL, dtype=torch.int32)
+        routes = _padded([r.routes if r else no_route for r in rows], ROUTE_MISSING_SENTINEL)
     return TrainingBatch(
         rollout_ids=rollout_ids,
         rollout_groups=torch.tensor(rollout_groups, dtype=torch.int64),
         group_ids=group_ids,
         parent_indices=torch.tensor(parents, dtype=torch.int64),
         row_groups=torch.tensor(row_groups, dtype=torch.int64),
-        row_lengths=row_lengths,
-        input_ids=input_ids,
-        attention_mask=torch.arange(width)[None, :] < row_lengths[:, None],
-        loss_mask=loss_mask,
-        generation_logprobs=logprobs,
+        row_lengths=lengths,
+        input_ids=_padded([r.token_ids if r else pad_ids for r in rows], pad_token_id),
+        attention_mask=torch.arange(width)[None, :] < lengths[:, None],
+        loss_mask=_padded([r.loss_mask if r else no_loss for r in rows], False),
+        generation_logprobs=_padded(
+            [r.generation_logprobs if r else no_logprob for r in rows], 0.0
+        ),
         routes=routes,
         media=tuple(row.media if row is not None else () for row in rows),
         row_call_ids=tuple(row.call_ids if row is not None else () for row in rows),
         row_multiple=row_multiple,
     )
+
+
+def _padded(tensors: list[torch.Tensor], value: float | bool) -> torch.Tensor:
+    """Stack rows of different lengths, right-padded with ``value``: ``(R, L, ...)``."""
+    return torch.nn.utils.rnn.pad_sequence(tensors, batch_first=True, padding_value=value)

@@ -9,9 +9,13 @@
     ├── SelectionPolicyError    a selection policy name that cannot be resolved
     ├── RowError                per-call routes or media that do not fit the forest's calls
     ├── BatchError              rows that cannot be laid out as one training batch
-    └── AdvantageError          advantage inputs or settings outside their rules
+    ├── AdvantageError          advantage inputs or settings outside their rules
+    ├── CheckpointError         (``checkpoint.py``) a checkpoint that cannot be written or resumed:
+    │                           CheckpointExists, CheckpointFileMissing, CheckpointDigestMismatch,
+    │                           CheckpointSchemaError, CheckpointIncompatible
+    └── MegatronUnavailable     (``megatron.py``) megatron-core is not importable; an ImportError
 
-Every error below the root is also a ``ValueError``: each one reports bad input, and nothing was
+The errors defined here are also ``ValueError``: each one reports bad input, and nothing was
 trained or written. Each message states the rule, then the identifiers and got-versus-expected
 values, which are also kept as attributes (``rule`` always; the call, policy or rollout it names
 where there is one).

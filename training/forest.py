@@ -103,8 +103,9 @@ class CallRecord:
 
     For a root (``parent_id is None``) ``prompt_tokens`` is the full prompt; for a continuation,
     only the new observation tokens after its parent's prompt and generation. ``logprobs`` has one
-    generation logprob per generated token (``-inf`` allowed, NaN not). ``status`` is one of
-    ``CALL_STATUSES``; a pending or failed call may have no tokens. Lists are read, never mutated.
+    generation logprob per generated token (``-inf`` allowed, NaN and ``+inf`` not). ``status``
+    is one of ``CALL_STATUSES``; a pending or failed call may have no tokens. Lists are read,
+    never mutated.
     """
 
     call_id: str
@@ -143,8 +144,14 @@ class CallRecord:
                 f"one logprob per generated token: got {len(self.logprobs)} logprobs for "
                 f"{len(self.generated_tokens)} generated tokens",
             )
-        if any(math.isnan(value) for value in self.logprobs):
-            raise ForestError(RecordRule.NAN_LOGPROB, self.call_id, "a generation logprob is NaN")
+        total = sum(self.logprobs)  # NaN or +inf if any logprob is; one C loop on the fast path
+        if math.isnan(total) or total == math.inf:
+            bad = [value for value in self.logprobs if math.isnan(value) or value == math.inf]
+            raise ForestError(
+                RecordRule.NAN_LOGPROB,
+                self.call_id,
+                f"generation logprobs must not be NaN or +inf, got {bad[:3]}",
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -329,30 +336,26 @@ def _path_to(endpoint: str, by_id: dict[str, CallRecord]) -> list[CallRecord]:
 def _build_row(path: list[CallRecord], owned: set[str]) -> ForestRow:
     """Concatenate the path's deltas; own every generated span that no earlier row owns."""
     token_ids: list[int] = []
-    loss_mask: list[int] = []
-    logprobs: list[float] = []
-    owned_here: list[str] = []
     segments: list[RowSegment] = []
     for call in path:
         start = len(token_ids)
-        prompt_length = len(call.prompt_tokens)
-        generated_length = len(call.generated_tokens)
-        owns = call.call_id not in owned
         token_ids += call.prompt_tokens
+        generated_start = len(token_ids)
         token_ids += call.generated_tokens
-        loss_mask += [0] * prompt_length
-        logprobs += [0.0] * prompt_length
-        if owns:
+        segments.append(
+            RowSegment(
+                call.call_id, start, generated_start, len(token_ids), call.call_id not in owned
+            )
+        )
+    loss_mask = [0] * len(token_ids)
+    logprobs = [0.0] * len(token_ids)
+    owned_here = []
+    for call, segment in zip(path, segments, strict=True):
+        if segment.owned:
             owned.add(call.call_id)
             owned_here.append(call.call_id)
-            loss_mask += [1] * generated_length
-            logprobs += call.logprobs
-        else:
-            loss_mask += [0] * generated_length
-            logprobs += [0.0] * generated_length
-        segments.append(
-            RowSegment(call.call_id, start, start + prompt_length, len(token_ids), owns)
-        )
+            loss_mask[segment.generated_start : segment.end] = [1] * len(call.generated_tokens)
+            logprobs[segment.generated_start : segment.end] = call.logprobs
     return ForestRow(
         token_ids, loss_mask, logprobs, [call.call_id for call in path], owned_here, segments
     )

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+import numpy
 import torch
 
 from training.errors import RowError
@@ -38,6 +39,7 @@ __all__ = [
 ]
 
 ROUTE_MISSING_SENTINEL: Final = -1
+_NUMPY: Final = {torch.int64: numpy.int64, torch.float32: numpy.float32}
 """Routed-expert id meaning "no observed route": the learner routes the token itself."""
 
 
@@ -60,11 +62,20 @@ class MediaItem:
 
 @dataclass(frozen=True, eq=False)
 class CallExtras:
-    """What a call's blob carries besides tokens: ``routes`` (integer ``(P + G, top_k)``, or None
-    when no routes were captured) and the media of its new prompt tokens, spans ordered."""
+    """What a call's blob carries, as tensors (producer: the projector, from the decoded delta).
+
+    ``routes``: integer ``(P + G, top_k)``, or None when no routes were captured. ``media``: the
+    media of its new prompt tokens, spans ordered. ``prompt_tokens`` ``(P,)``,
+    ``generated_tokens`` ``(G,)`` (integer) and ``logprobs`` ``(G,)`` (float) are optional and
+    hold the same values as the call's ``CallRecord``: when every call of a row has them, the row
+    is assembled from them instead of from the forest's Python lists, several times faster.
+    """
 
     routes: torch.Tensor | None = None
     media: tuple[MediaItem, ...] = ()
+    prompt_tokens: torch.Tensor | None = None
+    generated_tokens: torch.Tensor | None = None
+    logprobs: torch.Tensor | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -117,16 +128,78 @@ def rollout_rows(
 
 def row_tensors(row: ForestRow, extras: Mapping[str, CallExtras]) -> RowTensors:
     """One forest row as tensors, with its calls' routes and media placed (see the module)."""
-    loss_mask = torch.tensor(row.loss_mask, dtype=torch.bool)
+    call_tensors = _call_tensors(row.segments, extras)
+    if call_tensors is not None:
+        token_ids, logprobs = _assembled(row.segments, call_tensors)
+    else:
+        token_ids = _tensor(row.token_ids, torch.int64)
+        logprobs = _tensor(row.logprobs, torch.float32)
     return RowTensors(
-        token_ids=torch.tensor(row.token_ids, dtype=torch.int64),
-        loss_mask=loss_mask,
-        generation_logprobs=torch.tensor(row.logprobs, dtype=torch.float32),
+        token_ids=token_ids,
+        loss_mask=_tensor(row.loss_mask, torch.bool),
+        generation_logprobs=logprobs,
         routes=_row_routes(row.segments, extras),
         media=tuple(placed for segment in row.segments for placed in _row_media(segment, extras)),
         call_ids=tuple(row.call_ids),
         owned_call_ids=tuple(row.owned_call_ids),
     )
+
+
+_TokenTensors = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def _call_tensors(
+    segments: Sequence[RowSegment], extras: Mapping[str, CallExtras]
+) -> list[_TokenTensors] | None:
+    """Each call's (prompt, generated, logprobs) tensors, or None unless every call has them."""
+    found = []
+    for segment in segments:
+        source = extras.get(segment.call_id)
+        if source is None:
+            return None
+        prompt, generated, logprobs = source.prompt_tokens, source.generated_tokens, source.logprobs
+        if prompt is None or generated is None or logprobs is None:
+            return None
+        found.append((prompt, generated, logprobs))
+    return found
+
+
+def _assembled(
+    segments: Sequence[RowSegment], call_tensors: list[_TokenTensors]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids and logprobs of a row from its calls' token tensors, checked against the
+    segments' lengths."""
+    pieces = []
+    for segment, (prompt, generated, logprobs) in zip(segments, call_tensors, strict=True):
+        expected = (segment.generated_start - segment.start, segment.end - segment.generated_start)
+        got = (prompt.numel(), generated.numel(), logprobs.numel())
+        if got != (*expected, expected[1]):
+            raise RowError(
+                "tokens_shape",
+                segment.call_id,
+                f"its token tensors hold {got[0]} prompt, {got[1]} generated and {got[2]} "
+                f"logprob values; its record has {expected[0]} prompt and {expected[1]} "
+                "generated tokens",
+            )
+        pieces += [prompt, generated]
+    token_ids = torch.cat(pieces).to(torch.int64)
+    row_logprobs = torch.zeros(token_ids.shape[0], dtype=torch.float32)
+    for segment, (_, _, logprobs) in zip(segments, call_tensors, strict=True):
+        if segment.owned:
+            row_logprobs[segment.generated_start : segment.end] = logprobs
+    return token_ids, row_logprobs
+
+
+def _tensor(values: list[int] | list[float], dtype: torch.dtype) -> torch.Tensor:
+    """A 1-D tensor of a Python list through numpy (several times faster than ``torch.tensor``
+    on a list)."""
+    if dtype == torch.bool:
+        return (
+            torch.frombuffer(bytearray(values), dtype=torch.bool)
+            if values
+            else torch.empty(0, dtype=torch.bool)
+        )
+    return torch.from_numpy(numpy.fromiter(values, dtype=_NUMPY[dtype], count=len(values)))
 
 
 def _row_routes(

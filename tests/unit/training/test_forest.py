@@ -273,6 +273,7 @@ def test_forest_error_is_a_value_error_and_a_training_error() -> None:
         ({"status": "done"}, RecordRule.UNKNOWN_STATUS),
         ({"logprobs": [-0.1, -0.2]}, RecordRule.LOGPROBS_LENGTH),
         ({"logprobs": [math.nan]}, RecordRule.NAN_LOGPROB),
+        ({"logprobs": [math.inf]}, RecordRule.NAN_LOGPROB),
     ],
 )
 def test_malformed_call_record_raises_forest_error(

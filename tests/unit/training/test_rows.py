@@ -194,3 +194,65 @@ def test_row_error_maps_to_the_blob_invalid_mask_reason() -> None:
         )
 
     assert raised.value.mask_reason == MaskReason.BLOB_INVALID
+
+
+def with_token_tensors(calls: list[CallRecord]) -> dict[str, CallExtras]:
+    """Each call's delta as the blob decodes it: int32 tokens, float32 logprobs."""
+    return {
+        call.call_id: CallExtras(
+            prompt_tokens=torch.tensor(call.prompt_tokens, dtype=torch.int32),
+            generated_tokens=torch.tensor(call.generated_tokens, dtype=torch.int32),
+            logprobs=torch.tensor(call.logprobs, dtype=torch.float32),
+        )
+        for call in calls
+    }
+
+
+def branching_calls() -> list[CallRecord]:
+    return [
+        CallRecord("a", None, [1, 2], [3, 4], [-0.5, -1.5]),
+        CallRecord("b", "a", [5], [6], [-0.25]),
+        CallRecord("c", "a", [], [7, 8], [-2.0, -3.0]),
+        CallRecord("d", None, [9], [10], [-4.0]),
+    ]
+
+
+def test_rows_from_call_tensors_equal_rows_from_lists() -> None:
+    calls = branching_calls()
+    forest = build_forest(calls, ["a", "b", "c", "d"])
+
+    from_lists = rollout_rows(forest)
+    from_tensors = rollout_rows(forest, with_token_tensors(calls))
+
+    assert len(from_tensors) == len(from_lists) == 3
+    for got, expected in zip(from_tensors, from_lists, strict=True):
+        for field in ("token_ids", "loss_mask", "generation_logprobs"):
+            got_tensor, expected_tensor = getattr(got, field), getattr(expected, field)
+            assert got_tensor.dtype == expected_tensor.dtype
+            assert torch.equal(got_tensor, expected_tensor)
+    assert from_tensors[1].generation_logprobs.tolist() == [0.0, 0.0, 0.0, 0.0, -2.0, -3.0]
+
+
+def test_rows_fall_back_to_lists_when_a_call_lacks_tensors() -> None:
+    calls = branching_calls()
+    extras = with_token_tensors(calls)
+    extras["b"] = CallExtras()
+    forest = build_forest(calls, ["a", "b", "c", "d"])
+
+    rows = rollout_rows(forest, extras)
+
+    assert rows[0].token_ids.tolist() == [1, 2, 3, 4, 5, 6]
+    assert rows[0].generation_logprobs.tolist() == [0.0, 0.0, -0.5, -1.5, 0.0, -0.25]
+
+
+def test_call_tensors_that_disagree_with_the_record_raise() -> None:
+    calls = branching_calls()
+    extras = with_token_tensors(calls)
+    extras["b"] = CallExtras(
+        prompt_tokens=torch.tensor([5], dtype=torch.int32),
+        generated_tokens=torch.tensor([6, 6], dtype=torch.int32),
+        logprobs=torch.tensor([-0.25, -0.25]),
+    )
+
+    with pytest.raises(RowError, match=r"tokens_shape.*'b'.*1 prompt, 2 generated and 2 logprob"):
+        rollout_rows(build_forest(calls, ["a", "b"]), extras)
