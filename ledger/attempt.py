@@ -148,9 +148,11 @@ def _apply(state: AttemptState, event: Event) -> AttemptState:
 Check = Callable[["AttemptState"], object]
 
 
-def fold_attempt(capture_key: str, events: Iterable[Event]) -> AttemptState:
-    """The attempt's state after ``events`` (its stream, in version order)."""
-    state = AttemptState(capture_key)
+def fold_attempt(
+    capture_key: str, events: Iterable[Event], start: AttemptState | None = None
+) -> AttemptState:
+    """The attempt's state after ``events`` (its stream in version order), folded onto ``start``."""
+    state = start or AttemptState(capture_key)
     for event in events:
         state = replace(_apply(state, event), version=state.version + 1)
     return state
@@ -165,8 +167,12 @@ class AttemptLog:
 
     def load(self, capture_key: str) -> AttemptState:
         """The attempt's current state."""
-        events = [stored.decode() for stored in self.store.read_stream(capture_key)]
-        return fold_attempt(capture_key, events)
+        return self.refresh(AttemptState(capture_key))
+
+    def refresh(self, state: AttemptState) -> AttemptState:
+        """``state`` brought up to date by reading only the events after its version."""
+        stored = self.store.read_stream(state.capture_key, after_version=state.version)
+        return fold_attempt(state.capture_key, (s.decode() for s in stored), state)
 
     def _record(self, capture_key: str, event_id: str, event: Event, check: Check) -> None:
         """Append ``event`` if ``check(state)`` passes, retrying when another writer got in first.

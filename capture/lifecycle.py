@@ -1,0 +1,327 @@
+"""The capture write path: one model call from request to committed delta, or a recorded failure.
+
+For each call: normalize the request, admit it against the attempt's committed calls
+(``ledger/admission.py``), plan its prompt (``capture/splice.py``: the parent chain's exact tokens
+plus the rendered suffix, or a root), record the intent (before inference), generate through the
+engine, store the delta blob (before the commit event: the ledger event is the commit marker),
+then commit. An engine or storage failure is recorded as ``call.failed`` with its reason code and
+re-raised. ``measure`` runs the same normalization, admission and planning and writes nothing.
+
+The service keeps, per attempt, the folded state and the admission index in memory and brings them
+up to date by reading only the events after the version it has, so admitting a call costs the
+same at call 1,000 as at call 10. Parent chains are read from their blobs (digests verified)
+once and cached.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from capture.engine import Engine, Generation, SamplingParams
+from capture.render import (
+    Renderer,
+    RenderOptions,
+    admission_items,
+    normalize_messages,
+)
+from capture.render import ReplaySummary as RenderedSummary
+from capture.splice import PromptPlan, plan_call
+from ledger.admission import AdmissionDecision, AdmissionIndex, CallStatus
+from ledger.attempt import AttemptError, AttemptLog, AttemptState, fold_attempt
+from ledger.attempt import CallStatus as LedgerCallStatus
+from ledger.events import (
+    AttemptOpened,
+    CallCommitted,
+    CallFailed,
+    CallIntended,
+    ReplaySummary,
+    RolloutSelected,
+)
+from storage import BlobRef, BlobStore, CallDelta, StorageError, staging_key
+
+__all__ = [
+    "FAILURE_REASONS",
+    "CallOutcome",
+    "CaptureService",
+    "Measurement",
+    "ModelCall",
+    "output_message",
+]
+
+FAILURE_REASONS = (
+    "engine_error",
+    "storage_error",
+    "request_finished_without_staged_coordinates",
+    "rejected_by_harness",
+)
+
+
+@dataclass(frozen=True)
+class ModelCall:
+    """One model call as a harness asks for it: its items (Chat messages or Responses input
+    items), the render options, sampling, and optionally the call id to record it under."""
+
+    items: Sequence[Mapping[str, Any]]
+    options: RenderOptions
+    sampling: SamplingParams
+    call_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What ``measure`` found: the prompt length the call would have, and the decision."""
+
+    prompt_tokens: int
+    decision: AdmissionDecision
+
+
+@dataclass(frozen=True)
+class CallOutcome:
+    """A committed call, as the gateway answers the harness."""
+
+    call_id: str
+    response_id: str
+    message: dict[str, Any]
+    generation: Generation
+    decision: AdmissionDecision
+    prompt_tokens: int
+    blob: BlobRef
+
+
+def output_message(text: str) -> dict[str, Any]:
+    """The assistant message a harness sends back for a generation with this text."""
+    return {"role": "assistant", "content": text}
+
+
+@dataclass
+class _AttemptView:
+    state: AttemptState
+    index: AdmissionIndex
+    chains: dict[str, tuple[int, ...]]
+
+
+def _ledger_summary(summary: RenderedSummary) -> ReplaySummary:
+    return ReplaySummary.model_validate(summary.as_payload())
+
+
+class CaptureService:
+    """Records model calls of attempts into the ledger and the blob store, through one engine."""
+
+    def __init__(
+        self,
+        log: AttemptLog,
+        blobs: BlobStore,
+        renderer: Renderer,
+        engine: Engine,
+        *,
+        model_fingerprint: str,
+    ) -> None:
+        self.log = log
+        self.blobs = blobs
+        self.renderer = renderer
+        self.engine = engine
+        self.model_fingerprint = model_fingerprint
+        self._views: dict[str, _AttemptView] = {}
+        self._lock = threading.Lock()
+
+    # -- attempts ----------------------------------------------------------------------------
+
+    def open_attempt(
+        self,
+        capture_key: str,
+        *,
+        rollout_id: str,
+        prompt_group: str,
+        rollout_index: int,
+        policy_version: int = 0,
+        forest_mode: bool = True,
+        selection_policy: str = "returned_history",
+        template_fingerprint: str | None = None,
+    ) -> None:
+        """Start an attempt (idempotent for the same fields)."""
+        template = (
+            template_fingerprint
+            or hashlib.sha256(str(self.renderer.tokenizer.chat_template).encode()).hexdigest()
+        )
+        self.log.open(
+            AttemptOpened(
+                capture_key=capture_key,
+                rollout_id=rollout_id,
+                prompt_group=prompt_group,
+                rollout_index=rollout_index,
+                policy_version=policy_version,
+                model_fingerprint=self.model_fingerprint,
+                template_fingerprint=template,
+                forest_mode=forest_mode,
+                selection_policy=selection_policy,
+            )
+        )
+
+    def close(self, capture_key: str) -> None:
+        """The harness returned: refuse later calls of this attempt."""
+        self.log.close_admissions(capture_key)
+
+    def settle(self, capture_key: str, timeout_s: float = 300.0) -> AttemptState:
+        """Close admissions, wait for pending calls up to ``timeout_s``, record the outcome."""
+        return self.log.settle(capture_key, timeout_s)
+
+    def select(self, capture_key: str, selected: RolloutSelected) -> None:
+        """Record the selection policy's result for the attempt."""
+        self.log.select(capture_key, selected)
+
+    # -- calls -------------------------------------------------------------------------------
+
+    def measure(self, capture_key: str, call: ModelCall) -> Measurement:
+        """The prompt length and decision ``call`` would get now; writes nothing."""
+        view = self._view(capture_key)
+        self._require_open(view.state, capture_key, call.call_id)
+        plan = self._plan(view, call)
+        return Measurement(prompt_tokens=plan.prompt_len, decision=plan.decision)
+
+    def generate(self, capture_key: str, call: ModelCall) -> CallOutcome:
+        """Run one model call: admit, plan, intend, generate, store, commit."""
+        call_id = call.call_id or f"call-{uuid.uuid4().hex[:16]}"
+        view = self._view(capture_key)
+        self._require_open(view.state, capture_key, call_id)
+        plan = self._plan(view, call)
+        decision, summary = plan.decision, plan.request_summary
+        self.log.intend(
+            capture_key,
+            CallIntended(
+                call_id=call_id,
+                decision=decision.kind.value,
+                parent_call_id=decision.parent_call_id,
+                root_reason=None if decision.reason is None else decision.reason.value,
+                replay_summary=_ledger_summary(summary),
+                equivalences=tuple(e.value for e in decision.equivalences),
+                prompt_tokens=plan.prompt_len,
+                admission=decision.as_payload(),
+            ),
+        )
+        try:
+            generation = self.engine.generate(plan.prompt_token_ids, call.sampling)
+        except Exception as error:
+            self._fail(capture_key, call_id, "engine_error", error)
+            raise
+        delta = CallDelta.from_lists(
+            plan.delta_token_ids, generation.token_ids, generation.logprobs
+        )
+        try:
+            blob = self.blobs.put_delta(staging_key(capture_key, call_id), delta)
+        except StorageError as error:
+            self._fail(capture_key, call_id, "storage_error", error)
+            raise
+        message = output_message(self._text(generation))
+        output_items = admission_items(normalize_messages([message]))
+        response_id = f"resp-{uuid.uuid4().hex}"
+        self.log.commit(
+            capture_key,
+            CallCommitted(
+                call_id=call_id,
+                parent_call_id=decision.parent_call_id,
+                prev_len=plan.prev_len,
+                delta_len=delta.delta_len,
+                cum_len=plan.prev_len + delta.delta_len,
+                prompt_delta_len=len(plan.delta_token_ids),
+                generated_len=len(generation.token_ids),
+                blob_key=blob.key,
+                blob_sha256=blob.sha256,
+                blob_bytes=blob.size,
+                finish_reason=generation.finish_reason,
+                response_id=response_id,
+                output_fingerprint=output_items[-1].digest,
+                replay_summary=_ledger_summary(summary.extended(output_items)),
+            ),
+        )
+        with self._lock:
+            view.chains[call_id] = (*plan.prompt_token_ids, *generation.token_ids)
+        return CallOutcome(
+            call_id=call_id,
+            response_id=response_id,
+            message=message,
+            generation=generation,
+            decision=decision,
+            prompt_tokens=plan.prompt_len,
+            blob=blob,
+        )
+
+    def fail(self, capture_key: str, call_id: str, reason: str, detail: str = "") -> None:
+        """Record that a call ended without a usable capture (e.g. the harness rejected it)."""
+        if reason not in FAILURE_REASONS:
+            raise AttemptError(
+                capture_key, f"unknown failure reason {reason!r}; use one of {FAILURE_REASONS}"
+            )
+        self.log.fail(capture_key, CallFailed(call_id=call_id, reason=reason, detail=detail))
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _fail(self, capture_key: str, call_id: str, reason: str, error: Exception) -> None:
+        detail = f"{type(error).__name__}: {error}"[:2000]
+        self.log.fail(capture_key, CallFailed(call_id=call_id, reason=reason, detail=detail))
+
+    def _text(self, generation: Generation) -> str:
+        tokens = list(generation.token_ids)
+        if generation.finish_reason == "stop":
+            tokens = tokens[:-1]  # the stop token closes the turn; the template writes it back
+        return self.renderer.decode(tokens)
+
+    @staticmethod
+    def _require_open(state: AttemptState, capture_key: str, call_id: str | None) -> None:
+        if state.opened is None:
+            raise AttemptError(capture_key, "unknown attempt: open it first", call_id)
+        if state.admissions_closed:
+            raise AttemptError(
+                capture_key, "admissions are closed: the harness already returned", call_id
+            )
+
+    def _view(self, capture_key: str) -> _AttemptView:
+        """The attempt's state and admission index, updated from the events not yet seen."""
+        with self._lock:
+            view = self._views.setdefault(
+                capture_key, _AttemptView(AttemptState(capture_key), AdmissionIndex(), {})
+            )
+            stored = self.log.store.read_stream(capture_key, after_version=view.state.version)
+            events = [s.decode() for s in stored]
+            view.state = fold_attempt(capture_key, events, view.state)
+            for event in events:
+                if isinstance(event, CallCommitted) and not view.state.calls[event.call_id].late:
+                    summary = RenderedSummary.from_payload(event.replay_summary.model_dump())
+                    view.index.add(
+                        summary.candidate(
+                            event.call_id, CallStatus.COMMITTED, frozenset({event.response_id})
+                        )
+                    )
+            return view
+
+    def _plan(self, view: _AttemptView, call: ModelCall) -> PromptPlan:
+        request = normalize_messages(call.items)
+        return plan_call(
+            self.renderer,
+            request,
+            call.options,
+            view.index,
+            lambda call_id: self._chain_tokens(view, call_id),
+        )
+
+    def _chain_tokens(self, view: _AttemptView, call_id: str) -> tuple[int, ...]:
+        """The exact tokens of ``call_id``'s chain: every ancestor's delta and generation."""
+        cached = view.chains.get(call_id)
+        if cached is not None:
+            return cached
+        call = view.state.calls[call_id]
+        assert call.committed is not None and call.status is LedgerCallStatus.COMMITTED
+        parent = (
+            () if call.parent_call_id is None else self._chain_tokens(view, call.parent_call_id)
+        )
+        committed = call.committed
+        delta = self.blobs.get_delta(
+            BlobRef(committed.blob_key, committed.blob_sha256, committed.blob_bytes)
+        )
+        tokens = (*parent, *delta.prompt_delta.tolist(), *delta.generated.tolist())
+        view.chains[call_id] = tokens
+        return tokens
