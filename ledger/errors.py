@@ -11,7 +11,13 @@
     ├── EventIdConflict               an event id reused with a different payload
     ├── AppendOnlyViolation           UPDATE, DELETE or TRUNCATE on the event table
     ├── SchemaNotReady                the database has no (or an old) ledger schema
-    └── DatabaseUnavailable           the database cannot be reached
+    ├── DatabaseUnavailable           the database cannot be reached
+    ├── AttemptError                  an attempt lifecycle rule (``attempt.py``)
+    └── AdmissionError                a request that cannot be admitted (``admission.py``)
+        ├── EmptyRequestError
+        ├── AssistantPrefillError
+        ├── EmptySuffixError
+        └── AmbiguousParentError
 
 Every message states the rule, then the identifiers and got-versus-expected values, which are also
 kept as attributes.

@@ -45,13 +45,14 @@ _RETRIES = 5
 
 
 def validate_stream_id(stream_id: object) -> str:
-    """``stream_id`` if it is 1-200 of ``A-Z a-z 0-9 . _ : @ -``, starting alphanumeric."""
+    """``stream_id`` if it is 1-200 of ``A-Z a-z 0-9 . _ : @ -``, alphanumeric first, no ``..``."""
     if not isinstance(stream_id, str):
         raise StreamIdError(stream_id, "a stream id is a string")
-    if not STREAM_ID_PATTERN.match(stream_id):
+    if not STREAM_ID_PATTERN.match(stream_id) or ".." in stream_id:
         raise StreamIdError(
             stream_id,
-            "use 1-200 characters from A-Z a-z 0-9 . _ : @ -, starting with a letter or digit",
+            "use 1-200 characters from A-Z a-z 0-9 . _ : @ -, starting with a letter or digit, "
+            "without '..' (a capture key also names a blob-store partition)",
         )
     return stream_id
 

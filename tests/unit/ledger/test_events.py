@@ -71,7 +71,7 @@ def test_every_version_bump_has_an_upcaster_chain():
             assert (event_type, version) in UPCASTERS, (event_type, version)
 
 
-@pytest.mark.parametrize("stream_id", ["", "a/b", "../x", "-lead", "a b", "x" * 201, 7])
+@pytest.mark.parametrize("stream_id", ["", "a/b", "../x", "a..b", "-lead", "a b", "x" * 201, 7])
 def test_stream_id_outside_the_alphabet_is_refused(stream_id):
     with pytest.raises(StreamIdError, match="Invalid stream id"):
         validate_stream_id(stream_id)
