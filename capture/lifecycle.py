@@ -42,7 +42,7 @@ from ledger.events import (
     ReplaySummary,
     RolloutSelected,
 )
-from storage import BlobRef, BlobStore, CallDelta, StorageError, staging_key
+from storage import BlobRef, BlobStore, CallDelta, StorageError, chain_digest, staging_key
 
 __all__ = [
     "FAILURE_REASONS",
@@ -232,6 +232,11 @@ class CaptureService:
                 blob_key=blob.key,
                 blob_sha256=blob.sha256,
                 blob_bytes=blob.size,
+                chain_digest=chain_digest(
+                    self._parent_chain_digest(view, decision.parent_call_id),
+                    delta.prompt_delta,
+                    delta.generated,
+                ),
                 finish_reason=generation.finish_reason,
                 response_id=response_id,
                 output_fingerprint=output_items[-1].digest,
@@ -307,6 +312,14 @@ class CaptureService:
             view.index,
             lambda call_id: self._chain_tokens(view, call_id),
         )
+
+    @staticmethod
+    def _parent_chain_digest(view: _AttemptView, parent_call_id: str | None) -> str | None:
+        if parent_call_id is None:
+            return None
+        committed = view.state.calls[parent_call_id].committed
+        assert committed is not None  # admission only picks committed parents
+        return committed.chain_digest
 
     def _chain_tokens(self, view: _AttemptView, call_id: str) -> tuple[int, ...]:
         """The exact tokens of ``call_id``'s chain: every ancestor's delta and generation."""

@@ -158,6 +158,9 @@ class CallCommitted(Event):
     blob_key: str
     blob_sha256: Digest
     blob_bytes: int = Field(ge=0)
+    chain_digest: Digest = Field(
+        description="storage.chain_digest over the parent's chain digest and this delta's tokens"
+    )
     finish_reason: str
     response_id: str
     output_fingerprint: Digest

@@ -9,7 +9,7 @@ from capture.errors import EngineError
 from capture.lifecycle import CaptureService, ModelCall
 from ledger.admission import DecisionKind
 from ledger.attempt import AttemptError, CallStatus
-from storage import BlobRef, staging_key
+from storage import BlobRef, row_chain_digests, staging_key
 
 from .conftest import OPTIONS
 
@@ -126,3 +126,15 @@ def test_calls_after_the_harness_returned_are_refused(service):
     service.close("att-1")
     with pytest.raises(AttemptError, match="admissions are closed"):
         ask(service, [{"role": "user", "content": "late"}], call_id="c9")
+
+
+def test_committed_chain_digests_match_the_tokens_of_the_chain(service):
+    outcomes, _ = chat(service, 4)
+    calls = service.log.load("att-1").calls
+    tokens = [t for o in outcomes for t in stored_tokens(service, o.call_id)]
+    lengths = [
+        (calls[o.call_id].committed.prompt_delta_len, calls[o.call_id].committed.generated_len)
+        for o in outcomes
+    ]
+    recorded = [calls[o.call_id].committed.chain_digest for o in outcomes]
+    assert row_chain_digests(tokens, lengths) == recorded

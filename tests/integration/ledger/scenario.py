@@ -78,6 +78,7 @@ def committed(
         blob_key=f"staging/{capture_key}/{call_id}",
         blob_sha256=digest(call_id),
         blob_bytes=100,
+        chain_digest=digest("chain" + call_id),
         finish_reason="stop",
         response_id=f"resp-{call_id}",
         output_fingerprint=digest("out" + call_id),
