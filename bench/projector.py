@@ -22,16 +22,18 @@ call 15 in favour of its retry, call 16 (two rows, 19 selected calls).
   processes when every call is one sample (its whole context plus its generation) over the
   tokens of the forest rows (expect about 10).
 
-Times are medians over rounds; each round runs the three passes in a rotating order so that load
-from elsewhere on the machine falls on all of them alike. Torch runs on one intra-op thread, as in
-a data-loading worker (PyTorch's ``DataLoader`` sets the same): projection works on many small
-tensors, where inter-thread hand-offs cost more than they save, and on a shared machine idle
-OpenMP threads spin against everything else.
+Times are the bench process's CPU time (user + system): the blobs sit in the page cache after the
+first pass, so every pass is CPU-bound, and CPU time is not inflated by other processes on a
+shared machine the way wall time is. Each pass's time is, per prompt group, the median over
+rounds, summed over groups; the passes alternate group by group in a rotating order. Torch runs
+on one intra-op thread, as in a data-loading worker (PyTorch's ``DataLoader`` sets the same):
+projection works on many small tensors, where inter-thread hand-offs cost more than they save.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
@@ -74,6 +76,10 @@ class StoredRollout:
     calls: tuple[StoredCall, ...]
     selected: tuple[str, ...]
     compacted: bool
+
+    @property
+    def selected_set(self) -> frozenset[str]:
+        return frozenset(self.selected)
 
 
 def write_workload(store: BlobStore, groups: int) -> list[list[StoredRollout]]:
@@ -126,8 +132,9 @@ def project(store: BlobStore, workload: list[list[StoredRollout]]) -> list[Fores
         logical = []
         for rollout in group:
             records, extras = [], {}
+            selected = rollout.selected_set
             for call in rollout.calls:
-                if call.call_id not in rollout.selected:
+                if call.call_id not in selected:
                     continue
                 delta = store.get_delta(call.ref)
                 records.append(
@@ -180,16 +187,25 @@ def token_counts(workload: list[list[StoredRollout]], forests: list[Forest]) -> 
     return {"row_tokens": row_tokens, "stepwise_tokens": stepwise, "forest_tokens": forest_tokens}
 
 
-def median_times(passes: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
-    times: dict[str, list[float]] = {name: [] for name in passes}
+def pass_times(
+    passes: dict[str, Callable[[list[StoredRollout]], object]],
+    workload: list[list[StoredRollout]],
+    rounds: int,
+) -> dict[str, float]:
+    """Seconds per pass over the whole workload: per prompt group, the median over rounds of
+    each pass's time on that group, summed. The passes alternate group by group in a rotating
+    order, so that load from elsewhere on the machine falls on all of them alike."""
     names = list(passes)
+    times = {name: [[] for _ in workload] for name in names}
     for round_index in range(rounds):
-        shift = round_index % len(names)
-        for name in names[shift:] + names[:shift]:
-            start = time.perf_counter()
-            passes[name]()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in times.items()}
+        gc.collect()
+        for index, group in enumerate(workload):
+            shift = (round_index + index) % len(names)
+            for name in names[shift:] + names[:shift]:
+                start = time.process_time()
+                passes[name](group)
+                times[name][index].append(time.process_time() - start)
+    return {name: sum(statistics.median(t) for t in per_group) for name, per_group in times.items()}
 
 
 def run(quick: bool) -> dict[str, object]:
@@ -202,12 +218,13 @@ def run(quick: bool) -> dict[str, object]:
         refs = selected_refs(workload)
         forests = project(store, workload)  # also warms the page cache
         counts = token_counts(workload, forests)
-        times = median_times(
+        times = pass_times(
             {
-                "projector": lambda: project(store, workload),
-                "raw_read": lambda: raw_read(store, refs),
-                "fsspec_read": lambda: fsspec_read(store, refs),
+                "projector": lambda group: project(store, [group]),
+                "raw_read": lambda group: raw_read(store, selected_refs([group])),
+                "fsspec_read": lambda group: fsspec_read(store, selected_refs([group])),
             },
+            workload,
             rounds,
         )
     rows = sum(len(forest.rows) for forest in forests)

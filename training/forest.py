@@ -28,7 +28,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Final
+from typing import Final, NamedTuple
 
 from training.errors import ForestError
 
@@ -154,8 +154,7 @@ class CallRecord:
             )
 
 
-@dataclass(frozen=True, slots=True)
-class RowSegment:
+class RowSegment(NamedTuple):
     """Where one call's delta lies in a row: ``[start, generated_start)`` are its prompt (or
     observation) tokens, ``[generated_start, end)`` its generated tokens; ``owned`` when this row
     trains that generated span."""

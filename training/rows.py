@@ -2,7 +2,9 @@
 
 The forest (``training.forest``) fixes each row's calls and token layout; this module adds what
 the blob of each call carries besides tokens, given as plain data (``CallExtras``): the projector
-reads and verifies blobs, this module never touches storage.
+reads and verifies blobs, this module never touches storage. When the projector also passes each
+call's token tensors, rows are concatenated from them rather than converted from the forest's
+Python lists (the same values, several times faster).
 
 - Routed experts: a call's ``routes`` has one ``top_k`` entry per delta token (its prompt delta,
   then its generated tokens), as the codec stores them. The engine samples a call's final
@@ -169,7 +171,9 @@ def _assembled(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids and logprobs of a row from its calls' token tensors, checked against the
     segments' lengths."""
-    pieces = []
+    token_pieces: list[torch.Tensor] = []
+    logprob_pieces: list[torch.Tensor] = []
+    zeros: dict[int, torch.Tensor] = {}  # one zero tensor per length: slicing costs more
     for segment, (prompt, generated, logprobs) in zip(segments, call_tensors, strict=True):
         expected = (segment.generated_start - segment.start, segment.end - segment.generated_start)
         got = (prompt.numel(), generated.numel(), logprobs.numel())
@@ -181,13 +185,13 @@ def _assembled(
                 f"logprob values; its record has {expected[0]} prompt and {expected[1]} "
                 "generated tokens",
             )
-        pieces += [prompt, generated]
-    token_ids = torch.cat(pieces).to(torch.int64)
-    row_logprobs = torch.zeros(token_ids.shape[0], dtype=torch.float32)
-    for segment, (_, _, logprobs) in zip(segments, call_tensors, strict=True):
-        if segment.owned:
-            row_logprobs[segment.generated_start : segment.end] = logprobs
-    return token_ids, row_logprobs
+        token_pieces += [prompt, generated]
+        for length in expected:
+            if length not in zeros:
+                zeros[length] = torch.zeros(length, dtype=torch.float32)
+        logprob_pieces += [zeros[expected[0]], logprobs if segment.owned else zeros[expected[1]]]
+    token_ids = torch.cat(token_pieces).to(torch.int64)
+    return token_ids, torch.cat(logprob_pieces).to(torch.float32)
 
 
 def _tensor(values: list[int] | list[float], dtype: torch.dtype) -> torch.Tensor:
