@@ -553,20 +553,21 @@ def _match_output(index: _CaptureIndex, items: list[Mapping[str, Any]]) -> list[
     encoded = [_encode_item(item) for item in generated]
     count = len(generated)
     # candidates[i]: (end, call) for each committed call whose whole generation is items[i:end]
-    # and that no item in the span contradicts by naming another response.
+    # and that no item in the span contradicts by naming another response. Hashing is
+    # incremental: one running digest per start, copied at each end.
     candidates: list[list[tuple[int, CapturedCall]]] = [[] for _ in range(count)]
+    covering: list[set[str]] = [set() for _ in range(count)]
     for start in range(count):
+        running = hashlib.sha256(_FINGERPRINT_DOMAIN)
         for end in range(start + 1, count + 1):
-            for call in index.by_fingerprint.get(_fingerprint_encoded(encoded[start:end]), ()):
+            running.update(encoded[end - 1])
+            for call in index.by_fingerprint.get(running.copy().hexdigest(), ()):
                 if all(claimed[k] in (None, call) for k in range(start, end)):
                     candidates[start].append((end, call))
+                    for k in range(start, end):
+                        covering[k].add(call.call_id)
     for position, call in enumerate(claimed):
-        covered = any(
-            other is call and start <= position < end
-            for start in range(position + 1)
-            for end, other in candidates[start]
-        )
-        if call is not None and not covered:
+        if call is not None and call.call_id not in covering[position]:
             raise SelectionError(
                 SelectionRule.CONTRADICTORY_EVIDENCE,
                 f"generated item {position} names response {call.response_id!r} (call "
