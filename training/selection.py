@@ -273,13 +273,19 @@ def returned_history(
     """The calls whose whole generations the harness returned, in returned order, and the scored
     response id (``terminal_response_id``, else the last returned generation's)."""
     index = _CaptureIndex(records)
+    terminal = _explicit_terminal(result)
     selected = _agreed_evidence(index, result)
     if selected is None:
         raise SelectionError(
             SelectionRule.MISSING_EVIDENCE,
             "the result has no 'output', 'responses' or 'model_calls' to select calls from",
         )
-    terminal = _explicit_terminal(result)
+    if not selected:
+        raise SelectionError(
+            SelectionRule.MISSING_EVIDENCE,
+            "the returned history holds no generated item and names no model call; a trainable "
+            "rollout returns at least its scored generation",
+        )
     if terminal is None:
         terminal = selected[-1].response_id
     elif terminal not in {record.response_id for record in selected}:

@@ -275,6 +275,13 @@ def test_model_calls_and_trajectory_that_disagree_raise_contradictory() -> None:
         returned_history(compaction_capture(), result)
 
 
+def test_returned_history_without_any_generation_raises_missing_evidence() -> None:
+    result = {"output": [{"role": "user", "content": "task"}]}
+
+    with pytest.raises(SelectionError, match=r"missing_evidence.*no generated item"):
+        returned_history(compaction_capture(), result)
+
+
 def test_result_without_evidence_raises_missing_evidence() -> None:
     with pytest.raises(SelectionError, match=r"missing_evidence.*no 'output'"):
         returned_history(compaction_capture(), {"reward": 1.0})
