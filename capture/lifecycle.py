@@ -29,7 +29,6 @@ from capture.render import (
     admission_items,
     normalize_messages,
 )
-from capture.render import ReplaySummary as RenderedSummary
 from capture.splice import PromptPlan, plan_call
 from ledger.admission import AdmissionDecision, AdmissionIndex, CallStatus
 from ledger.attempt import AttemptError, AttemptLog, AttemptState, fold_attempt
@@ -39,7 +38,6 @@ from ledger.events import (
     CallCommitted,
     CallFailed,
     CallIntended,
-    ReplaySummary,
     RolloutSelected,
 )
 from storage import BlobRef, BlobStore, CallDelta, StorageError, chain_digest, staging_key
@@ -103,10 +101,6 @@ class _AttemptView:
     state: AttemptState
     index: AdmissionIndex
     chains: dict[str, tuple[int, ...]]
-
-
-def _ledger_summary(summary: RenderedSummary) -> ReplaySummary:
-    return ReplaySummary.model_validate(summary.as_payload())
 
 
 class CaptureService:
@@ -197,7 +191,7 @@ class CaptureService:
                 decision=decision.kind.value,
                 parent_call_id=decision.parent_call_id,
                 root_reason=None if decision.reason is None else decision.reason.value,
-                replay_summary=_ledger_summary(summary),
+                replay_summary=summary,
                 equivalences=tuple(e.value for e in decision.equivalences),
                 prompt_tokens=plan.prompt_len,
                 admission=decision.as_payload(),
@@ -240,7 +234,7 @@ class CaptureService:
                 finish_reason=generation.finish_reason,
                 response_id=response_id,
                 output_fingerprint=output_items[-1].digest,
-                replay_summary=_ledger_summary(summary.extended(output_items)),
+                replay_summary=summary.extended(output_items),
             ),
         )
         with self._lock:
@@ -295,9 +289,8 @@ class CaptureService:
             view.state = fold_attempt(capture_key, events, view.state)
             for event in events:
                 if isinstance(event, CallCommitted) and not view.state.calls[event.call_id].late:
-                    summary = RenderedSummary.from_payload(event.replay_summary.model_dump())
                     view.index.add(
-                        summary.candidate(
+                        event.replay_summary.candidate(
                             event.call_id, CallStatus.COMMITTED, frozenset({event.response_id})
                         )
                     )

@@ -26,14 +26,8 @@ import jinja2
 from transformers import PreTrainedTokenizerBase
 
 from capture.errors import NormalizationError, RenderError
-from ledger.admission import (
-    ASSISTANT_ROLE,
-    PREFIX_DIGEST_SEED,
-    AdmissionItem,
-    CallStatus,
-    CandidateCall,
-    chain_digests,
-)
+from ledger.admission import ASSISTANT_ROLE, PREFIX_DIGEST_SEED, AdmissionItem
+from ledger.events import ReplaySummary
 
 __all__ = [
     "NORMALIZATION_VERSION",
@@ -255,64 +249,6 @@ class Renderer:
         absent = [_tool_content_canonical(m) for m in messages]
         empty = [{**m, "content": ""} if i in positions else m for i, m in enumerate(absent)]
         return self.render(absent, options) == self.render(empty, options)
-
-
-@dataclass(frozen=True)
-class ReplaySummary:
-    """What a later request of the attempt is matched against, without the messages.
-
-    Producer: :func:`replay_summary` (a request, for ``call.intended``) and :meth:`extended` (the
-    request plus the call's normalized output, for ``call.committed``); consumer: the lifecycle,
-    which stores :meth:`as_payload` and builds the admission index with :meth:`candidate`.
-    ``item_count`` counts the chained items; both digests are chains (``ledger.admission``).
-    """
-
-    normalization_version: int
-    item_count: int
-    source_digest: str
-    canonical_source_digest: str
-    render_options_digest: str
-
-    def extended(self, items: Sequence[AdmissionItem]) -> ReplaySummary:
-        """This summary with ``items`` chained on (one hash per item, whatever came before)."""
-        strict, canonical = self.source_digest, self.canonical_source_digest
-        for chained in chain_digests(items, self.source_digest, self.canonical_source_digest):
-            strict, canonical = chained
-        return ReplaySummary(
-            normalization_version=self.normalization_version,
-            item_count=self.item_count + len(items),
-            source_digest=strict,
-            canonical_source_digest=canonical,
-            render_options_digest=self.render_options_digest,
-        )
-
-    def candidate(
-        self, call_id: str, status: CallStatus, response_ids: frozenset[str] = frozenset()
-    ) -> CandidateCall:
-        """The admission index entry of the call this summary describes."""
-        return CandidateCall(
-            call_id=call_id,
-            status=status,
-            source_digest=self.source_digest,
-            canonical_source_digest=self.canonical_source_digest,
-            render_options_digest=self.render_options_digest,
-            response_ids=response_ids,
-        )
-
-    def as_payload(self) -> dict[str, Any]:
-        """A JSON-ready dict of every field."""
-        return {
-            "normalization_version": self.normalization_version,
-            "item_count": self.item_count,
-            "source_digest": self.source_digest,
-            "canonical_source_digest": self.canonical_source_digest,
-            "render_options_digest": self.render_options_digest,
-        }
-
-    @classmethod
-    def from_payload(cls, payload: Mapping[str, Any]) -> ReplaySummary:
-        """The summary :meth:`as_payload` wrote."""
-        return cls(**{name: payload[name] for name in cls.__dataclass_fields__})
 
 
 def replay_summary(items: Sequence[AdmissionItem], render_options_digest: str) -> ReplaySummary:

@@ -10,10 +10,12 @@ never rewritten in place.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ledger.admission import AdmissionItem, CallStatus, CandidateCall, chain_digests
 from ledger.errors import InvalidEventPayload, UnknownEventType
 
 __all__ = [
@@ -81,7 +83,13 @@ def validate_payload(event_type: str, payload: Any) -> Event:
 
 
 class ReplaySummary(_Record):
-    """What admission needs to match a later request against this call, without the messages."""
+    """What admission needs to match a later request against this call, without the messages.
+
+    Producer: ``capture.render.replay_summary`` (a request, for ``call.intended``) and
+    :meth:`extended` (the request plus the call's normalized output, for ``call.committed``);
+    consumer: the admission index (:meth:`candidate`). Both digests are prefix chains
+    (``ledger/admission.py``) over ``item_count`` items.
+    """
 
     normalization_version: int = Field(ge=1)
     item_count: int = Field(ge=0, description="items chained: the request (plus output on commit)")
@@ -90,6 +98,33 @@ class ReplaySummary(_Record):
         description="the same chain with null and empty assistant tool content identified"
     )
     render_options_digest: Digest
+
+    def extended(self, items: Sequence[AdmissionItem]) -> ReplaySummary:
+        """This summary with ``items`` chained on (one hash per item, whatever came before)."""
+        chained = list(chain_digests(items, self.source_digest, self.canonical_source_digest))
+        strict, canonical = (
+            chained[-1] if chained else (self.source_digest, self.canonical_source_digest)
+        )
+        return self.model_copy(
+            update={
+                "item_count": self.item_count + len(items),
+                "source_digest": strict,
+                "canonical_source_digest": canonical,
+            }
+        )
+
+    def candidate(
+        self, call_id: str, status: CallStatus, response_ids: frozenset[str] = frozenset()
+    ) -> CandidateCall:
+        """The admission index entry of the call this summary describes."""
+        return CandidateCall(
+            call_id=call_id,
+            status=status,
+            source_digest=self.source_digest,
+            canonical_source_digest=self.canonical_source_digest,
+            render_options_digest=self.render_options_digest,
+            response_ids=response_ids,
+        )
 
 
 class LedgerPosition(_Record):

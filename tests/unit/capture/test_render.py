@@ -139,7 +139,7 @@ def test_extending_a_request_summary_by_its_output_equals_the_whole_summary() ->
 def test_replay_summary_payload_round_trips() -> None:
     items = admission_items(normalize_messages([{"role": "user", "content": "a"}]))
     summary = replay_summary(items, "o")
-    assert ReplaySummary.from_payload(summary.as_payload()) == summary
+    assert ReplaySummary.model_validate(summary.model_dump()) == summary
 
 
 def test_summary_candidate_carries_digests_status_and_response_ids() -> None:
