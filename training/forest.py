@@ -86,6 +86,7 @@ MASK_REASONS: Final[frozenset[str]] = frozenset(MaskReason)
 class RecordRule(StrEnum):
     """Malformed input: raised as ``ForestError`` in every mode, since no rollout rule applies."""
 
+    INVALID_INPUT = "invalid_input"
     INVALID_CALL_ID = "invalid_call_id"
     UNKNOWN_STATUS = "unknown_status"
     LOGPROBS_LENGTH = "logprobs_length"
@@ -223,8 +224,18 @@ def build_forest(
     selected. A broken rollout rule masks the rollout (``Forest.masked_reason``), or raises
     ``ForestError`` when ``strict``; malformed records (``RecordRule``) raise in every mode.
     """
+    if isinstance(selected, str):
+        raise ForestError(
+            RecordRule.INVALID_INPUT, None, f"selected is a sequence of call ids, got {selected!r}"
+        )
     by_id: dict[str, CallRecord] = {}
     for call in calls:
+        if not isinstance(call, CallRecord):
+            raise ForestError(
+                RecordRule.INVALID_INPUT,
+                None,
+                f"calls must be CallRecords, got {type(call).__name__}",
+            )
         if call.call_id in by_id:
             raise ForestError(
                 RecordRule.DUPLICATE_CALL_ID, call.call_id, "two call records share this call_id"

@@ -294,6 +294,16 @@ def test_malformed_call_record_raises_forest_error(
     assert raised.value.rule == rule
 
 
+def test_selection_given_as_one_string_raises_invalid_input() -> None:
+    with pytest.raises(ForestError, match=r"invalid_input.*'c0'"):
+        build_forest(tree([None]), "c0")
+
+
+def test_calls_that_are_not_call_records_raise_invalid_input() -> None:
+    with pytest.raises(ForestError, match=r"invalid_input.*dict"):
+        build_forest([{"call_id": "c0"}], ["c0"])  # type: ignore[list-item]
+
+
 def test_duplicate_call_records_raise() -> None:
     calls = [*tree([None]), *tree([None])]
 
