@@ -176,14 +176,19 @@ def _assembled(
     zeros: dict[int, torch.Tensor] = {}  # one zero tensor per length: slicing costs more
     for segment, (prompt, generated, logprobs) in zip(segments, call_tensors, strict=True):
         expected = (segment.generated_start - segment.start, segment.end - segment.generated_start)
-        got = (prompt.numel(), generated.numel(), logprobs.numel())
-        if got != (*expected, expected[1]):
+        got = (prompt.shape, generated.shape, logprobs.shape)
+        if (
+            got != ((expected[0],), (expected[1],), (expected[1],))
+            or not _is_integer(prompt)
+            or not _is_integer(generated)
+            or not logprobs.dtype.is_floating_point
+        ):
             raise RowError(
                 "tokens_shape",
                 segment.call_id,
-                f"its token tensors hold {got[0]} prompt, {got[1]} generated and {got[2]} "
-                f"logprob values; its record has {expected[0]} prompt and {expected[1]} "
-                "generated tokens",
+                f"its token tensors are {prompt.dtype} {tuple(got[0])} prompt, {generated.dtype} "
+                f"{tuple(got[1])} generated and {logprobs.dtype} {tuple(got[2])} logprobs; its "
+                f"record has {expected[0]} prompt and {expected[1]} generated tokens",
             )
         token_pieces += [prompt, generated]
         for length in expected:
@@ -227,9 +232,7 @@ def _row_routes(
         if (
             call_routes.ndim != 2
             or call_routes.shape[0] != expected
-            or call_routes.dtype.is_floating_point
-            or call_routes.dtype.is_complex
-            or call_routes.dtype == torch.bool
+            or not _is_integer(call_routes)
         ):
             raise RowError(
                 "routes_shape",
@@ -251,6 +254,11 @@ def _row_routes(
         if segment.end > segment.generated_start:
             row_routes[segment.end - 1] = ROUTE_MISSING_SENTINEL
     return row_routes
+
+
+def _is_integer(tensor: torch.Tensor) -> bool:
+    dtype = tensor.dtype
+    return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
 
 
 def _row_media(segment: RowSegment, extras: Mapping[str, CallExtras]) -> list[RowMedia]:

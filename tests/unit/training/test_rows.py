@@ -254,5 +254,18 @@ def test_call_tensors_that_disagree_with_the_record_raise() -> None:
         logprobs=torch.tensor([-0.25, -0.25]),
     )
 
-    with pytest.raises(RowError, match=r"tokens_shape.*'b'.*1 prompt, 2 generated and 2 logprob"):
+    with pytest.raises(RowError, match=r"tokens_shape.*'b'.*\(2,\) generated.*1 generated token"):
         rollout_rows(build_forest(calls, ["a", "b"]), extras)
+
+
+def test_call_tensors_of_a_float_token_dtype_raise() -> None:
+    calls = branching_calls()
+    extras = with_token_tensors(calls)
+    extras["a"] = CallExtras(
+        prompt_tokens=torch.tensor([1.0, 2.0]),
+        generated_tokens=torch.tensor([3, 4]),
+        logprobs=torch.tensor([-0.5, -1.5]),
+    )
+
+    with pytest.raises(RowError, match=r"tokens_shape.*'a'.*torch.float32 \(2,\) prompt"):
+        rollout_rows(build_forest(calls, ["a"]), extras)
