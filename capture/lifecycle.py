@@ -40,6 +40,7 @@ from ledger.events import (
     CallIntended,
     RolloutSelected,
 )
+from ledger.fingerprint import fingerprint_output
 from storage import BlobRef, BlobStore, CallDelta, StorageError, chain_digest, staging_key
 
 __all__ = [
@@ -233,7 +234,7 @@ class CaptureService:
                 ),
                 finish_reason=generation.finish_reason,
                 response_id=response_id,
-                output_fingerprint=output_items[-1].digest,
+                output_fingerprint=fingerprint_output([message]),
                 replay_summary=summary.extended(output_items),
             ),
         )

@@ -41,13 +41,18 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import json
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 
+from ledger.fingerprint import (
+    FINGERPRINT_DOMAIN,
+    encode_output_item,
+    fingerprint_encoded,
+    fingerprint_output,
+)
 from training.errors import SelectionError, SelectionPolicyError
 from training.forest import CALL_STATUSES, LENGTH_FINISH_REASONS, MaskReason
 
@@ -82,8 +87,6 @@ GENERATED_ITEM_TYPES: Final = frozenset({"reasoning", "function_call", "custom_t
 observation."""
 
 _DOTTED_NAME: Final = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
-_IDENTITY_KEYS: Final = frozenset({"id", "call_id", "status", "response_id"})
-_FINGERPRINT_DOMAIN: Final = b"grove.output.v1\n"
 
 
 class SelectionRule:
@@ -167,60 +170,6 @@ def is_generated_item(item: Mapping[str, Any]) -> bool:
     if role is not None:
         return role == "assistant"
     return item.get("type") in GENERATED_ITEM_TYPES
-
-
-def fingerprint_output(items: Sequence[Mapping[str, Any]]) -> str:
-    """The content fingerprint of one whole generation's output items, in order (sha256 hex).
-
-    Identity and status keys (``id``, ``call_id``, ``status``, ``response_id``) are dropped from
-    each item and each tool call; ``None``, empty strings, lists and mappings are dropped
-    (null/empty content equivalence); tool-call ``arguments`` strings are parsed as JSON when they
-    parse. The capture side records this digest as ``output_fingerprint`` at commit.
-    """
-    return _fingerprint_encoded([_encode_item(item) for item in items])
-
-
-def _encode_item(item: Mapping[str, Any]) -> bytes:
-    """One item's length-prefixed canonical JSON; a generation's fingerprint hashes these."""
-    encoded = json.dumps(
-        _normalize_item(item), sort_keys=True, separators=(",", ":"), ensure_ascii=False
-    ).encode()
-    return len(encoded).to_bytes(8, "big") + encoded
-
-
-def _fingerprint_encoded(encoded_items: Sequence[bytes]) -> str:
-    return hashlib.sha256(_FINGERPRINT_DOMAIN + b"".join(encoded_items)).hexdigest()
-
-
-def _normalize_item(item: Mapping[str, Any]) -> Any:
-    normalized = {
-        key: _normalize_value(key, value)
-        for key, value in item.items()
-        if key not in _IDENTITY_KEYS and not _is_empty(value)
-    }
-    if isinstance(normalized.get("tool_calls"), list):
-        normalized["tool_calls"] = [
-            _normalize_item(call) if isinstance(call, Mapping) else call
-            for call in normalized["tool_calls"]
-        ]
-    return normalized
-
-
-def _normalize_value(key: str, value: Any) -> Any:
-    if key == "arguments" and isinstance(value, str):
-        try:
-            return json.loads(value)
-        except ValueError:
-            return value
-    if isinstance(value, Mapping):
-        return {k: _normalize_value(k, v) for k, v in value.items() if not _is_empty(v)}
-    if isinstance(value, list):
-        return [_normalize_value("", v) for v in value]
-    return value
-
-
-def _is_empty(value: Any) -> bool:
-    return value is None or (isinstance(value, str | list | tuple | Mapping) and len(value) == 0)
 
 
 class _CaptureIndex:
@@ -556,7 +505,7 @@ def _match_output(index: _CaptureIndex, items: list[Mapping[str, Any]]) -> list[
                 response_id=str(response_id),
             )
         claimed.append(call)
-    encoded = [_encode_item(item) for item in generated]
+    encoded = [encode_output_item(item) for item in generated]
     count = len(generated)
     # candidates[i]: (end, call) for each committed call whose whole generation is items[i:end]
     # and that no item in the span contradicts by naming another response. Hashing is
@@ -564,7 +513,7 @@ def _match_output(index: _CaptureIndex, items: list[Mapping[str, Any]]) -> list[
     candidates: list[list[tuple[int, CapturedCall]]] = [[] for _ in range(count)]
     covering: list[set[str]] = [set() for _ in range(count)]
     for start in range(count):
-        running = hashlib.sha256(_FINGERPRINT_DOMAIN)
+        running = hashlib.sha256(FINGERPRINT_DOMAIN)
         for end in range(start + 1, count + 1):
             running.update(encoded[end - 1])
             for call in index.by_fingerprint.get(running.copy().hexdigest(), ()):
@@ -783,9 +732,9 @@ def _final_generation(index: _CaptureIndex, generated: list[Mapping[str, Any]]) 
                 response_id=response_id,
             )
         return call
-    encoded = [_encode_item(item) for item in generated]
+    encoded = [encode_output_item(item) for item in generated]
     matches: dict[str, CapturedCall] = {}
     for start in range(len(generated) - 1, -1, -1):
-        for call in index.by_fingerprint.get(_fingerprint_encoded(encoded[start:]), ()):
+        for call in index.by_fingerprint.get(fingerprint_encoded(encoded[start:]), ()):
             matches[call.call_id] = call
     return _unique_match(list(matches.values()), "the last returned generation", len(generated) - 1)
