@@ -60,6 +60,7 @@ __all__ = [
     "BUILTIN_POLICIES",
     "COMPLETE_FINISH_REASONS",
     "GENERATED_ITEM_TYPES",
+    "REJECTED_BY_HARNESS",
     "REQUEST_FINISHED_WITHOUT_STAGED_COORDINATES",
     "CapturedCall",
     "RolloutSelection",
@@ -75,6 +76,13 @@ __all__ = [
 ]
 
 REQUEST_FINISHED_WITHOUT_STAGED_COORDINATES: Final = "request_finished_without_staged_coordinates"
+REJECTED_BY_HARNESS: Final = "rejected_by_harness"
+"""The harness rejected a completed response and resampled (seed ``000``, ``select_response``): the
+capture is complete, the call is simply not accepted. Like the cancellation above, it masks nothing
+while the call stays unselected."""
+_UNSELECTED_HARMLESS: Final = frozenset(
+    {REQUEST_FINISHED_WITHOUT_STAGED_COORDINATES, REJECTED_BY_HARNESS}
+)
 """A cancellation after the capture committed: it does not mask the rollout when the call is not
 selected and no call is pending. Any other capture-failure reason masks."""
 
@@ -387,9 +395,9 @@ def completion_mask_reason(
 
     In priority order: a selected call without a record; a selected call still pending; a selected
     call that failed or carries a failure; any call still pending; a committed call with a
-    recorded failure other than ``request_finished_without_staged_coordinates`` (that one does not
-    mask when the call is unselected and nothing is pending). A plain failed call outside the
-    selection (a rejected or abandoned request) masks nothing.
+    recorded failure other than ``request_finished_without_staged_coordinates`` or
+    ``rejected_by_harness`` (those do not mask when the call is unselected and nothing is pending).
+    A plain failed call outside the selection (an abandoned request) masks nothing.
     """
     by_id = {record.call_id: record for record in records}
     selected = [by_id.get(call_id) for call_id in selected_call_ids]
@@ -403,7 +411,8 @@ def completion_mask_reason(
         return MaskReason.CAPTURE_PENDING
     if any(
         record.status == "committed"
-        and record.failure_reason not in (None, REQUEST_FINISHED_WITHOUT_STAGED_COORDINATES)
+        and record.failure_reason is not None
+        and record.failure_reason not in _UNSELECTED_HARMLESS
         for record in records
     ):
         return MaskReason.CAPTURE_FAILED

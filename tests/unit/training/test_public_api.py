@@ -33,6 +33,7 @@ PUBLIC = {
         "BUILTIN_POLICIES",
         "COMPLETE_FINISH_REASONS",
         "GENERATED_ITEM_TYPES",
+        "REJECTED_BY_HARNESS",
         "REQUEST_FINISHED_WITHOUT_STAGED_COORDINATES",
         "CapturedCall",
         "RolloutSelection",

@@ -1,0 +1,161 @@
+"""The projector: finalization of selected rollouts and exactly-once publication of batches."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from ledger.events import CallFailed
+from storage import BlobRef
+from training.projector import Projector
+
+from .conftest import Lab
+
+
+def play_groups(lab: Lab, groups: int, rollouts: int = 2) -> None:
+    for g in range(groups):
+        for r in range(rollouts):
+            lab.play(f"g{g}-r{r}", group=f"g{g}", index=r, reward=float(r))
+
+
+def finalized(lab: Lab, capture_key: str):
+    return lab.capture.log.load(capture_key).finalized
+
+
+def test_a_compacted_rollout_is_finalized_with_two_rows(lab: Lab):
+    lab.play("att-1", group="g0", index=0, reward=1.0, compact_after=1, turns=3)
+    lab.projector().poll()
+    decision = finalized(lab, "att-1")
+    assert decision.trainable
+    assert decision.paths == (("c0",), ("c1", "c2"))
+    assert decision.owned == (("c0",), ("c1", "c2"))
+
+
+def test_a_complete_group_is_published_as_one_step(lab: Lab):
+    play_groups(lab, 1)
+    projector = lab.projector()
+    projector.poll()
+    published = projector.batch_for_step(0)
+    assert published is not None and not published.rebuilt
+    assert [r.rollout_id for r in published.rollouts] == ["g0/r0", "g0/r1"]
+    assert published.batch.num_rollouts == 2
+    assert published.batch.num_rows == 4  # two rows per rollout (one rewrite each)
+    event = lab.store.read_stream("training")[0].decode()
+    assert (event.step, event.rollout_ids) == (0, ("g0/r0", "g0/r1"))
+    assert event.row_ids == ("g0/r0/0", "g0/r0/1", "g0/r1/0", "g0/r1/1")
+
+
+def test_an_incomplete_group_is_not_published(lab: Lab):
+    lab.play("g0-r0", group="g0", index=0, reward=0.0)
+    projector = lab.projector()
+    projector.poll()
+    assert projector.batch_for_step(0) is None
+    assert lab.store.read_stream("training") == []
+
+
+def test_a_published_step_is_rebuilt_exactly_by_a_fresh_projector(lab: Lab):
+    play_groups(lab, 2)
+    first = lab.projector()
+    first.poll()
+    original = first.batch_for_step(0)
+    restarted = lab.projector()  # as after a crash: everything comes from the ledger
+    restarted.poll()
+    again = restarted.batch_for_step(0)
+    assert again.rebuilt
+    assert [r.rollout_id for r in again.rollouts] == [r.rollout_id for r in original.rollouts]
+    assert torch.equal(again.batch.input_ids, original.batch.input_ids)
+    assert torch.equal(again.batch.loss_mask, original.batch.loss_mask)
+    nxt = restarted.batch_for_step(1)
+    assert {r.group_id for r in nxt.rollouts} == {"g1"}
+
+
+def test_each_rollout_is_published_in_one_step_only(lab: Lab):
+    play_groups(lab, 3)
+    projector = lab.projector()
+    projector.poll()
+    steps = [projector.batch_for_step(step) for step in range(3)]
+    assert projector.batch_for_step(3) is None
+    published = [r for step in steps for r in step.rollouts]
+    assert len({r.rollout_id for r in published}) == len(published) == 6
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_racing_projectors_publish_each_step_once(lab: Lab):
+    play_groups(lab, 2)
+    projectors = [lab.projector(), lab.projector()]
+    for projector in projectors:
+        projector.poll()
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda p: p.batch_for_step(0), projectors))
+    assert [r.rollouts[0].rollout_id for r in results] == ["g0/r0", "g0/r0"]
+    assert sorted(r.rebuilt for r in results) == [False, True]
+    assert len(lab.store.read_stream("training")) == 1
+
+
+def test_a_corrupted_blob_masks_its_rollout(lab: Lab):
+    lab.play("att-1", group="g0", index=0, reward=1.0)
+    committed = lab.capture.log.load("att-1").calls["c1"].committed
+    path = lab.capture.blobs.path(committed.blob_key)
+    data = bytearray(lab.capture.blobs.fs.cat(path))
+    data[-1] ^= 0xFF
+    lab.capture.blobs.fs.rm(path)
+    lab.capture.blobs.fs.pipe(path, bytes(data))
+    with pytest.raises(Exception, match=r"sha256|integrity|digest"):
+        lab.capture.blobs.get(
+            BlobRef(committed.blob_key, committed.blob_sha256, committed.blob_bytes)
+        )
+    lab.projector().poll()
+    decision = finalized(lab, "att-1")
+    assert (decision.trainable, decision.masked_reason) == (False, "blob_invalid")
+
+
+def test_a_pending_call_masks_its_rollout(lab: Lab):
+    lab.play("att-1", group="g0", index=0, reward=1.0, settle=False)
+    lab.capture.log.intend(
+        "att-1",
+        lab.capture.log.load("att-1").calls["c2"].intended.model_copy(update={"call_id": "c9"}),
+    )
+    lab.finish("att-1", {"model_calls": ["c0", "c1", "c2"], "reward": 1.0})
+    lab.projector().poll()
+    decision = finalized(lab, "att-1")
+    assert (decision.trainable, decision.masked_reason) == (False, "capture_pending")
+
+
+def test_a_failure_on_a_selected_call_masks_its_rollout(lab: Lab):
+    lab.play("att-1", group="g0", index=0, reward=1.0, settle=False)
+    lab.capture.log.fail("att-1", CallFailed(call_id="c2", reason="storage_error"))
+    lab.finish("att-1", {"model_calls": ["c0", "c1", "c2"], "reward": 1.0})
+    lab.projector().poll()
+    decision = finalized(lab, "att-1")
+    assert (decision.trainable, decision.masked_reason) == (False, "selected_call_failed")
+
+
+def test_a_rejected_and_resampled_response_does_not_mask_the_rollout(lab: Lab):
+    lab.play("att-1", group="g0", index=0, reward=1.0, compact_after=None, turns=1, settle=False)
+    request = [{"role": "user", "content": "Task g0."}]
+    from capture.lifecycle import ModelCall
+
+    from .conftest import OPTIONS, SAMPLING
+
+    rejected = lab.capture.generate("att-1", ModelCall(request, OPTIONS, SAMPLING, "c1"))
+    lab.capture.fail("att-1", "c1", "rejected_by_harness")
+    retry = lab.capture.generate("att-1", ModelCall(request, OPTIONS, SAMPLING, "c2"))
+    assert rejected.decision.parent_call_id == retry.decision.parent_call_id
+    lab.finish("att-1", {"model_calls": ["c2"], "reward": 1.0})
+    lab.projector().poll()
+    decision = finalized(lab, "att-1")
+    assert (decision.trainable, decision.paths) == (True, (("c2",),))
+
+
+def test_masked_rollouts_still_count_in_their_group(lab: Lab):
+    lab.play("g0-r0", group="g0", index=0, reward=1.0, settle=False)
+    lab.capture.log.fail("g0-r0", CallFailed(call_id="c2", reason="storage_error"))
+    lab.finish("g0-r0", {"model_calls": ["c0", "c1", "c2"], "reward": 1.0})
+    lab.play("g0-r1", group="g0", index=1, reward=0.0)
+    projector: Projector = lab.projector()
+    projector.poll()
+    published = projector.batch_for_step(0)
+    assert published.batch.num_rollouts == 2
+    assert [len(r.rollout.rows) for r in published.rollouts] == [0, 2]

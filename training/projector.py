@@ -1,0 +1,383 @@
+"""The projector: follows the ledger, finalizes selected rollouts, publishes training batches.
+
+It reads the ledger with the gap-free reader and, for each attempt that is settled and has a
+selection, reconstructs its forest from the calls' delta blobs (sizes and digests verified, each
+row checked against the calls' recorded chain digests) and records ``rollout.finalized``:
+trainable with its paths and owned calls, or masked with a reason (capture incomplete, a failed
+or pending selected call, a missing or corrupt blob, selection not closed, ...).
+
+Complete prompt groups (every logical rollout of the group finalized) are published in order of
+completion, ``groups_per_step`` groups per optimizer step, as ``batch.published`` on the training
+stream with the rollout ids, row ids, padding ids and the ledger position read so far. The step
+number is the training stream's version, appended with an expected version, so two projectors
+cannot publish the same step; a rollout published once is never published again. Everything the
+projector knows is rebuilt from the ledger, so after a crash or resume it rebuilds the batch of an
+already published step exactly instead of assembling a new one: each rollout trains in one step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ledger.attempt import AttemptLog, AttemptState, CallStatus
+from ledger.errors import WrongExpectedVersion
+from ledger.events import BatchPublished, LedgerPosition, RolloutFinalized
+from ledger.store import EventStore, StoredEvent
+from storage import BlobRef, BlobStore, UnusableBlobError, row_chain_digests
+from training.advantages import RolloutOutcome
+from training.batch import LogicalRollout, TrainingBatch, assemble_batch
+from training.errors import BatchError
+from training.forest import CallRecord, Forest, MaskReason, build_forest
+from training.rows import CallExtras, rollout_rows
+from training.selection import CapturedCall, completion_mask_reason
+
+__all__ = [
+    "FinalizedRollout",
+    "Projector",
+    "ProjectorSettings",
+    "PublishedBatch",
+    "captured_calls",
+]
+
+
+@dataclass(frozen=True)
+class ProjectorSettings:
+    """How rollouts become batches: group size, groups per step, row multiple, padding token."""
+
+    rollouts_per_group: int
+    groups_per_step: int
+    row_multiple: int = 1
+    pad_token_id: int = 0
+    training_stream: str = "training"
+
+    def __post_init__(self) -> None:
+        for name in ("rollouts_per_group", "groups_per_step", "row_multiple"):
+            if getattr(self, name) < 1:
+                raise BatchError(name, f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True, eq=False)
+class FinalizedRollout:
+    """One logical rollout after finalization: its forest, reward, and rows as tensors."""
+
+    capture_key: str
+    rollout_id: str
+    group_id: str
+    reward: float
+    forest: Forest
+    rollout: LogicalRollout
+
+    @property
+    def outcome(self) -> RolloutOutcome:
+        """The advantage stage's view of this rollout (no trainer diagnostics yet)."""
+        return RolloutOutcome.from_forest(self.rollout_id, self.group_id, self.reward, self.forest)
+
+
+@dataclass(frozen=True, eq=False)
+class PublishedBatch:
+    """The rows of one optimizer step, as published (or re-built) from the ledger."""
+
+    step: int
+    batch: TrainingBatch
+    rollouts: tuple[FinalizedRollout, ...]
+    position: LedgerPosition
+    rebuilt: bool
+
+    @property
+    def outcomes(self) -> list[RolloutOutcome]:
+        """One outcome per logical rollout, in batch order."""
+        return [r.outcome for r in self.rollouts]
+
+
+def captured_calls(state: AttemptState) -> list[CapturedCall]:
+    """The attempt's calls as selection policies see them, in intent order."""
+    records = []
+    for call in state.calls.values():
+        committed = call.committed
+        records.append(
+            CapturedCall(
+                call_id=call.call_id,
+                parent_id=call.parent_call_id,
+                status=call.status.value,
+                response_id=committed.response_id if committed else None,
+                output_fingerprint=committed.output_fingerprint if committed else None,
+                finish_reason=committed.finish_reason if committed else None,
+                failure_reason=call.failure.reason if call.failure else None,
+            )
+        )
+    return records
+
+
+@dataclass
+class _Progress:
+    """What the projector has learned from the ledger so far."""
+
+    mark: LedgerPosition = field(default_factory=lambda: LedgerPosition(position=0))
+    dirty: set[str] = field(default_factory=set)
+    finalized: dict[str, FinalizedRollout] = field(default_factory=dict)  # by rollout id
+    groups: dict[str, list[str]] = field(default_factory=dict)  # group -> rollout ids
+    complete: list[str] = field(default_factory=list)  # groups, in order of completion
+    published: dict[int, BatchPublished] = field(default_factory=dict)  # step -> event
+    published_rollouts: set[str] = field(default_factory=set)
+
+
+class Projector:
+    """Turns settled, selected attempts into finalized rollouts and published batches."""
+
+    def __init__(self, store: EventStore, blobs: BlobStore, settings: ProjectorSettings) -> None:
+        self.store = store
+        self.blobs = blobs
+        self.settings = settings
+        self.log = AttemptLog(store)
+        self._progress = _Progress()
+        # Forests decided in this process, kept until their finalized event is read back.
+        self._decided: dict[str, tuple[Forest, dict[str, CallExtras]]] = {}
+
+    @property
+    def position(self) -> LedgerPosition:
+        """The ledger position read so far."""
+        return self._progress.mark
+
+    @property
+    def published_steps(self) -> int:
+        """How many steps the training stream holds."""
+        return len(self._progress.published)
+
+    # -- following the ledger ----------------------------------------------------------------
+
+    def poll(self, limit: int = 1000) -> int:
+        """Read committed events not yet seen; finalize the attempts they make ready.
+
+        Group membership and completion order follow the ``rollout.finalized`` events in ledger
+        order, so a projector rebuilt from the ledger after a crash sees the same order.
+        """
+        seen = 0
+        while True:
+            read = self._read(limit)
+            seen += read
+            dirty = sorted(self._progress.dirty)
+            self._progress.dirty.clear()
+            for capture_key in dirty:
+                self._maybe_finalize(capture_key)
+            if not read and not dirty:
+                return seen
+
+    def _read(self, limit: int) -> int:
+        progress = self._progress
+        seen = 0
+        while True:
+            batch = self.store.read_after(progress.mark, limit)
+            for stored in batch.events:
+                self._observe(stored)
+            seen += len(batch.events)
+            progress.mark = batch.mark
+            if len(batch.events) < limit:
+                return seen
+
+    def _observe(self, stored: StoredEvent) -> None:
+        progress = self._progress
+        if stored.stream_id == self.settings.training_stream:
+            event = stored.decode()
+            if isinstance(event, BatchPublished):
+                progress.published[event.step] = event
+                progress.published_rollouts.update(event.rollout_ids)
+            return
+        if stored.event_type == RolloutFinalized.type:
+            self._join_group(stored.stream_id)
+        elif stored.event_type in ("attempt.settled", "rollout.selected"):
+            progress.dirty.add(stored.stream_id)
+
+    def _maybe_finalize(self, capture_key: str) -> None:
+        """Record the finalization of a settled, selected attempt (once per attempt)."""
+        state = self.log.load(capture_key)
+        if state.opened is None or state.settled is None or state.selection is None:
+            return
+        if state.finalized is None:
+            self._record_finalization(state)
+
+    def _join_group(self, capture_key: str) -> None:
+        """A ``rollout.finalized`` was read: the rollout joins its group (first attempt wins)."""
+        progress = self._progress
+        state = self.log.load(capture_key)
+        assert state.opened is not None
+        if state.opened.rollout_id in progress.finalized:
+            return
+        rollout = self._reconstruct(state)
+        progress.finalized[rollout.rollout_id] = rollout
+        members = progress.groups.setdefault(rollout.group_id, [])
+        members.append(rollout.rollout_id)
+        if len(members) == self.settings.rollouts_per_group:
+            progress.complete.append(rollout.group_id)
+
+    # -- finalization ------------------------------------------------------------------------
+
+    def _forest(self, state: AttemptState) -> tuple[Forest, dict[str, CallExtras]]:
+        """The attempt's forest from its calls' blobs, masked when any check fails."""
+        assert state.selection is not None
+        selection = state.selection
+        selected = list(selection.call_ids)
+        mask = completion_mask_reason(captured_calls(state), selected)
+        if state.settled is not None and state.settled.pending_call_ids and mask is None:
+            mask = MaskReason.CAPTURE_PENDING
+        terminal = next(
+            (
+                c.call_id
+                for c in state.calls.values()
+                if c.committed and c.committed.response_id == selection.terminal_response_id
+            ),
+            None,
+        )
+        records, extras, blob_mask = self._records(state, selected)
+        forest = build_forest(records, selected, terminal=terminal)
+        mask = mask or blob_mask or forest.masked_reason or self._chain_mismatch(state, forest)
+        if mask is not None and forest.masked_reason != mask:
+            forest = _masked(forest, mask)
+        return forest, extras
+
+    def _record_finalization(self, state: AttemptState) -> None:
+        assert state.opened is not None
+        forest, extras = self._forest(state)
+        self._decided[state.capture_key] = (forest, extras)
+        self.log.finalize(
+            state.capture_key,
+            RolloutFinalized(
+                rollout_id=state.opened.rollout_id,
+                trainable=forest.trainable,
+                masked_reason=None if forest.trainable else str(forest.masked_reason),
+                paths=tuple(tuple(row.call_ids) for row in forest.rows),
+                owned=tuple(tuple(row.owned_call_ids) for row in forest.rows),
+            ),
+        )
+
+    def _reconstruct(self, state: AttemptState) -> FinalizedRollout:
+        """The finalized rollout with its rows, checked against the recorded decision."""
+        assert state.opened is not None and state.selection is not None
+        assert state.finalized is not None
+        decided = self._decided.pop(state.capture_key, None)
+        forest, extras = decided or self._forest(state)
+        recorded = state.finalized
+        paths = tuple(tuple(row.call_ids) for row in forest.rows)
+        if (recorded.trainable, recorded.paths) != (forest.trainable, paths):
+            # The blobs changed since the decision (or the code did): never train on it.
+            forest = _masked(forest, MaskReason.BLOB_INVALID)
+        rows = tuple(rollout_rows(forest, extras)) if forest.trainable else ()
+        return FinalizedRollout(
+            capture_key=state.capture_key,
+            rollout_id=state.opened.rollout_id,
+            group_id=state.opened.prompt_group,
+            reward=state.selection.reward,
+            forest=forest,
+            rollout=LogicalRollout(state.opened.rollout_id, state.opened.prompt_group, rows),
+        )
+
+    def _records(
+        self, state: AttemptState, selected: Sequence[str]
+    ) -> tuple[list[CallRecord], dict[str, CallExtras], str | None]:
+        """Call records for the forest: tokens from the blobs of the selected calls."""
+        wanted = set(selected)
+        records, extras = [], {}
+        for call in state.calls.values():
+            committed = call.committed
+            status = call.status.value
+            if call.late:
+                status = CallStatus.PENDING.value  # acknowledged after settling: never trains
+            if committed is None or call.call_id not in wanted or call.late:
+                records.append(CallRecord(call.call_id, call.parent_call_id, [], [], [], status))
+                continue
+            ref = BlobRef(committed.blob_key, committed.blob_sha256, committed.blob_bytes)
+            try:
+                delta = self.blobs.get_delta(ref)
+            except UnusableBlobError:
+                return [], {}, MaskReason.BLOB_INVALID
+            prompt, generated = delta.prompt_delta.tolist(), delta.generated.tolist()
+            records.append(
+                CallRecord(
+                    call.call_id,
+                    call.parent_call_id,
+                    prompt,
+                    generated,
+                    delta.logprobs.tolist(),
+                    status,
+                    committed.finish_reason,
+                )
+            )
+            extras[call.call_id] = CallExtras(routes=delta.routes, media=delta.media)
+        return records, extras, None
+
+    @staticmethod
+    def _chain_mismatch(state: AttemptState, forest: Forest) -> str | None:
+        """``blob_invalid`` when a row's tokens do not hash to its calls' recorded chain."""
+        for row in forest.rows:
+            lengths = [
+                (s.generated_start - s.start, s.end - s.generated_start) for s in row.segments
+            ]
+            recorded = [state.calls[c].committed.chain_digest for c in row.call_ids]
+            if row_chain_digests(row.token_ids, lengths) != recorded:
+                return MaskReason.BLOB_INVALID
+        return None
+
+    # -- publication -------------------------------------------------------------------------
+
+    def batch_for_step(self, step: int) -> PublishedBatch | None:
+        """The batch of ``step``: re-built when already published, else newly published when
+        enough complete groups wait; None when it cannot be formed yet."""
+        progress = self._progress
+        if step in progress.published:
+            return self._rebuild(progress.published[step])
+        if step != len(progress.published):
+            raise BatchError(
+                "step",
+                f"step {step} cannot be published before step {len(progress.published)}",
+            )
+        waiting = [
+            g
+            for g in progress.complete
+            if not set(progress.groups[g]) & progress.published_rollouts
+        ]
+        if len(waiting) < self.settings.groups_per_step:
+            return None
+        chosen = waiting[: self.settings.groups_per_step]
+        rollouts = [progress.finalized[r] for g in chosen for r in progress.groups[g]]
+        batch = self._assemble(rollouts)
+        event = BatchPublished(
+            step=step,
+            rollout_ids=tuple(r.rollout_id for r in rollouts),
+            row_ids=tuple(
+                f"{r.rollout_id}/{i}" for r in rollouts for i in range(len(r.rollout.rows))
+            ),
+            padding_row_ids=tuple(f"step-{step}/pad-{i}" for i in range(batch.num_padding_rows)),
+            ledger_position=progress.mark,
+        )
+        try:
+            self.store.append(self.settings.training_stream, [event], expected_version=step)
+        except WrongExpectedVersion:
+            self.poll()  # another projector published this step: take its batch
+            return self.batch_for_step(step)
+        progress.published[step] = event
+        progress.published_rollouts.update(event.rollout_ids)
+        return PublishedBatch(step, batch, tuple(rollouts), progress.mark, rebuilt=False)
+
+    def _rebuild(self, event: BatchPublished) -> PublishedBatch:
+        missing = [r for r in event.rollout_ids if r not in self._progress.finalized]
+        if missing:
+            raise BatchError(
+                "published_rollout_missing",
+                f"step {event.step} was published with rollouts {missing[:3]} that the ledger "
+                "does not show as finalized; the ledger is inconsistent (replay it to see why)",
+            )
+        rollouts = [self._progress.finalized[r] for r in event.rollout_ids]
+        return PublishedBatch(
+            event.step, self._assemble(rollouts), tuple(rollouts), event.ledger_position, True
+        )
+
+    def _assemble(self, rollouts: Sequence[FinalizedRollout]) -> TrainingBatch:
+        return assemble_batch(
+            [r.rollout for r in rollouts],
+            row_multiple=self.settings.row_multiple,
+            pad_token_id=self.settings.pad_token_id,
+        )
+
+
+def _masked(forest: Forest, reason: str) -> Forest:
+    return Forest([], [], MaskReason(reason), forest.selected, forest.terminal, forest.truncated)
