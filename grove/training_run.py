@@ -1,0 +1,245 @@
+"""One training run: the projector's batches through GRPO into optimizer steps and checkpoints.
+
+For each step the projector hands over a published batch (or rebuilds it after a restart), the
+trainer's recomputed logprobs give each rollout's pooled token multiplicative probability error
+(used by ``grpo.seq_logprob_error_threshold``), groups are kept or dropped, advantages are computed
+per logical rollout, the trainer takes one optimizer step, and a schema-5 checkpoint records the
+model, optimizer, scheduler, generators, step and the projector's ledger position.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from grove.config import GroveConfig
+from ledger.store import EventStore
+from storage import BlobStore
+from training.advantages import (
+    AdvantageConfig,
+    MaskedRewardPolicy,
+    RolloutOutcome,
+    compute_advantages,
+    group_decisions,
+    pooled_logprob_error,
+)
+from training.checkpoint import (
+    CheckpointMetadata,
+    ResumeExpectation,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from training.errors import BatchError
+from training.projector import Projector, ProjectorSettings, PublishedBatch
+from training.trainer import (
+    StepReport,
+    Trainer,
+    recompute_token_logprobs,
+    rollout_warmup_scheduler,
+    step_batch,
+)
+
+__all__ = ["StepSummary", "TrainingRun", "advantage_config"]
+
+
+@dataclass(frozen=True)
+class StepSummary:
+    """One optimizer step as the demo's table shows it."""
+
+    step: int
+    reward: float
+    logical_rollouts: int
+    rows: int
+    masked: int
+    dropped_groups: int
+    loss: float
+    max_tmpe: float
+    gen_kl_error: float
+    rebuilt: bool
+    checkpoint: str | None
+
+
+def advantage_config(config: GroveConfig) -> AdvantageConfig:
+    """The advantage settings named by the configuration's ``grpo`` and ``token_capture`` keys."""
+    grpo = config.grpo
+    return AdvantageConfig(
+        advantage_clip_low=grpo.advantage_clip_low,
+        advantage_clip_high=grpo.advantage_clip_high,
+        masked_reward_policy=MaskedRewardPolicy(grpo.masked_reward_policy),
+        min_valid_fraction_per_group=config.token_capture.min_valid_fraction_per_group,
+        seq_logprob_error_threshold=grpo.seq_logprob_error_threshold,
+        overlong_filtering=grpo.overlong_filtering,
+        normalize_std=grpo.normalize_rewards,
+    )
+
+
+class TrainingRun:
+    """The consuming side of one run: projector, trainer, checkpoints."""
+
+    def __init__(
+        self,
+        store: EventStore,
+        blobs: BlobStore,
+        model: torch.nn.Module,
+        config: GroveConfig,
+        checkpoint_dir: Path,
+        *,
+        pad_token_id: int = 0,
+    ) -> None:
+        self.config = config
+        self.model = model
+        self.checkpoint_dir = checkpoint_dir
+        policy = config.policy
+        self.projector = Projector(
+            store,
+            blobs,
+            ProjectorSettings(
+                rollouts_per_group=config.grpo.num_generations_per_prompt,
+                groups_per_step=config.grpo.num_prompts_per_step,
+                row_multiple=policy.execution_row_multiple,
+                pad_token_id=pad_token_id,
+            ),
+        )
+        optimizer = torch.optim.AdamW(
+            model.parameters(), lr=policy.learning_rate, weight_decay=policy.weight_decay
+        )
+        scheduler = rollout_warmup_scheduler(optimizer, warmup_rollouts=policy.lr_warmup_rollouts)
+        self.trainer = Trainer(
+            model,
+            optimizer,
+            scheduler,
+            global_batch_rollouts=policy.train_global_batch_size,
+            micro_batch_size=policy.train_micro_batch_size,
+            max_grad_norm=policy.max_grad_norm,
+            min_step_batch_fraction=config.async_rl.rollout_failure.min_step_batch_fraction,
+        )
+        self.advantages = advantage_config(config)
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps taken (the next step to train)."""
+        return self.trainer.step
+
+    def resume(self) -> Path | None:
+        """Restore the latest checkpoint under the checkpoint directory, if any."""
+        path = latest_checkpoint(self.checkpoint_dir)
+        if path is None:
+            return None
+        meta = load_checkpoint(
+            path,
+            model=self.model,
+            optimizer=self.trainer.optimizer,
+            scheduler=self.trainer.scheduler,
+            expect=ResumeExpectation(
+                forest_mode=self.config.token_capture.forest_training,
+                execution_row_multiple=self.config.policy.execution_row_multiple,
+                config_digest=self.config.digest(),
+            ),
+        )
+        self.trainer.step = meta.step
+        return path
+
+    def next_batch(self) -> PublishedBatch | None:
+        """The batch of the next step, when the ledger holds enough complete prompt groups."""
+        self.projector.poll()
+        return self.projector.batch_for_step(self.trainer.step)
+
+    def train(self, published: PublishedBatch) -> StepSummary:
+        """One optimizer step on ``published`` and its checkpoint."""
+        if published.step != self.trainer.step:
+            raise BatchError(
+                "step", f"batch of step {published.step} offered at step {self.trainer.step}"
+            )
+        outcomes, dropped_groups = self._outcomes(published)
+        advantages = compute_advantages(outcomes, self.advantages)
+        report = self.trainer.train_step(step_batch(published.batch, advantages))
+        checkpoint = self._checkpoint(published)
+        return _summary(published, outcomes, dropped_groups, report, checkpoint)
+
+    def _outcomes(self, published: PublishedBatch) -> tuple[list[RolloutOutcome], int]:
+        """Each rollout's outcome with its pooled logprob error; rollouts of dropped groups are
+        masked with the group's reason. Also returns how many groups were dropped."""
+        outcomes = published.outcomes
+        if self.advantages.seq_logprob_error_threshold is not None:
+            batch = published.batch
+            trainer_logprobs = recompute_token_logprobs(
+                self.model,
+                batch.input_ids,
+                micro_batch_size=self.config.policy.logprob_micro_batch_size,
+            )
+            errors = pooled_logprob_error(
+                batch.generation_logprobs,
+                trainer_logprobs,
+                batch.loss_mask,
+                batch.token_owners(),
+                batch.num_rollouts,
+            ).tolist()
+            outcomes = [
+                replace(o, logprob_error=None if math.isnan(e) else e)
+                for o, e in zip(outcomes, errors, strict=True)
+            ]
+        dropped = {
+            d.group_id: d.reason
+            for d in group_decisions(outcomes, self.advantages.min_valid_fraction_per_group)
+            if not d.kept
+        }
+        kept = [
+            replace(o, masked_reason=o.masked_reason or dropped[o.group_id])
+            if o.group_id in dropped
+            else o
+            for o in outcomes
+        ]
+        return kept, len(dropped)
+
+    def _checkpoint(self, published: PublishedBatch) -> str | None:
+        checkpointing = self.config.checkpointing
+        if not checkpointing.enabled or self.trainer.step % checkpointing.save_period:
+            return None
+        position = published.position
+        path = save_checkpoint(
+            self.checkpoint_dir,
+            model=self.model,
+            optimizer=self.trainer.optimizer,
+            scheduler=self.trainer.scheduler,
+            metadata=CheckpointMetadata(
+                step=self.trainer.step,
+                forest_mode=self.config.token_capture.forest_training,
+                execution_row_multiple=self.config.policy.execution_row_multiple,
+                selection_policy=self.config.token_capture.selection_policy,
+                config_digest=self.config.digest(),
+                projector_position={
+                    "published_step": published.step,
+                    "transaction_id": position.transaction_id,
+                    "position": position.position,
+                },
+            ),
+        )
+        return str(path)
+
+
+def _summary(
+    published: PublishedBatch,
+    outcomes: list[RolloutOutcome],
+    dropped_groups: int,
+    report: StepReport,
+    checkpoint: str | None,
+) -> StepSummary:
+    rewards = [o.reward for o in outcomes]
+    batch = published.batch
+    return StepSummary(
+        step=report.step,
+        reward=sum(rewards) / len(rewards),
+        logical_rollouts=batch.num_rollouts,
+        rows=batch.num_rows - batch.num_padding_rows,
+        masked=sum(o.masked_reason is not None for o in outcomes),
+        dropped_groups=dropped_groups,
+        loss=report.loss,
+        max_tmpe=report.diagnostics.max_token_mult_prob_error,
+        gen_kl_error=report.diagnostics.gen_kl_error,
+        rebuilt=published.rebuilt,
+        checkpoint=checkpoint,
+    )
