@@ -1,0 +1,235 @@
+"""``grove serve``: the capture gateway wired to a workspace's ledger, blob store and engine.
+
+``build_gateway`` opens (and migrates) the ledger, opens the blob store, builds the embedded
+tokenizer and engine unless an engine is given, and hands ``capture.gateway.create_app`` a
+selector built from ``training/selection.py`` — the application layer is the one place that may
+join capture and training. ``run_server`` serves an application with uvicorn until interrupted;
+``ServerThread`` serves one in a background thread (tests, and the demo's in-process gateway).
+
+The selector adapts the ledger to the selection module's records (``LedgerSelector``):
+
+- a call's status is the ledger's, except that a commit recorded after the attempt settled (late)
+  counts as pending, and a committed call the harness rejected (``rejected_by_harness``) counts as
+  failed, since its output never entered the accepted history;
+- a committed call's ``output_fingerprint`` is ``training.selection.fingerprint_output`` of its
+  normalized output message, rebuilt from the generated tokens in its blob (the ledger's own
+  ``output_fingerprint`` is the admission digest of the same message, which selection cannot use);
+- the result's returned items (``output`` and ``responses[].output``) are normalized the way
+  capture normalizes requests (``docs/normalization.md``), so Chat messages and Responses items
+  fingerprint alike, and an item that echoes a response id of the attempt as its ``id`` carries
+  it as ``response_id``.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+import uvicorn
+from fastapi import FastAPI
+from transformers import PreTrainedTokenizerBase
+
+from capture.embedded import EMBEDDED_MODEL_NAME, EmbeddedEngine, build_tokenizer
+from capture.engine import Engine
+from capture.errors import NormalizationError
+from capture.gateway import create_app
+from capture.lifecycle import CaptureService, output_message
+from capture.render import Renderer, normalize_messages
+from capture.wire import content_token_ids
+from grove.workspace import Workspace
+from ledger import migrate
+from ledger.attempt import AttemptLog, AttemptState, CallState, CallStatus
+from ledger.events import RolloutSelected
+from ledger.store import EventStore
+from storage import BlobRef, BlobStore, open_blob_store
+from training.selection import CapturedCall, fingerprint_output, select_rollout
+
+__all__ = ["LedgerSelector", "ServerThread", "build_gateway", "run_server"]
+
+_REJECTED: Final = "rejected_by_harness"
+_FINGERPRINT_CACHE: Final = 65536
+
+
+class LedgerSelector:
+    """A gateway selector: the attempt's calls as ``CapturedCall`` records, the result normalized,
+    then ``training.selection.select_rollout`` with the attempt's own selection policy.
+
+    Raises ``ValueError`` (``SelectionError``, ``SelectionPolicyError``) when the result cannot
+    select calls; the gateway answers 422 with the message.
+    """
+
+    def __init__(self, blobs: BlobStore, renderer: Renderer) -> None:
+        self.blobs = blobs
+        self.renderer = renderer
+        self._fingerprint = functools.lru_cache(maxsize=_FINGERPRINT_CACHE)(self._fingerprint_of)
+
+    def __call__(self, state: AttemptState, result: dict[str, Any]) -> RolloutSelected:
+        """The ``rollout.selected`` event for ``state`` and the harness's ``result``."""
+        if state.opened is None:
+            raise ValueError(f"attempt {state.capture_key!r} was never opened")
+        records = [self.record(call) for call in state.calls.values()]
+        served = {r.response_id for r in records if r.response_id is not None}
+        selection = select_rollout(
+            state.opened.selection_policy, records, normalized_result(result, served)
+        )
+        return RolloutSelected(
+            policy=selection.policy,
+            call_ids=selection.call_ids,
+            terminal_response_id=selection.terminal_response_id,
+            reward=selection.reward,
+        )
+
+    def record(self, call: CallState) -> CapturedCall:
+        """One call as selection sees it (status adapted as the module docstring says)."""
+        committed, failure = call.committed, call.failure
+        failure_reason = None if failure is None else failure.reason
+        if committed is None:
+            return CapturedCall(
+                call.call_id, call.parent_call_id, call.status.value, failure_reason=failure_reason
+            )
+        status = CallStatus.COMMITTED.value
+        if call.late:
+            status = CallStatus.PENDING.value
+        elif failure_reason == _REJECTED:
+            status = CallStatus.FAILED.value
+        ref = BlobRef(committed.blob_key, committed.blob_sha256, committed.blob_bytes)
+        return CapturedCall(
+            call_id=call.call_id,
+            parent_id=call.parent_call_id,
+            status=status,
+            response_id=committed.response_id,
+            output_fingerprint=self._fingerprint(ref, committed.finish_reason),
+            finish_reason=committed.finish_reason,
+            failure_reason=failure_reason,
+        )
+
+    def _fingerprint_of(self, ref: BlobRef, finish_reason: str) -> str:
+        """The selection fingerprint of the output message the gateway returned for a call."""
+        generated = self.blobs.get_delta(ref).generated.tolist()
+        text = self.renderer.decode(content_token_ids(generated, finish_reason))
+        return fingerprint_output(normalize_messages([output_message(text)]).messages)
+
+
+def normalized_result(result: Mapping[str, Any], served: set[str]) -> dict[str, Any]:
+    """``result`` with its returned items normalized as capture normalizes requests.
+
+    ``served`` holds the attempt's response ids: an item whose echoed ``id`` is one of them (a
+    Responses output item sent back as it came) gets it as ``response_id``. Items that
+    normalization refuses are left as they are, for the policy to judge.
+    """
+    normalized = dict(result)
+    if isinstance(result.get("output"), list):
+        normalized["output"] = _normalized_items(result["output"], served)
+    responses = result.get("responses")
+    if isinstance(responses, list):
+        normalized["responses"] = [
+            {**response, "output": _normalized_items(response["output"], served)}
+            if isinstance(response, Mapping) and isinstance(response.get("output"), list)
+            else response
+            for response in responses
+        ]
+    return normalized
+
+
+def _normalized_items(items: list[Any], served: set[str]) -> list[Any]:
+    try:
+        request = normalize_messages(items)
+    except NormalizationError:
+        return items
+    messages = []
+    for message, echoed in zip(request.messages, request.echoed_ids, strict=True):
+        known = [i for i in echoed if i in served]
+        if "response_id" not in message and len(known) == 1:
+            message = {**message, "response_id": known[0]}
+        messages.append(message)
+    return messages
+
+
+def build_gateway(
+    workspace: Workspace,
+    *,
+    engine: Engine | None = None,
+    auth_token: str | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    model_name: str = EMBEDDED_MODEL_NAME,
+    max_context: int | None = None,
+    settle_timeout_s: float = 300.0,
+) -> FastAPI:
+    """The gateway over ``workspace``: ledger migrated and opened, blob store, engine, selector.
+
+    Defaults: the embedded tokenizer and engine (``capture/embedded.py``); ``max_context`` is the
+    embedded model's context length when the engine is embedded. Another engine must serve a
+    model whose tokenizer is ``tokenizer`` (default: the embedded one). The ledger is closed when
+    the application shuts down.
+    """
+    tokenizer = tokenizer or build_tokenizer()
+    engine = engine or EmbeddedEngine.build(tokenizer)
+    if max_context is None and isinstance(engine, EmbeddedEngine):
+        max_context = int(engine.model.config.max_position_embeddings)
+    migrate.upgrade(workspace.database_url)
+    store = EventStore.open(workspace.database_url)
+    blobs = open_blob_store(workspace.blob_url)
+    renderer = Renderer(tokenizer)
+    service = CaptureService(
+        AttemptLog(store), blobs, renderer, engine, model_fingerprint=model_name
+    )
+    return create_app(
+        service,
+        selector=LedgerSelector(blobs, renderer),
+        model_name=model_name,
+        auth_token=auth_token,
+        max_context=max_context,
+        settle_timeout_s=settle_timeout_s,
+        on_shutdown=store.close,
+    )
+
+
+def run_server(app: FastAPI, host: str = "127.0.0.1", port: int = 8000) -> None:
+    """Serve ``app`` with uvicorn on ``host``:``port`` until interrupted."""
+    uvicorn.run(app, host=host, port=port, log_level="info")
+
+
+class ServerThread:
+    """``app`` served by uvicorn in a daemon thread; ``base_url`` once started.
+
+    Use as a context manager: ``with ServerThread(app) as server: server.base_url``. Port 0
+    picks a free port.
+    """
+
+    def __init__(
+        self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, *, log_level: str = "warning"
+    ) -> None:
+        config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="grove-gateway", daemon=True)
+
+    def start(self, timeout_s: float = 30.0) -> ServerThread:
+        """Start serving; returns when the socket is bound (or raises after ``timeout_s``)."""
+        self.thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the gateway did not start (see the uvicorn log above)")
+            time.sleep(0.01)
+        return self
+
+    @property
+    def base_url(self) -> str:
+        """``http://host:port`` of the bound socket."""
+        sockets: Sequence[Any] = self.server.servers[0].sockets
+        host, port = sockets[0].getsockname()[:2]
+        return f"http://{host}:{port}"
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop serving and wait for the thread (running the app's shutdown)."""
+        self.server.should_exit = True
+        self.thread.join(timeout_s)
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()

@@ -1,0 +1,145 @@
+"""A gateway over real HTTP: uvicorn on 127.0.0.1 (a free port), a real ledger and blob store.
+
+- ``gateway``: on every ledger database and blob backend (``database_url`` x ``blob_url``), for
+  the capture flows that touch storage;
+- ``local_gateway``: SQLite and a local blob directory, for refusals, attempts and auth, whose
+  behaviour does not depend on the backend;
+- ``serve_gateway``: a factory for a gateway with other ``create_app`` options (auth, no
+  selector), on SQLite and local blobs.
+
+Each gateway serves ``MODEL`` with the embedded engine (one per session; its calls are
+serialized) and the application's selector (``grove.serve.LedgerSelector``). Clients are the
+official ``openai`` client with retries off, naming the attempt in ``default_headers``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from capture.embedded import EmbeddedEngine, build_tokenizer
+from capture.gateway import CAPTURE_KEY_HEADER, create_app
+from capture.lifecycle import CaptureService
+from capture.render import Renderer
+from grove.serve import LedgerSelector, ServerThread
+from ledger import migrate
+from ledger.attempt import AttemptLog, AttemptState
+from ledger.store import EventStore
+from storage import BlobRef, open_blob_store
+
+MODEL = "grove/test-tiny"
+CONTEXT = 256  # the gateway's max_context: small, so that a too-long prompt is cheap to build
+
+
+@cache
+def tokenizer():
+    return build_tokenizer()
+
+
+@cache
+def engine() -> EmbeddedEngine:
+    return EmbeddedEngine.build(tokenizer(), seed=11)
+
+
+@dataclass
+class Gateway:
+    """A running gateway, its capture service (to inspect the ledger and blobs) and clients."""
+
+    base_url: str
+    service: CaptureService
+    http: httpx.Client
+
+    def client(self, capture_key: str | None = "att-1", **options: Any) -> OpenAI:
+        """The official client, naming ``capture_key`` in its default headers."""
+        headers = {} if capture_key is None else {CAPTURE_KEY_HEADER: capture_key}
+        options.setdefault("api_key", "unused")
+        return OpenAI(
+            base_url=f"{self.base_url}/v1", default_headers=headers, max_retries=0, **options
+        )
+
+    def open(self, capture_key: str = "att-1", **fields: Any) -> dict[str, Any]:
+        """Open an attempt through the API."""
+        body = {
+            "capture_key": capture_key,
+            "rollout_id": f"r-{capture_key}",
+            "prompt_group": "g0",
+            "rollout_index": 0,
+            **fields,
+        }
+        answer = self.http.post("/v1/attempts", json=body)
+        assert answer.status_code == 200, answer.text
+        return answer.json()
+
+    def status(self, capture_key: str = "att-1") -> dict[str, Any]:
+        """``GET /v1/attempts/{capture_key}``."""
+        answer = self.http.get(f"/v1/attempts/{capture_key}")
+        assert answer.status_code == 200, answer.text
+        return answer.json()
+
+    def state(self, capture_key: str = "att-1") -> AttemptState:
+        """The attempt folded straight from the ledger."""
+        return self.service.log.load(capture_key)
+
+    def written(self) -> tuple[int, int]:
+        """(events in the ledger, blobs in the store): what a refused request must not change."""
+        return self.service.log.store.count(), len(self.service.blobs.list_keys())
+
+    def generated(self, capture_key: str, call_id: str) -> tuple[list[int], list[float]]:
+        """The generated tokens and logprobs stored in a committed call's blob."""
+        committed = self.state(capture_key).calls[call_id].committed
+        assert committed is not None
+        delta = self.service.blobs.get_delta(
+            BlobRef(committed.blob_key, committed.blob_sha256, committed.blob_bytes)
+        )
+        return delta.generated.tolist(), delta.logprobs.tolist()
+
+
+@contextmanager
+def serve(database_url: str, blob_url: str, **options: Any) -> Iterator[Gateway]:
+    """A gateway over ``database_url`` and ``blob_url`` served on 127.0.0.1 in a thread."""
+    migrate.upgrade(database_url)
+    store = EventStore.open(database_url)
+    blobs = open_blob_store(blob_url)
+    renderer = Renderer(tokenizer())
+    service = CaptureService(AttemptLog(store), blobs, renderer, engine(), model_fingerprint=MODEL)
+    options.setdefault("selector", LedgerSelector(blobs, renderer))
+    options.setdefault("max_context", CONTEXT)
+    app = create_app(service, model_name=MODEL, on_shutdown=store.close, **options)
+    with ServerThread(app) as server, httpx.Client(base_url=server.base_url) as http:
+        yield Gateway(server.base_url, service, http)
+
+
+@pytest.fixture
+def gateway(database_url: str, blob_url: str) -> Iterator[Gateway]:
+    """A gateway on one ledger database and one blob backend (all four combinations)."""
+    with serve(database_url, blob_url) as running:
+        yield running
+
+
+@pytest.fixture
+def serve_gateway(tmp_path: Path) -> Iterator[Callable[..., Gateway]]:
+    """``serve_gateway(**create_app_options)``: a gateway on SQLite and local blobs."""
+    with ExitStack() as stack:
+        numbers = itertools.count()
+
+        def start(**options: Any) -> Gateway:
+            n = next(numbers)
+            ledger, blobs = f"sqlite:///{tmp_path / f'ledger-{n}.db'}", str(tmp_path / f"blobs-{n}")
+            return stack.enter_context(serve(ledger, blobs, **options))
+
+        yield start
+
+
+@pytest.fixture
+def local_gateway(serve_gateway: Callable[..., Gateway]) -> Gateway:
+    """A gateway on SQLite and local blobs with the default options."""
+    return serve_gateway()

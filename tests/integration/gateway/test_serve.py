@@ -1,0 +1,45 @@
+"""``grove.serve.build_gateway``: a workspace's ledger, blobs and the embedded engine, served."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from openai import OpenAI
+
+from capture.embedded import EMBEDDED_MODEL_NAME
+from capture.gateway import CAPTURE_KEY_HEADER
+from grove.serve import ServerThread, build_gateway
+from grove.workspace import Workspace
+from ledger.store import EventStore
+
+
+def test_build_gateway_serves_a_workspace_on_the_embedded_defaults(tmp_path: Path):
+    workspace = Workspace.resolve(tmp_path / "work")
+    with ServerThread(build_gateway(workspace, auth_token="t")) as server:
+        client = OpenAI(
+            base_url=f"{server.base_url}/v1",
+            api_key="t",
+            max_retries=0,
+            default_headers={CAPTURE_KEY_HEADER: "att-1"},
+        )
+        client.post(
+            "/attempts",
+            body={
+                "capture_key": "att-1",
+                "rollout_id": "r",
+                "prompt_group": "g",
+                "rollout_index": 0,
+            },
+            cast_to=dict,
+        )
+        raw = client.chat.completions.with_raw_response.create(
+            model=EMBEDDED_MODEL_NAME, messages=[{"role": "user", "content": "hi"}], max_tokens=4
+        )
+    store = EventStore.open(workspace.database_url)
+    try:
+        assert store.count() == 3  # attempt.opened, call.intended, call.committed
+    finally:
+        store.close()
+    staged = workspace.workdir / "blobs" / "staging" / "att-1"
+    assert [blob.name for blob in staged.iterdir()] == [raw.headers["x-grove-call-id"]]
+    assert raw.parse().model == EMBEDDED_MODEL_NAME
