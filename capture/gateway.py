@@ -9,13 +9,13 @@ take the harness's ordinary result (which settles the attempt and records the se
 the injected selector), reject a completed response, measure a request and report status.
 
 Refusals are 4xx answers with an OpenAI-style body ``{"error": {"message", "type", "code"}}``.
-Every Grove error class has its status in one table, :data:`ERROR_STATUS`; refusals that only the
-HTTP layer knows (streaming from the engine, ``n > 1``, provider-managed state, an unknown
-attempt, ...) are raised here with their own codes. Everything that can be refused is checked
-before the call's intent is recorded, so a refused request writes nothing; the exceptions are
-refusals that only the engine can make after the intent (a sampling parameter it cannot honour
-exactly, a prompt too long when ``max_context`` is not given), which the lifecycle records as
-``call.failed`` with reason ``engine_error``. ``docs/gateway.md`` documents the endpoints.
+Every Grove error class has its status in one table, ``capture.wire.ERROR_STATUS``; refusals
+that only the HTTP layer knows (streaming from the engine, ``n > 1``, provider-managed state,
+an unknown attempt, ...) are raised here with their own codes. Everything that can be refused
+is checked before the call's intent is recorded, so a refused request writes nothing. The
+exceptions are refusals only the engine can make after the intent (a sampling parameter it
+cannot honour exactly; a prompt too long when ``max_context`` is not given): the lifecycle
+records those as ``call.failed`` (``engine_error``). ``docs/gateway.md`` documents it all.
 
 ``capture`` must not import ``training``: the selection policy arrives as the ``selector``
 callable (``grove/serve.py`` builds it from ``training/selection.py``). A selector raises
@@ -48,7 +48,6 @@ from capture.wire import (
     ChatCompletion,
     ChatCompletionRequest,
     ErrorBody,
-    ErrorDetail,
     HarnessResult,
     HealthStatus,
     Measurement,
@@ -62,12 +61,13 @@ from capture.wire import (
     attempt_status,
     chat_completion,
     content_token_ids,
+    error_body,
+    error_status,
     response_events,
     response_object,
 )
-from ledger import admission
 from ledger import errors as ledger_errors
-from ledger.attempt import AttemptError, AttemptState, CallStatus
+from ledger.attempt import AttemptState, CallStatus
 from ledger.events import RolloutSelected
 from ledger.store import validate_stream_id
 from storage import errors as storage_errors
@@ -78,13 +78,10 @@ __all__ = [
     "CAPTURE_KEY_HEADER",
     "DECISION_HEADER",
     "DEFAULT_MAX_TOKENS",
-    "ERROR_STATUS",
     "PARENT_CALL_ID_HEADER",
     "ROOT_REASON_HEADER",
-    "ErrorStatus",
     "Selector",
     "create_app",
-    "error_status",
 ]
 
 CAPTURE_KEY_HEADER: Final = "X-Grove-Capture-Key"
@@ -107,80 +104,9 @@ Selector = Callable[[AttemptState, dict[str, Any]], RolloutSelected]
 the result cannot select calls. Injected by the application (``grove/serve.py``)."""
 
 
-@dataclass(frozen=True)
-class ErrorStatus:
-    """How an error is answered: its HTTP status and Grove's stable error ``code``."""
-
-    status: int
-    code: str
-
-
-ERROR_STATUS: Final[Mapping[type[Exception], ErrorStatus]] = {
-    # capture: a request that cannot be normalized, rendered or generated as asked is 400;
-    # an engine or splice that fails on good input is the server's problem.
-    capture_errors.CaptureError: ErrorStatus(500, "capture_error"),
-    capture_errors.NormalizationError: ErrorStatus(400, "invalid_messages"),
-    capture_errors.RenderError: ErrorStatus(400, "render_failed"),
-    capture_errors.SpliceError: ErrorStatus(500, "splice_failed"),
-    capture_errors.EngineError: ErrorStatus(502, "engine_failed"),
-    capture_errors.InvalidSamplingError: ErrorStatus(400, "invalid_sampling"),
-    capture_errors.UnsupportedSamplingError: ErrorStatus(400, "unsupported_sampling"),
-    capture_errors.InvalidPromptError: ErrorStatus(400, "invalid_prompt"),
-    capture_errors.PromptTooLongError: ErrorStatus(400, "prompt_too_long"),
-    capture_errors.InvalidGenerationError: ErrorStatus(502, "invalid_generation"),
-    # ledger
-    ledger_errors.LedgerError: ErrorStatus(500, "ledger_error"),
-    ledger_errors.EventValidationError: ErrorStatus(400, "invalid_event"),
-    ledger_errors.UnknownEventType: ErrorStatus(500, "unknown_event_type"),
-    ledger_errors.InvalidEventPayload: ErrorStatus(400, "invalid_event"),
-    ledger_errors.StreamIdError: ErrorStatus(400, "invalid_capture_key"),
-    ledger_errors.WrongExpectedVersion: ErrorStatus(409, "concurrent_write"),
-    ledger_errors.EventIdConflict: ErrorStatus(409, "conflicting_event"),
-    ledger_errors.AppendOnlyViolation: ErrorStatus(500, "append_only_violation"),
-    ledger_errors.SchemaNotReady: ErrorStatus(503, "ledger_schema_not_ready"),
-    ledger_errors.DatabaseUnavailable: ErrorStatus(503, "ledger_unavailable"),
-    AttemptError: ErrorStatus(409, "attempt_rule"),
-    admission.AdmissionError: ErrorStatus(400, "not_admissible"),
-    admission.EmptyRequestError: ErrorStatus(400, "empty_request"),
-    admission.AssistantPrefillError: ErrorStatus(400, "assistant_prefill"),
-    admission.EmptySuffixError: ErrorStatus(400, "empty_suffix"),
-    admission.AmbiguousParentError: ErrorStatus(409, "ambiguous_parent"),
-    # storage: keys come from the request (400); unusable or unreachable blobs are not its fault.
-    storage_errors.StorageError: ErrorStatus(500, "storage_error"),
-    storage_errors.InvalidKeyError: ErrorStatus(400, "invalid_key"),
-    storage_errors.InvalidBlobUrlError: ErrorStatus(500, "invalid_blob_url"),
-    storage_errors.InvalidBlobRefError: ErrorStatus(500, "invalid_blob_ref"),
-    storage_errors.InvalidDeltaError: ErrorStatus(500, "invalid_delta"),
-    storage_errors.BlobConflictError: ErrorStatus(409, "blob_conflict"),
-    storage_errors.PendingBlobError: ErrorStatus(409, "blob_pending"),
-    storage_errors.UnusableBlobError: ErrorStatus(500, "blob_unusable"),
-    storage_errors.MissingBlobError: ErrorStatus(500, "blob_missing"),
-    storage_errors.BlobIntegrityError: ErrorStatus(500, "blob_integrity"),
-    storage_errors.BlobFormatError: ErrorStatus(500, "blob_format"),
-    storage_errors.StorageUnavailableError: ErrorStatus(503, "storage_unavailable"),
-}
-"""Every Grove error class the gateway can meet, with its answer (a test pins completeness)."""
-
-_ERROR_TYPES: Final = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    404: "not_found_error",
-    409: "conflict_error",
-    422: "invalid_request_error",
-    501: "not_implemented_error",
-}
 _ANSWERS: Final[dict[int | str, dict[str, Any]]] = {
     status: {"model": ErrorBody} for status in (400, 401, 404, 409, 422, 500, 502, 503)
 }
-
-
-def error_status(error: Exception) -> ErrorStatus:
-    """The answer for ``error``: its closest class in :data:`ERROR_STATUS`, else 500."""
-    for cls in type(error).__mro__:
-        found = ERROR_STATUS.get(cls)
-        if found is not None:
-            return found
-    return ErrorStatus(500, "internal_error")
 
 
 class _Refused(Exception):
@@ -195,14 +121,9 @@ class _Refused(Exception):
 
 
 def _error_response(status: int, code: str, message: str, param: str | None = None) -> JSONResponse:
-    detail = ErrorDetail(
-        message=message,
-        type=_ERROR_TYPES.get(status, "server_error"),
-        code=code,
-        param=param,
-    )
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return JSONResponse(ErrorBody(error=detail).model_dump(), status_code=status, headers=headers)
+    body = error_body(status, code, message, param)
+    return JSONResponse(body.model_dump(), status_code=status, headers=headers)
 
 
 def _validation_message(error: RequestValidationError) -> tuple[str, str | None]:

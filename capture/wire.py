@@ -6,6 +6,10 @@ Producer of the request models: a harness (any OpenAI-compatible client, e.g. th
 ``CallOutcome``. Every model is explicit (unknown request fields are refused, not ignored) so the
 served OpenAPI schema says exactly what Grove accepts.
 
+Errors are answered on the wire as OpenAI does, ``{"error": {"message", "type", "code"}}``;
+:data:`ERROR_STATUS` is the one table that gives every Grove error class its HTTP status and
+Grove's stable code.
+
 Where Grove departs from OpenAI: ``ChatCompletion.id``, ``ResponseObject.id`` and the id of the
 Responses output message are all the call's response id, so a client that echoes an output item
 back names the call it came from (admission breaks ties with it, ``docs/normalization.md``);
@@ -16,15 +20,22 @@ buffered (``response_events``: the whole text arrives in one delta).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from typing import Any, Literal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from capture import errors as capture_errors
 from capture.lifecycle import CallOutcome
-from ledger.attempt import AttemptState, CallStatus
+from ledger import admission
+from ledger import errors as ledger_errors
+from ledger.attempt import AttemptError, AttemptState, CallStatus
+from storage import errors as storage_errors
 
 __all__ = [
+    "ERROR_STATUS",
+    "ERROR_TYPES",
     "AttemptCall",
     "AttemptSelection",
     "AttemptStatus",
@@ -37,6 +48,7 @@ __all__ = [
     "CompletionUsage",
     "ErrorBody",
     "ErrorDetail",
+    "ErrorStatus",
     "HarnessResult",
     "HealthStatus",
     "Measurement",
@@ -53,6 +65,8 @@ __all__ = [
     "attempt_status",
     "chat_completion",
     "content_token_ids",
+    "error_body",
+    "error_status",
     "response_events",
     "response_object",
 ]
@@ -85,6 +99,89 @@ class ErrorBody(_Reply):
     """Every 4xx and 5xx answer of the gateway: ``{"error": {...}}``, as OpenAI sends it."""
 
     error: ErrorDetail
+
+
+# -- errors on the wire ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ErrorStatus:
+    """How an error is answered: its HTTP status and Grove's stable error ``code``."""
+
+    status: int
+    code: str
+
+
+ERROR_STATUS: Final[Mapping[type[Exception], ErrorStatus]] = {
+    # capture: a request that cannot be normalized, rendered or generated as asked is 400;
+    # an engine or splice that fails on good input is the server's problem.
+    capture_errors.CaptureError: ErrorStatus(500, "capture_error"),
+    capture_errors.NormalizationError: ErrorStatus(400, "invalid_messages"),
+    capture_errors.RenderError: ErrorStatus(400, "render_failed"),
+    capture_errors.SpliceError: ErrorStatus(500, "splice_failed"),
+    capture_errors.EngineError: ErrorStatus(502, "engine_failed"),
+    capture_errors.InvalidSamplingError: ErrorStatus(400, "invalid_sampling"),
+    capture_errors.UnsupportedSamplingError: ErrorStatus(400, "unsupported_sampling"),
+    capture_errors.InvalidPromptError: ErrorStatus(400, "invalid_prompt"),
+    capture_errors.PromptTooLongError: ErrorStatus(400, "prompt_too_long"),
+    capture_errors.InvalidGenerationError: ErrorStatus(502, "invalid_generation"),
+    # ledger
+    ledger_errors.LedgerError: ErrorStatus(500, "ledger_error"),
+    ledger_errors.EventValidationError: ErrorStatus(400, "invalid_event"),
+    ledger_errors.UnknownEventType: ErrorStatus(500, "unknown_event_type"),
+    ledger_errors.InvalidEventPayload: ErrorStatus(400, "invalid_event"),
+    ledger_errors.StreamIdError: ErrorStatus(400, "invalid_capture_key"),
+    ledger_errors.WrongExpectedVersion: ErrorStatus(409, "concurrent_write"),
+    ledger_errors.EventIdConflict: ErrorStatus(409, "conflicting_event"),
+    ledger_errors.AppendOnlyViolation: ErrorStatus(500, "append_only_violation"),
+    ledger_errors.SchemaNotReady: ErrorStatus(503, "ledger_schema_not_ready"),
+    ledger_errors.DatabaseUnavailable: ErrorStatus(503, "ledger_unavailable"),
+    AttemptError: ErrorStatus(409, "attempt_rule"),
+    admission.AdmissionError: ErrorStatus(400, "not_admissible"),
+    admission.EmptyRequestError: ErrorStatus(400, "empty_request"),
+    admission.AssistantPrefillError: ErrorStatus(400, "assistant_prefill"),
+    admission.EmptySuffixError: ErrorStatus(400, "empty_suffix"),
+    admission.AmbiguousParentError: ErrorStatus(409, "ambiguous_parent"),
+    # storage: keys come from the request (400); unusable or unreachable blobs are not its fault.
+    storage_errors.StorageError: ErrorStatus(500, "storage_error"),
+    storage_errors.InvalidKeyError: ErrorStatus(400, "invalid_key"),
+    storage_errors.InvalidBlobUrlError: ErrorStatus(500, "invalid_blob_url"),
+    storage_errors.InvalidBlobRefError: ErrorStatus(500, "invalid_blob_ref"),
+    storage_errors.InvalidDeltaError: ErrorStatus(500, "invalid_delta"),
+    storage_errors.BlobConflictError: ErrorStatus(409, "blob_conflict"),
+    storage_errors.PendingBlobError: ErrorStatus(409, "blob_pending"),
+    storage_errors.UnusableBlobError: ErrorStatus(500, "blob_unusable"),
+    storage_errors.MissingBlobError: ErrorStatus(500, "blob_missing"),
+    storage_errors.BlobIntegrityError: ErrorStatus(500, "blob_integrity"),
+    storage_errors.BlobFormatError: ErrorStatus(500, "blob_format"),
+    storage_errors.StorageUnavailableError: ErrorStatus(503, "storage_unavailable"),
+}
+"""Every Grove error class the gateway can meet, with its answer (a test pins completeness)."""
+
+ERROR_TYPES: Final = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    409: "conflict_error",
+    422: "invalid_request_error",
+    501: "not_implemented_error",
+}
+"""OpenAI's error ``type`` per status; other statuses are ``server_error``."""
+
+
+def error_status(error: Exception) -> ErrorStatus:
+    """The answer for ``error``: its closest class in :data:`ERROR_STATUS`, else 500."""
+    for cls in type(error).__mro__:
+        found = ERROR_STATUS.get(cls)
+        if found is not None:
+            return found
+    return ErrorStatus(500, "internal_error")
+
+
+def error_body(status: int, code: str, message: str, param: str | None = None) -> ErrorBody:
+    """The OpenAI-style body answering an error with ``status`` and Grove's ``code``."""
+    kind = ERROR_TYPES.get(status, "server_error")
+    return ErrorBody(error=ErrorDetail(message=message, type=kind, code=code, param=param))
 
 
 # -- chat completions ------------------------------------------------------------------------

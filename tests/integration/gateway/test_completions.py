@@ -199,3 +199,16 @@ def test_a_result_settles_the_attempt_and_records_the_selection(gateway: Gateway
         "terminal_response_id": second.id,
         "reward": 0.75,
     }
+
+
+def test_measure_takes_a_responses_body_as_well(local_gateway: Gateway):
+    local_gateway.open()
+    body = {"model": MODEL, "instructions": "Be brief.", "input": "How many apples?"}
+    measured = local_gateway.http.post("/v1/attempts/att-1/measure", json=body)
+    response = local_gateway.client().responses.create(**body, max_output_tokens=4)
+    assert measured.json() == {
+        "prompt_tokens": response.usage.input_tokens,
+        "decision": "root",
+        "parent_call_id": None,
+        "reason": "first_call",
+    }

@@ -8,7 +8,7 @@ from types import ModuleType
 import pytest
 
 from capture import errors as capture_errors
-from capture.gateway import ERROR_STATUS, ErrorStatus, error_status
+from capture.wire import ERROR_STATUS, ErrorStatus, error_status
 from ledger import admission, attempt
 from ledger import errors as ledger_errors
 from storage import errors as storage_errors
