@@ -123,17 +123,35 @@ def db_status(
 
 @app.command("demo")
 def demo(
+    steps: Annotated[int, typer.Option("--steps", min=1, help="Total optimizer steps.")] = 10,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue the latest run from its checkpoint.")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print only one JSON line.")] = False,
     workdir: WorkdirOption = None,
     database_url: DatabaseOption = None,
     blob_url: BlobOption = None,
 ) -> None:
-    """Run the main job on embedded defaults (for now: a walkthrough of the ledger)."""
+    """Train a recency-compaction agent with GRPO on the embedded defaults."""
+    from grove.demo import run_demo, summary_json
+
+    ws = _workspace(workdir, database_url, blob_url)
+    summary = run_demo(ws, steps=steps, resume=resume, console=None if as_json else console)
+    print(summary_json(summary))
+
+
+@app.command("walkthrough")
+def walkthrough(
+    as_json: Annotated[bool, typer.Option("--json", help="Print only one JSON line.")] = False,
+    workdir: WorkdirOption = None,
+    database_url: DatabaseOption = None,
+    blob_url: BlobOption = None,
+) -> None:
+    """Record one small attempt and show its capture graph (no training)."""
     from grove.walkthrough import run_walkthrough
 
     ws = _workspace(workdir, database_url, blob_url)
-    summary = run_walkthrough(ws, console=None if as_json else console)
-    print(json.dumps(summary))
+    print(json.dumps(run_walkthrough(ws, console=None if as_json else console)))
 
 
 def main() -> None:

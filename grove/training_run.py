@@ -78,7 +78,11 @@ def advantage_config(config: GroveConfig) -> AdvantageConfig:
 
 
 class TrainingRun:
-    """The consuming side of one run: projector, trainer, checkpoints."""
+    """The consuming side of one run: projector, trainer, checkpoints.
+
+    With ``run_id`` the run follows only attempts whose capture keys start with ``{run_id}-`` and
+    publishes on the stream ``training-{run_id}``, so several runs can share one ledger.
+    """
 
     def __init__(
         self,
@@ -89,6 +93,7 @@ class TrainingRun:
         checkpoint_dir: Path,
         *,
         pad_token_id: int = 0,
+        run_id: str = "",
     ) -> None:
         self.config = config
         self.model = model
@@ -102,6 +107,8 @@ class TrainingRun:
                 groups_per_step=config.grpo.num_prompts_per_step,
                 row_multiple=policy.execution_row_multiple,
                 pad_token_id=pad_token_id,
+                training_stream=f"training-{run_id}" if run_id else "training",
+                capture_prefix=f"{run_id}-" if run_id else "",
             ),
         )
         optimizer = torch.optim.AdamW(
@@ -142,6 +149,10 @@ class TrainingRun:
         )
         self.trainer.step = meta.step
         return path
+
+    def step_rewards(self) -> list[float]:
+        """Mean reward per trained step of this run, from the ledger."""
+        return self.projector.step_rewards()[: self.trainer.step]
 
     def next_batch(self) -> PublishedBatch | None:
         """The batch of the next step, when the ledger holds enough complete prompt groups."""

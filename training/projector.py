@@ -43,13 +43,16 @@ __all__ = [
 
 @dataclass(frozen=True)
 class ProjectorSettings:
-    """How rollouts become batches: group size, groups per step, row multiple, padding token."""
+    """How rollouts become batches: group size, groups per step, row multiple, padding token;
+    the training stream batches are published on, and the prefix of the capture keys (attempt
+    streams) this projector follows (empty: every attempt in the ledger)."""
 
     rollouts_per_group: int
     groups_per_step: int
     row_multiple: int = 1
     pad_token_id: int = 0
     training_stream: str = "training"
+    capture_prefix: str = ""
 
     def __post_init__(self) -> None:
         for name in ("rollouts_per_group", "groups_per_step", "row_multiple"):
@@ -144,6 +147,16 @@ class Projector:
         """How many steps the training stream holds."""
         return len(self._progress.published)
 
+    def step_rewards(self) -> list[float]:
+        """The mean reward of each published step's logical rollouts, in step order."""
+        progress = self._progress
+        rewards = []
+        for step in sorted(progress.published):
+            ids = progress.published[step].rollout_ids
+            values = [progress.finalized[r].reward for r in ids if r in progress.finalized]
+            rewards.append(sum(values) / len(values) if values else 0.0)
+        return rewards
+
     # -- following the ledger ----------------------------------------------------------------
 
     def poll(self, limit: int = 1000) -> int:
@@ -182,6 +195,8 @@ class Projector:
             if isinstance(event, BatchPublished):
                 progress.published[event.step] = event
                 progress.published_rollouts.update(event.rollout_ids)
+            return
+        if not stored.stream_id.startswith(self.settings.capture_prefix):
             return
         if stored.event_type == RolloutFinalized.type:
             self._join_group(stored.stream_id)
