@@ -598,9 +598,8 @@ def create_app(
         call_id: CallId = None,
     ) -> Any:
         """One model call in OpenAI Responses form; ``stream=true`` answers with buffered SSE."""
-        converted = gateway.responses_call(request, call_id)
-        outcome = gateway.generate(capture_key, converted)
-        answer = response_object(outcome, model_name, request, converted.call.sampling.max_tokens)
+        outcome = gateway.generate(capture_key, gateway.responses_call(request, call_id))
+        answer = response_object(outcome, model_name, request)
         headers = _decision_headers(outcome)
         if request.stream:
             return StreamingResponse(

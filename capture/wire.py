@@ -515,9 +515,7 @@ def chat_completion(
     )
 
 
-def response_object(
-    outcome: CallOutcome, model: str, request: ResponsesRequest, max_output_tokens: int
-) -> ResponseObject:
+def response_object(outcome: CallOutcome, model: str, request: ResponsesRequest) -> ResponseObject:
     """The Response answering ``outcome``: one output message whose id is the response id."""
     generation = outcome.generation
     complete = generation.finish_reason == "stop"
@@ -541,7 +539,7 @@ def response_object(
             total_tokens=outcome.prompt_tokens + completion,
         ),
         instructions=request.instructions,
-        max_output_tokens=max_output_tokens,
+        max_output_tokens=request.max_output_tokens,
         temperature=request.temperature,
         top_p=request.top_p,
         tools=request.tools or [],

@@ -38,6 +38,7 @@ from capture.errors import NormalizationError
 from capture.gateway import create_app
 from capture.lifecycle import CaptureService, output_message
 from capture.render import Renderer, normalize_messages
+from capture.vllm import VllmEngine
 from capture.wire import content_token_ids
 from grove.workspace import Workspace
 from ledger import migrate
@@ -160,15 +161,18 @@ def build_gateway(
 ) -> FastAPI:
     """The gateway over ``workspace``: ledger migrated and opened, blob store, engine, selector.
 
-    Defaults: the embedded tokenizer and engine (``capture/embedded.py``); ``max_context`` is the
-    embedded model's context length when the engine is embedded. Another engine must serve a
-    model whose tokenizer is ``tokenizer`` (default: the embedded one). The ledger is closed when
-    the application shuts down.
+    Defaults: the embedded tokenizer and engine (``capture/embedded.py``). ``max_context``
+    defaults to the engine's context (the embedded model's, or the vLLM server's ``max_model_len``,
+    read now), so too-long prompts are refused before anything is written. Another engine must
+    serve a model whose tokenizer is ``tokenizer`` (default: the embedded one). The ledger is
+    closed when the application shuts down.
     """
     tokenizer = tokenizer or build_tokenizer()
     engine = engine or EmbeddedEngine.build(tokenizer)
     if max_context is None and isinstance(engine, EmbeddedEngine):
         max_context = int(engine.model.config.max_position_embeddings)
+    elif max_context is None and isinstance(engine, VllmEngine):
+        max_context = engine.context_length()
     migrate.upgrade(workspace.database_url)
     store = EventStore.open(workspace.database_url)
     blobs = open_blob_store(workspace.blob_url)

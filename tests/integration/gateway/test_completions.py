@@ -125,7 +125,8 @@ def test_a_streamed_response_iterates_the_standard_events_of_the_whole_text(loca
     assert [c["response_id"] for c in gateway.status()["calls"]] == [final.id]
 
 
-def test_a_compaction_roots_a_new_segment(gateway: Gateway):
+def test_a_compaction_roots_a_new_segment(local_gateway: Gateway):
+    gateway = local_gateway
     gateway.open()
     client = gateway.client()
     history = [USER]
@@ -142,7 +143,8 @@ def test_a_compaction_roots_a_new_segment(gateway: Gateway):
     assert roots == ["first_call", "history_rewritten"]
 
 
-def test_a_rejected_response_and_its_resample_are_siblings(gateway: Gateway):
+def test_a_rejected_response_and_its_resample_are_siblings(local_gateway: Gateway):
+    gateway = local_gateway
     gateway.open()
     client = gateway.client()
     first, first_headers = ask(client, [USER])
