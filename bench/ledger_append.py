@@ -111,8 +111,10 @@ def _writer(url: str, index: int, count: int) -> None:
     store.close()
 
 
-def _position_only_reader(url: str, done, queue) -> None:
-    """The naive tailer: remembers the last position it saw and asks for anything above it."""
+def _position_only_reader(url: str, done, queue, total: int) -> None:
+    """The naive tailer: remembers the last position it saw and asks for anything above it
+    (``total`` is unused: it cannot wait for what it skipped)."""
+    del total
     store = EventStore.open(url)
     last, seen = 0, set()
     draining = 0
@@ -126,20 +128,26 @@ def _position_only_reader(url: str, done, queue) -> None:
                 .limit(1000)
             ).all()
         for row in rows:
-            seen.add(row.event_id)
+            seen.add(row.event_id)  # all streams; only the writers' events are compared
             last = row.position
     store.close()
     queue.put(("position_only", seen))
 
 
-def _grove_reader(url: str, done, queue) -> None:
+def _grove_reader(url: str, done, queue, total: int) -> None:
+    """Grove's reader. Its horizon is the oldest running transaction of the whole server, so
+    after the writers finish it keeps reading until it has seen all ``total`` events (a
+    transaction elsewhere on the server may hold it back for a while, never make it skip)."""
     store = EventStore.open(url)
     mark, seen = LedgerPosition(position=0), set()
-    draining = 0
-    while draining < 3:
-        draining += done.is_set()
+    deadline = None
+    while len(seen) < total:
+        if done.is_set():
+            deadline = deadline or time.monotonic() + 120
+            if time.monotonic() > deadline:
+                break
         batch = store.read_after(mark, limit=1000)
-        seen.update(e.event_id for e in batch.events)
+        seen.update(e.event_id for e in batch.events if e.stream_id.startswith("w"))
         mark = batch.mark
     store.close()
     queue.put(("grove", seen))
@@ -149,7 +157,7 @@ def _missed_events(url: str, writers: int, per_writer: int) -> dict[str, int]:
     ctx = multiprocessing.get_context("spawn")
     queue, done = ctx.Queue(), ctx.Event()
     readers = [
-        ctx.Process(target=fn, args=(url, done, queue))
+        ctx.Process(target=fn, args=(url, done, queue, writers * per_writer))
         for fn in (_position_only_reader, _grove_reader)
     ]
     procs = [ctx.Process(target=_writer, args=(url, i, per_writer)) for i in range(writers)]

@@ -21,7 +21,6 @@ from sqlalchemy import (
     Integer,
     Row,
     Text,
-    any_,
     bindparam,
     cast,
     column,
@@ -88,8 +87,15 @@ class PostgresBackend:
 
     def recorded(self, conn: Connection, event_ids: Sequence[str]) -> Sequence[Row]:
         """The rows already recorded under any of ``event_ids``, in position order."""
-        ids = bindparam("ids", list(event_ids), type_=ARRAY(Text))
-        query = select(EVENTS).where(EVENTS.c.event_id == any_(ids)).order_by(EVENTS.c.position)
+        # IN (SELECT unnest(...)), not = ANY(...): psycopg prepares repeated statements, and
+        # a generic plan's ANY over a parameter array scans the table testing every element
+        # (0.35 s per 500 ids at 50,000 events); the sub-select is probed through the index.
+        ids = func.unnest(bindparam("ids", list(event_ids), type_=ARRAY(Text)))
+        query = (
+            select(EVENTS)
+            .where(EVENTS.c.event_id.in_(select(ids).scalar_subquery()))
+            .order_by(EVENTS.c.position)
+        )
         return conn.execute(query).all()
 
     def insert_rows(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> list[int]:
