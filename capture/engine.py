@@ -80,6 +80,12 @@ class Generation:
                 f"finish_reason is one of {sorted(FINISH_REASONS)}", self.finish_reason
             )
 
+    @property
+    def content_token_ids(self) -> tuple[int, ...]:
+        """The tokens of the returned text: all but the stop token that closed the turn (the chat
+        template writes it back when the assistant message is rendered again)."""
+        return self.token_ids[:-1] if self.finish_reason == "stop" else self.token_ids
+
 
 @runtime_checkable
 class Engine(Protocol):

@@ -60,7 +60,6 @@ from capture.wire import (
     TokenLogprob,
     attempt_status,
     chat_completion,
-    content_token_ids,
     error_body,
     error_status,
     response_events,
@@ -408,7 +407,7 @@ class _Gateway:
         """The content tokens of ``outcome`` in OpenAI's logprob format."""
         generation = outcome.generation
         decode = self.service.renderer.decode
-        count = len(content_token_ids(generation.token_ids, generation.finish_reason))
+        count = len(generation.content_token_ids)
         entries = []
         for token, logprob in zip(
             generation.token_ids[:count], generation.logprobs[:count], strict=True

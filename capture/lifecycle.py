@@ -212,7 +212,8 @@ class CaptureService:
             self._fail(capture_key, call_id, "storage_error", error)
             raise
         message = output_message(self._text(generation))
-        output_items = admission_items(normalize_messages([message]))
+        normalized = normalize_messages([message])
+        output_items = admission_items(normalized)
         response_id = f"resp-{uuid.uuid4().hex}"
         self.log.commit(
             capture_key,
@@ -234,7 +235,7 @@ class CaptureService:
                 ),
                 finish_reason=generation.finish_reason,
                 response_id=response_id,
-                output_fingerprint=fingerprint_output([message]),
+                output_fingerprint=fingerprint_output(normalized.messages),
                 replay_summary=summary.extended(output_items),
             ),
         )
@@ -265,10 +266,7 @@ class CaptureService:
         self.log.fail(capture_key, CallFailed(call_id=call_id, reason=reason, detail=detail))
 
     def _text(self, generation: Generation) -> str:
-        tokens = list(generation.token_ids)
-        if generation.finish_reason == "stop":
-            tokens = tokens[:-1]  # the stop token closes the turn; the template writes it back
-        return self.renderer.decode(tokens)
+        return self.renderer.decode(generation.content_token_ids)
 
     @staticmethod
     def _require_open(state: AttemptState, capture_key: str, call_id: str | None) -> None:
@@ -295,6 +293,16 @@ class CaptureService:
                             event.call_id, CallStatus.COMMITTED, frozenset({event.response_id})
                         )
                     )
+                elif isinstance(event, CallFailed):
+                    # A failure after the commit (a rejected response, say) takes the call out
+                    # of the parents: admission indexes it as failed from now on.
+                    committed = view.state.calls[event.call_id].committed
+                    if committed is not None:
+                        view.index.add(
+                            committed.replay_summary.candidate(
+                                event.call_id, CallStatus.FAILED, frozenset({committed.response_id})
+                            )
+                        )
             return view
 
     def _plan(self, view: _AttemptView, call: ModelCall) -> PromptPlan:

@@ -64,7 +64,6 @@ __all__ = [
     "TokenLogprob",
     "attempt_status",
     "chat_completion",
-    "content_token_ids",
     "error_body",
     "error_status",
     "response_events",
@@ -481,13 +480,6 @@ class HealthStatus(_Reply):
 
 
 # -- builders (pure) -------------------------------------------------------------------------
-
-
-def content_token_ids(token_ids: Sequence[int], finish_reason: str) -> Sequence[int]:
-    """The generated tokens that make up the returned text: all but the stop token that closed
-    the turn (``capture.lifecycle`` leaves it out of the assistant message; the chat template
-    writes it back when the message is rendered again)."""
-    return token_ids[:-1] if finish_reason == "stop" else token_ids
 
 
 def chat_completion(

@@ -140,6 +140,28 @@ def demo(
     print(summary_json(summary))
 
 
+@app.command("serve")
+def serve(
+    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port.")] = 8000,
+    auth_token: Annotated[
+        str | None,
+        typer.Option("--auth-token", envvar="GROVE_AUTH_TOKEN", help="Require this bearer token."),
+    ] = None,
+    workdir: WorkdirOption = None,
+    database_url: DatabaseOption = None,
+    blob_url: BlobOption = None,
+) -> None:
+    """Serve the OpenAI-compatible capture gateway on the embedded engine (docs/gateway.md)."""
+    from grove.serve import build_gateway, run_server
+
+    ws = _workspace(workdir, database_url, blob_url)
+    console.print(
+        f"Grove gateway on http://{host}:{port}/v1 (ledger {ws.redacted(ws.database_url)})"
+    )
+    run_server(build_gateway(ws, auth_token=auth_token), host, port)
+
+
 @app.command("walkthrough")
 def walkthrough(
     as_json: Annotated[bool, typer.Option("--json", help="Print only one JSON line.")] = False,

@@ -6,14 +6,10 @@ selector built from ``training/selection.py`` — the application layer is the o
 join capture and training. ``run_server`` serves an application with uvicorn until interrupted;
 ``ServerThread`` serves one in a background thread (tests, and the demo's in-process gateway).
 
-The selector adapts the ledger to the selection module's records (``LedgerSelector``):
+The selector (``LedgerSelector``) reads the attempt's calls as the projector does
+(``training.projector.captured_calls``: late commits count as pending, calls the harness rejected
+as failed; fingerprints are the ones capture recorded, ``ledger/fingerprint.py``), and:
 
-- a call's status is the ledger's, except that a commit recorded after the attempt settled (late)
-  counts as pending, and a committed call the harness rejected (``rejected_by_harness``) counts as
-  failed, since its output never entered the accepted history;
-- a committed call's ``output_fingerprint`` is ``training.selection.fingerprint_output`` of its
-  normalized output message, rebuilt from the generated tokens in its blob (the ledger's own
-  ``output_fingerprint`` is the admission digest of the same message, which selection cannot use);
 - the result's returned items (``output`` and ``responses[].output``) are normalized the way
   capture normalizes requests (``docs/normalization.md``), so Chat messages and Responses items
   fingerprint alike, and an item that echoes a response id of the attempt as its ``id`` carries
@@ -22,11 +18,10 @@ The selector adapts the ledger to the selection module's records (``LedgerSelect
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
@@ -36,22 +31,19 @@ from capture.embedded import EMBEDDED_MODEL_NAME, EmbeddedEngine, build_tokenize
 from capture.engine import Engine
 from capture.errors import NormalizationError
 from capture.gateway import create_app
-from capture.lifecycle import CaptureService, output_message
+from capture.lifecycle import CaptureService
 from capture.render import Renderer, normalize_messages
 from capture.vllm import VllmEngine
-from capture.wire import content_token_ids
 from grove.workspace import Workspace
 from ledger import migrate
-from ledger.attempt import AttemptLog, AttemptState, CallState, CallStatus
+from ledger.attempt import AttemptLog, AttemptState
 from ledger.events import RolloutSelected
 from ledger.store import EventStore
-from storage import BlobRef, BlobStore, open_blob_store
-from training.selection import CapturedCall, fingerprint_output, select_rollout
+from storage import open_blob_store
+from training.projector import captured_calls
+from training.selection import select_rollout
 
 __all__ = ["LedgerSelector", "ServerThread", "build_gateway", "run_server"]
-
-_REJECTED: Final = "rejected_by_harness"
-_FINGERPRINT_CACHE: Final = 65536
 
 
 class LedgerSelector:
@@ -62,16 +54,11 @@ class LedgerSelector:
     select calls; the gateway answers 422 with the message.
     """
 
-    def __init__(self, blobs: BlobStore, renderer: Renderer) -> None:
-        self.blobs = blobs
-        self.renderer = renderer
-        self._fingerprint = functools.lru_cache(maxsize=_FINGERPRINT_CACHE)(self._fingerprint_of)
-
     def __call__(self, state: AttemptState, result: dict[str, Any]) -> RolloutSelected:
         """The ``rollout.selected`` event for ``state`` and the harness's ``result``."""
         if state.opened is None:
             raise ValueError(f"attempt {state.capture_key!r} was never opened")
-        records = [self.record(call) for call in state.calls.values()]
+        records = captured_calls(state)
         served = {r.response_id for r in records if r.response_id is not None}
         selection = select_rollout(
             state.opened.selection_policy, records, normalized_result(result, served)
@@ -82,36 +69,6 @@ class LedgerSelector:
             terminal_response_id=selection.terminal_response_id,
             reward=selection.reward,
         )
-
-    def record(self, call: CallState) -> CapturedCall:
-        """One call as selection sees it (status adapted as the module docstring says)."""
-        committed, failure = call.committed, call.failure
-        failure_reason = None if failure is None else failure.reason
-        if committed is None:
-            return CapturedCall(
-                call.call_id, call.parent_call_id, call.status.value, failure_reason=failure_reason
-            )
-        status = CallStatus.COMMITTED.value
-        if call.late:
-            status = CallStatus.PENDING.value
-        elif failure_reason == _REJECTED:
-            status = CallStatus.FAILED.value
-        ref = BlobRef(committed.blob_key, committed.blob_sha256, committed.blob_bytes)
-        return CapturedCall(
-            call_id=call.call_id,
-            parent_id=call.parent_call_id,
-            status=status,
-            response_id=committed.response_id,
-            output_fingerprint=self._fingerprint(ref, committed.finish_reason),
-            finish_reason=committed.finish_reason,
-            failure_reason=failure_reason,
-        )
-
-    def _fingerprint_of(self, ref: BlobRef, finish_reason: str) -> str:
-        """The selection fingerprint of the output message the gateway returned for a call."""
-        generated = self.blobs.get_delta(ref).generated.tolist()
-        text = self.renderer.decode(content_token_ids(generated, finish_reason))
-        return fingerprint_output(normalize_messages([output_message(text)]).messages)
 
 
 def normalized_result(result: Mapping[str, Any], served: set[str]) -> dict[str, Any]:
@@ -182,7 +139,7 @@ def build_gateway(
     )
     return create_app(
         service,
-        selector=LedgerSelector(blobs, renderer),
+        selector=LedgerSelector(),
         model_name=model_name,
         auth_token=auth_token,
         max_context=max_context,

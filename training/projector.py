@@ -30,7 +30,7 @@ from training.batch import LogicalRollout, TrainingBatch, assemble_batch
 from training.errors import BatchError
 from training.forest import CallRecord, Forest, MaskReason, build_forest
 from training.rows import CallExtras, rollout_rows
-from training.selection import CapturedCall, completion_mask_reason
+from training.selection import REJECTED_BY_HARNESS, CapturedCall, completion_mask_reason
 
 __all__ = [
     "FinalizedRollout",
@@ -94,15 +94,25 @@ class PublishedBatch:
 
 
 def captured_calls(state: AttemptState) -> list[CapturedCall]:
-    """The attempt's calls as selection policies see them, in intent order."""
+    """The attempt's calls as selection policies see them, in intent order.
+
+    A commit recorded after the attempt settled (late) counts as pending: it never trains. A
+    committed call the harness rejected (``rejected_by_harness``) counts as failed: its output
+    never entered the accepted history, so no policy may select it.
+    """
     records = []
     for call in state.calls.values():
         committed = call.committed
+        status = call.status.value
+        if call.late:
+            status = CallStatus.PENDING.value
+        elif call.failure is not None and call.failure.reason == REJECTED_BY_HARNESS:
+            status = CallStatus.FAILED.value
         records.append(
             CapturedCall(
                 call_id=call.call_id,
                 parent_id=call.parent_call_id,
-                status=call.status.value,
+                status=status,
                 response_id=committed.response_id if committed else None,
                 output_fingerprint=committed.output_fingerprint if committed else None,
                 finish_reason=committed.finish_reason if committed else None,
@@ -117,6 +127,7 @@ class _Progress:
     """What the projector has learned from the ledger so far."""
 
     mark: LedgerPosition = field(default_factory=lambda: LedgerPosition(position=0))
+    events_read: int = 0
     dirty: set[str] = field(default_factory=set)
     finalized: dict[str, FinalizedRollout] = field(default_factory=dict)  # by rollout id
     groups: dict[str, list[str]] = field(default_factory=dict)  # group -> rollout ids
@@ -141,6 +152,11 @@ class Projector:
     def position(self) -> LedgerPosition:
         """The ledger position read so far."""
         return self._progress.mark
+
+    @property
+    def events_read(self) -> int:
+        """How many ledger events this projector has read (all streams)."""
+        return self._progress.events_read
 
     @property
     def published_steps(self) -> int:
@@ -184,6 +200,7 @@ class Projector:
             for stored in batch.events:
                 self._observe(stored)
             seen += len(batch.events)
+            progress.events_read += len(batch.events)
             progress.mark = batch.mark
             if len(batch.events) < limit:
                 return seen

@@ -111,7 +111,7 @@ def serve(database_url: str, blob_url: str, **options: Any) -> Iterator[Gateway]
     blobs = open_blob_store(blob_url)
     renderer = Renderer(tokenizer())
     service = CaptureService(AttemptLog(store), blobs, renderer, engine(), model_fingerprint=MODEL)
-    options.setdefault("selector", LedgerSelector(blobs, renderer))
+    options.setdefault("selector", LedgerSelector())
     options.setdefault("max_context", CONTEXT)
     app = create_app(service, model_name=MODEL, on_shutdown=store.close, **options)
     with ServerThread(app) as server, httpx.Client(base_url=server.base_url) as http:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
@@ -45,6 +46,17 @@ class Lab:
                 rollouts_per_group=rollouts_per_group, groups_per_step=groups_per_step
             ),
         )
+
+    def project(self, projector: Projector | None = None, timeout_s: float = 30.0) -> Projector:
+        """Poll until the projector has read the whole ledger (on PostgreSQL a transaction
+        anywhere on the server, e.g. another test's, can hold the reader back for a moment)."""
+        projector = projector or self.projector()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            projector.poll()
+            if projector.events_read == self.store.count() or time.monotonic() > deadline:
+                return projector
+            time.sleep(0.05)
 
     def play(
         self,

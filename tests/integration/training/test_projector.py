@@ -26,7 +26,7 @@ def finalized(lab: Lab, capture_key: str):
 
 def test_a_compacted_rollout_is_finalized_with_two_rows(lab: Lab):
     lab.play("att-1", group="g0", index=0, reward=1.0, compact_after=1, turns=3)
-    lab.projector().poll()
+    lab.project()
     decision = finalized(lab, "att-1")
     assert decision.trainable
     assert decision.paths == (("c0",), ("c1", "c2"))
@@ -35,8 +35,7 @@ def test_a_compacted_rollout_is_finalized_with_two_rows(lab: Lab):
 
 def test_a_complete_group_is_published_as_one_step(lab: Lab):
     play_groups(lab, 1)
-    projector = lab.projector()
-    projector.poll()
+    projector = lab.project()
     published = projector.batch_for_step(0)
     assert published is not None and not published.rebuilt
     assert [r.rollout_id for r in published.rollouts] == ["g0/r0", "g0/r1"]
@@ -49,19 +48,16 @@ def test_a_complete_group_is_published_as_one_step(lab: Lab):
 
 def test_an_incomplete_group_is_not_published(lab: Lab):
     lab.play("g0-r0", group="g0", index=0, reward=0.0)
-    projector = lab.projector()
-    projector.poll()
+    projector = lab.project()
     assert projector.batch_for_step(0) is None
     assert lab.store.read_stream("training") == []
 
 
 def test_a_published_step_is_rebuilt_exactly_by_a_fresh_projector(lab: Lab):
     play_groups(lab, 2)
-    first = lab.projector()
-    first.poll()
+    first = lab.project()
     original = first.batch_for_step(0)
-    restarted = lab.projector()  # as after a crash: everything comes from the ledger
-    restarted.poll()
+    restarted = lab.project()  # as after a crash: everything comes from the ledger
     again = restarted.batch_for_step(0)
     assert again.rebuilt
     assert [r.rollout_id for r in again.rollouts] == [r.rollout_id for r in original.rollouts]
@@ -73,8 +69,7 @@ def test_a_published_step_is_rebuilt_exactly_by_a_fresh_projector(lab: Lab):
 
 def test_each_rollout_is_published_in_one_step_only(lab: Lab):
     play_groups(lab, 3)
-    projector = lab.projector()
-    projector.poll()
+    projector = lab.project()
     steps = [projector.batch_for_step(step) for step in range(3)]
     assert projector.batch_for_step(3) is None
     published = [r for step in steps for r in step.rollouts]
@@ -84,9 +79,7 @@ def test_each_rollout_is_published_in_one_step_only(lab: Lab):
 @pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
 def test_racing_projectors_publish_each_step_once(lab: Lab):
     play_groups(lab, 2)
-    projectors = [lab.projector(), lab.projector()]
-    for projector in projectors:
-        projector.poll()
+    projectors = [lab.project(), lab.project()]
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(lambda p: p.batch_for_step(0), projectors))
     assert [r.rollouts[0].rollout_id for r in results] == ["g0/r0", "g0/r0"]
@@ -106,7 +99,7 @@ def test_a_corrupted_blob_masks_its_rollout(lab: Lab):
         lab.capture.blobs.get(
             BlobRef(committed.blob_key, committed.blob_sha256, committed.blob_bytes)
         )
-    lab.projector().poll()
+    lab.project()
     decision = finalized(lab, "att-1")
     assert (decision.trainable, decision.masked_reason) == (False, "blob_invalid")
 
@@ -118,7 +111,7 @@ def test_a_pending_call_masks_its_rollout(lab: Lab):
         lab.capture.log.load("att-1").calls["c2"].intended.model_copy(update={"call_id": "c9"}),
     )
     lab.finish("att-1", {"model_calls": ["c0", "c1", "c2"], "reward": 1.0})
-    lab.projector().poll()
+    lab.project()
     decision = finalized(lab, "att-1")
     assert (decision.trainable, decision.masked_reason) == (False, "capture_pending")
 
@@ -127,7 +120,7 @@ def test_a_failure_on_a_selected_call_masks_its_rollout(lab: Lab):
     lab.play("att-1", group="g0", index=0, reward=1.0, settle=False)
     lab.capture.log.fail("att-1", CallFailed(call_id="c2", reason="storage_error"))
     lab.finish("att-1", {"model_calls": ["c0", "c1", "c2"], "reward": 1.0})
-    lab.projector().poll()
+    lab.project()
     decision = finalized(lab, "att-1")
     assert (decision.trainable, decision.masked_reason) == (False, "selected_call_failed")
 
@@ -144,7 +137,7 @@ def test_a_rejected_and_resampled_response_does_not_mask_the_rollout(lab: Lab):
     retry = lab.capture.generate("att-1", ModelCall(request, OPTIONS, SAMPLING, "c2"))
     assert rejected.decision.parent_call_id == retry.decision.parent_call_id
     lab.finish("att-1", {"model_calls": ["c2"], "reward": 1.0})
-    lab.projector().poll()
+    lab.project()
     decision = finalized(lab, "att-1")
     assert (decision.trainable, decision.paths) == (True, (("c2",),))
 
@@ -154,8 +147,7 @@ def test_masked_rollouts_still_count_in_their_group(lab: Lab):
     lab.capture.log.fail("g0-r0", CallFailed(call_id="c2", reason="storage_error"))
     lab.finish("g0-r0", {"model_calls": ["c0", "c1", "c2"], "reward": 1.0})
     lab.play("g0-r1", group="g0", index=1, reward=0.0)
-    projector: Projector = lab.projector()
-    projector.poll()
+    projector: Projector = lab.project()
     published = projector.batch_for_step(0)
     assert published.batch.num_rollouts == 2
     assert [len(r.rollout.rows) for r in published.rollouts] == [0, 2]
