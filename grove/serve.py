@@ -60,14 +60,14 @@ class LedgerSelector:
             raise ValueError(f"attempt {state.capture_key!r} was never opened")
         records = captured_calls(state)
         served = {r.response_id for r in records if r.response_id is not None}
-        selection = select_rollout(
-            state.opened.selection_policy, records, normalized_result(result, served)
-        )
+        normalized = normalized_result(result, served)
+        selection = select_rollout(state.opened.selection_policy, records, normalized)
         return RolloutSelected(
             policy=selection.policy,
             call_ids=selection.call_ids,
             terminal_response_id=selection.terminal_response_id,
             reward=selection.reward,
+            result=normalized,
         )
 
 

@@ -237,6 +237,10 @@ class RolloutSelected(Event):
     call_ids: tuple[str, ...]
     terminal_response_id: str | None = None
     reward: float
+    result: dict[str, Any] | None = Field(
+        default=None,
+        description="the harness's result as the policy read it, so replay can re-run the policy",
+    )
 
 
 @_register
