@@ -181,7 +181,7 @@ class EmbeddedEngine:
 
     def generate(self, prompt_token_ids: Sequence[int], sampling: SamplingParams) -> Generation:
         """Sample up to ``max_tokens`` tokens after the prompt, stopping at a stop token."""
-        self._check(prompt_token_ids, sampling)
+        self.check(prompt_token_ids, sampling)
         stops = self.stop_token_ids | set(sampling.stop_token_ids)
         with self._lock, torch.inference_mode():
             generator = (
@@ -207,7 +207,8 @@ class EmbeddedEngine:
                 inputs = torch.tensor([[token]], dtype=torch.long)  # (1, 1)
         return Generation(token_ids=tuple(tokens), logprobs=tuple(logprobs), finish_reason=finish)
 
-    def _check(self, prompt_token_ids: Sequence[int], sampling: SamplingParams) -> None:
+    def check(self, prompt_token_ids: Sequence[int], sampling: SamplingParams) -> None:
+        """Raise the refusal ``generate`` would give, before anything is recorded."""
         for name, got, supported in (
             ("temperature", sampling.temperature, 1.0),
             ("top_p", sampling.top_p, 1.0),

@@ -91,6 +91,11 @@ class Generation:
 class Engine(Protocol):
     """Generates from exact prompt token ids; never truncates or re-tokenizes the prompt."""
 
+    def check(self, prompt_token_ids: Sequence[int], sampling: SamplingParams) -> None:
+        """Raise the refusal ``generate`` would give (unsupported sampling, a prompt too long
+        or outside the vocabulary), so the lifecycle refuses before recording the call."""
+        ...
+
     def generate(self, prompt_token_ids: Sequence[int], sampling: SamplingParams) -> Generation:
         """Sample one generation after ``prompt_token_ids``."""
         ...

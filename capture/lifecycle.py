@@ -185,6 +185,7 @@ class CaptureService:
         self._require_open(view.state, capture_key, call_id)
         plan = self._plan(view, call)
         decision, summary = plan.decision, plan.request_summary
+        self.engine.check(plan.prompt_token_ids, call.sampling)  # refuse before recording
         self.log.intend(
             capture_key,
             CallIntended(

@@ -163,11 +163,13 @@ class VllmEngine:
     def generate(self, prompt_token_ids: Sequence[int], sampling: SamplingParams) -> Generation:
         """Sample one generation after ``prompt_token_ids`` on the server."""
         prompt = list(prompt_token_ids)
-        self._check(prompt, sampling)
+        self.check(prompt, sampling)
         body = self._post("/v1/completions", self._request(prompt, sampling), prompt, sampling)
         return self._generation(body, prompt, sampling)
 
-    def _check(self, prompt: list[int], sampling: SamplingParams) -> None:
+    def check(self, prompt: Sequence[int], sampling: SamplingParams) -> None:
+        """Raise the refusal ``generate`` would give, before anything is recorded."""
+        prompt = list(prompt)
         if self.logprobs_mode == "raw_logprobs":
             for name, got, supported in (
                 ("temperature", sampling.temperature, 1.0),

@@ -30,7 +30,10 @@ class RecordingEngine:
         self.engine = engine
         self.prompts: list[list[int]] = []
 
-    def generate(self, prompt_token_ids, sampling):  # the Engine protocol
+    def check(self, prompt_token_ids, sampling):  # the Engine protocol
+        self.engine.check(prompt_token_ids, sampling)
+
+    def generate(self, prompt_token_ids, sampling):
         self.prompts.append(list(prompt_token_ids))
         return self.engine.generate(prompt_token_ids, sampling)
 

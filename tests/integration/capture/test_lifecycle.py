@@ -100,6 +100,9 @@ def test_a_rejected_response_stays_a_sibling_of_its_retry(service):
 
 
 class _BrokenEngine:
+    def check(self, prompt_token_ids, sampling) -> None:
+        return None
+
     def generate(self, prompt_token_ids, sampling) -> Generation:
         raise EngineError("the engine fell over")
 

@@ -10,6 +10,7 @@ import pytest
 
 from capture.engine import Generation, SamplingParams
 from capture.gateway import CALL_ID_HEADER
+from ledger.events import CallFailed
 
 from .conftest import MODEL, Gateway, engine
 from .test_completions import USER, ask, observe, reply
@@ -79,12 +80,15 @@ def test_rejecting_an_unknown_call_is_not_found(local_gateway: Gateway):
 
 def test_rejecting_a_call_that_failed_is_a_conflict(local_gateway: Gateway):
     local_gateway.open()
-    failed = local_gateway.http.post(
+    root = local_gateway.http.post(
         "/v1/chat/completions",
-        json={"model": MODEL, "messages": [USER], "max_tokens": 4, "temperature": 0.5},
-        headers={"X-Grove-Capture-Key": "att-1", CALL_ID_HEADER: "c1"},
+        json={"model": MODEL, "messages": [USER], "max_tokens": 4},
+        headers={"X-Grove-Capture-Key": "att-1", CALL_ID_HEADER: "c0"},
     )
-    assert failed.status_code == 400
+    assert root.status_code == 200
+    log = local_gateway.service.log
+    log.intend("att-1", log.load("att-1").calls["c0"].intended.model_copy(update={"call_id": "c1"}))
+    log.fail("att-1", CallFailed(call_id="c1", reason="engine_error"))
     before = local_gateway.written()
     answer = post(local_gateway, "/att-1/calls/c1/reject")
     assert answer.status_code == 409
@@ -186,6 +190,9 @@ class HeldEngine:
     def __init__(self) -> None:
         self.started = threading.Event()
         self.release = threading.Event()
+
+    def check(self, prompt_token_ids: list[int], sampling: SamplingParams) -> None:
+        engine().check(prompt_token_ids, sampling)
 
     def generate(self, prompt_token_ids: list[int], sampling: SamplingParams) -> Generation:
         if sampling.max_tokens == 7:

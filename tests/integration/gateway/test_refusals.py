@@ -181,17 +181,18 @@ def test_an_echoed_response_id_picks_the_parent_among_equal_candidates(local_gat
     assert raw.headers["x-grove-parent-call-id"] == twin_headers["x-grove-call-id"]
 
 
-def test_sampling_the_engine_cannot_honour_is_refused_and_recorded_as_an_engine_failure(
+def test_sampling_the_engine_cannot_honour_is_refused_before_anything_is_written(
     local_gateway: Gateway,
 ):
-    # The embedded engine samples the raw distribution only; it refuses after the intent, so the
-    # lifecycle records the call as failed (engine_error) before the 400.
+    # The embedded engine samples the raw distribution only; the lifecycle asks the engine to
+    # check the request before it records the intent.
     local_gateway.open()
+    before = local_gateway.written()
     with pytest.raises(openai.BadRequestError, match=r"temperature must be 1\.0") as raised:
         chat(local_gateway, temperature=0.7, extra_headers={CALL_ID_HEADER: "c1"})
     assert raised.value.code == "unsupported_sampling"
-    failure = local_gateway.state().calls["c1"].failure
-    assert failure is not None and failure.reason == "engine_error"
+    assert local_gateway.written() == before
+    assert "c1" not in local_gateway.state().calls
 
 
 def test_without_max_tokens_the_default_is_capped_to_the_room_left_in_the_context(
