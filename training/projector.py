@@ -38,6 +38,8 @@ __all__ = [
     "ProjectorSettings",
     "PublishedBatch",
     "captured_calls",
+    "finalization_event",
+    "finalization_forest",
 ]
 
 
@@ -245,42 +247,13 @@ class Projector:
     # -- finalization ------------------------------------------------------------------------
 
     def _forest(self, state: AttemptState) -> tuple[Forest, dict[str, CallExtras]]:
-        """The attempt's forest from its calls' blobs, masked when any check fails."""
-        assert state.selection is not None
-        selection = state.selection
-        selected = list(selection.call_ids)
-        mask = completion_mask_reason(captured_calls(state), selected)
-        if state.settled is not None and state.settled.pending_call_ids and mask is None:
-            mask = MaskReason.CAPTURE_PENDING
-        terminal = next(
-            (
-                c.call_id
-                for c in state.calls.values()
-                if c.committed and c.committed.response_id == selection.terminal_response_id
-            ),
-            None,
-        )
-        records, extras, blob_mask = self._records(state, selected)
-        forest = build_forest(records, selected, terminal=terminal)
-        mask = mask or blob_mask or forest.masked_reason or self._chain_mismatch(state, forest)
-        if mask is not None and forest.masked_reason != mask:
-            forest = _masked(forest, mask)
-        return forest, extras
+        return finalization_forest(state, self.blobs)
 
     def _record_finalization(self, state: AttemptState) -> None:
         assert state.opened is not None
         forest, extras = self._forest(state)
         self._decided[state.capture_key] = (forest, extras)
-        self.log.finalize(
-            state.capture_key,
-            RolloutFinalized(
-                rollout_id=state.opened.rollout_id,
-                trainable=forest.trainable,
-                masked_reason=None if forest.trainable else str(forest.masked_reason),
-                paths=tuple(tuple(row.call_ids) for row in forest.rows),
-                owned=tuple(tuple(row.owned_call_ids) for row in forest.rows),
-            ),
-        )
+        self.log.finalize(state.capture_key, finalization_event(state.opened.rollout_id, forest))
 
     def _reconstruct(self, state: AttemptState) -> FinalizedRollout:
         """The finalized rollout with its rows, checked against the recorded decision."""
@@ -302,52 +275,6 @@ class Projector:
             forest=forest,
             rollout=LogicalRollout(state.opened.rollout_id, state.opened.prompt_group, rows),
         )
-
-    def _records(
-        self, state: AttemptState, selected: Sequence[str]
-    ) -> tuple[list[CallRecord], dict[str, CallExtras], str | None]:
-        """Call records for the forest: tokens from the blobs of the selected calls."""
-        wanted = set(selected)
-        records, extras = [], {}
-        for call in state.calls.values():
-            committed = call.committed
-            status = call.status.value
-            if call.late:
-                status = CallStatus.PENDING.value  # acknowledged after settling: never trains
-            if committed is None or call.call_id not in wanted or call.late:
-                records.append(CallRecord(call.call_id, call.parent_call_id, [], [], [], status))
-                continue
-            ref = BlobRef(committed.blob_key, committed.blob_sha256, committed.blob_bytes)
-            try:
-                delta = self.blobs.get_delta(ref)
-            except UnusableBlobError:
-                return [], {}, MaskReason.BLOB_INVALID
-            prompt, generated = delta.prompt_delta.tolist(), delta.generated.tolist()
-            records.append(
-                CallRecord(
-                    call.call_id,
-                    call.parent_call_id,
-                    prompt,
-                    generated,
-                    delta.logprobs.tolist(),
-                    status,
-                    committed.finish_reason,
-                )
-            )
-            extras[call.call_id] = CallExtras(routes=delta.routes, media=delta.media)
-        return records, extras, None
-
-    @staticmethod
-    def _chain_mismatch(state: AttemptState, forest: Forest) -> str | None:
-        """``blob_invalid`` when a row's tokens do not hash to its calls' recorded chain."""
-        for row in forest.rows:
-            lengths = [
-                (s.generated_start - s.start, s.end - s.generated_start) for s in row.segments
-            ]
-            recorded = [state.calls[c].committed.chain_digest for c in row.call_ids]
-            if row_chain_digests(row.token_ids, lengths) != recorded:
-                return MaskReason.BLOB_INVALID
-        return None
 
     # -- publication -------------------------------------------------------------------------
 
@@ -413,3 +340,92 @@ class Projector:
 
 def _masked(forest: Forest, reason: str) -> Forest:
     return Forest([], [], MaskReason(reason), forest.selected, forest.terminal, forest.truncated)
+
+
+def finalization_forest(
+    state: AttemptState, blobs: BlobStore
+) -> tuple[Forest, dict[str, CallExtras]]:
+    """The forest the projector decides for a settled, selected attempt, and its calls' extras.
+
+    Tokens come from the selected calls' blobs (sizes and digests verified, each row checked
+    against the recorded chain digests); any failed check masks the forest with its reason. The
+    projector records ``rollout.finalized`` from it; ``grove replay --verify`` and ``grove show``
+    call it on the attempt's state as it stood when that decision was recorded.
+    """
+    assert state.selection is not None
+    selection = state.selection
+    selected = list(selection.call_ids)
+    mask = completion_mask_reason(captured_calls(state), selected)
+    if state.settled is not None and state.settled.pending_call_ids and mask is None:
+        mask = MaskReason.CAPTURE_PENDING
+    terminal = next(
+        (
+            c.call_id
+            for c in state.calls.values()
+            if c.committed and c.committed.response_id == selection.terminal_response_id
+        ),
+        None,
+    )
+    records, extras, blob_mask = _records(state, selected, blobs)
+    forest = build_forest(records, selected, terminal=terminal)
+    mask = mask or blob_mask or forest.masked_reason or _chain_mismatch(state, forest)
+    if mask is not None and forest.masked_reason != mask:
+        forest = _masked(forest, mask)
+    return forest, extras
+
+
+def finalization_event(rollout_id: str, forest: Forest) -> RolloutFinalized:
+    """The ``rollout.finalized`` decision for ``forest``: its paths and owned calls, or why
+    it is masked."""
+    return RolloutFinalized(
+        rollout_id=rollout_id,
+        trainable=forest.trainable,
+        masked_reason=None if forest.trainable else str(forest.masked_reason),
+        paths=tuple(tuple(row.call_ids) for row in forest.rows),
+        owned=tuple(tuple(row.owned_call_ids) for row in forest.rows),
+    )
+
+
+def _records(
+    state: AttemptState, selected: Sequence[str], blobs: BlobStore
+) -> tuple[list[CallRecord], dict[str, CallExtras], str | None]:
+    """Call records for the forest: tokens from the blobs of the selected calls."""
+    wanted = set(selected)
+    records, extras = [], {}
+    for call in state.calls.values():
+        committed = call.committed
+        status = call.status.value
+        if call.late:
+            status = CallStatus.PENDING.value  # acknowledged after settling: never trains
+        if committed is None or call.call_id not in wanted or call.late:
+            records.append(CallRecord(call.call_id, call.parent_call_id, [], [], [], status))
+            continue
+        ref = BlobRef(committed.blob_key, committed.blob_sha256, committed.blob_bytes)
+        try:
+            delta = blobs.get_delta(ref)
+        except UnusableBlobError:
+            return [], {}, MaskReason.BLOB_INVALID
+        prompt, generated = delta.prompt_delta.tolist(), delta.generated.tolist()
+        records.append(
+            CallRecord(
+                call.call_id,
+                call.parent_call_id,
+                prompt,
+                generated,
+                delta.logprobs.tolist(),
+                status,
+                committed.finish_reason,
+            )
+        )
+        extras[call.call_id] = CallExtras(routes=delta.routes, media=delta.media)
+    return records, extras, None
+
+
+def _chain_mismatch(state: AttemptState, forest: Forest) -> str | None:
+    """``blob_invalid`` when a row's tokens do not hash to its calls' recorded chain."""
+    for row in forest.rows:
+        lengths = [(s.generated_start - s.start, s.end - s.generated_start) for s in row.segments]
+        recorded = [state.calls[c].committed.chain_digest for c in row.call_ids]
+        if row_chain_digests(row.token_ids, lengths) != recorded:
+            return MaskReason.BLOB_INVALID
+    return None
