@@ -186,7 +186,7 @@ class CaptureService:
         plan = self._plan(view, call)
         decision, summary = plan.decision, plan.request_summary
         self.engine.check(plan.prompt_token_ids, call.sampling)  # refuse before recording
-        self.log.intend(
+        recorded = self.log.intend(
             capture_key,
             CallIntended(
                 call_id=call_id,
@@ -199,6 +199,15 @@ class CaptureService:
                 admission=decision.as_payload(),
             ),
         )
+        if not recorded:
+            # Another request with this call id recorded the intent first (a racing retry):
+            # it alone infers, stores and commits the call.
+            raise AttemptError(
+                capture_key,
+                "the call id is already intended by another request; each call is inferred "
+                "once: send a new call id",
+                call_id,
+            )
         try:
             generation = self.engine.generate(plan.prompt_token_ids, call.sampling)
         except Exception as error:

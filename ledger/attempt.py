@@ -174,21 +174,22 @@ class AttemptLog:
         stored = self.store.read_stream(state.capture_key, after_version=state.version)
         return fold_attempt(state.capture_key, (s.decode() for s in stored), state)
 
-    def _record(self, capture_key: str, event_id: str, event: Event, check: Check) -> None:
+    def _record(self, capture_key: str, event_id: str, event: Event, check: Check) -> bool:
         """Append ``event`` if ``check(state)`` passes, retrying when another writer got in first.
 
         When ``check`` says the event is already recorded, the append is an idempotent retry: the
         same event id with the same payload is accepted, anything else is ``EventIdConflict``.
+        Returns True when this call appended the event, False when it was already recorded.
         """
         validate_stream_id(capture_key)
         for _ in range(self.retries):
             state = self.load(capture_key)
             expected = ANY_VERSION if check(state) is _ALREADY else state.version
             try:
-                self.store.append(capture_key, [NewEvent(event, event_id)], expected)
+                result = self.store.append(capture_key, [NewEvent(event, event_id)], expected)
             except WrongExpectedVersion:
                 continue
-            return
+            return not result.duplicate
         raise AttemptError(
             capture_key, f"gave up recording {event.type} after {self.retries} races"
         )
@@ -205,8 +206,12 @@ class AttemptLog:
 
         self._record(opened.capture_key, f"{opened.capture_key}:opened", opened, check)
 
-    def intend(self, capture_key: str, intended: CallIntended) -> None:
-        """Record a call's intent before inference; refused when closed, duplicated or orphaned."""
+    def intend(self, capture_key: str, intended: CallIntended) -> bool:
+        """Record a call's intent before inference; refused when closed, duplicated or orphaned.
+
+        Returns True when this call recorded the intent, False when the identical intent was
+        already recorded (an idempotent retry): only the caller that recorded it may infer.
+        """
         call_id = intended.call_id
 
         def check(state: AttemptState) -> object:
@@ -228,7 +233,7 @@ class AttemptLog:
                 )
             return None
 
-        self._record(capture_key, f"{capture_key}:{call_id}:intended", intended, check)
+        return self._record(capture_key, f"{capture_key}:{call_id}:intended", intended, check)
 
     def commit(self, capture_key: str, committed: CallCommitted) -> None:
         """Acknowledge a call whose blob is stored; late when the attempt already settled."""

@@ -1,0 +1,68 @@
+"""Fixtures of the reliability suites: an in-process capture service on a real ledger and blob
+store (``lab``), and the figures file every suite reports into (``figures``).
+
+The crash and concurrency suites run the gateway and the training worker as real processes
+(``processes.py``); the tamper and bad-input suites drive the same components in this process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+
+import pytest
+from transformers import PreTrainedTokenizerBase
+
+from capture.embedded import EmbeddedEngine, build_tokenizer
+from capture.lifecycle import CaptureService
+from capture.render import Renderer
+from ledger import migrate
+from ledger.attempt import AttemptLog
+from ledger.store import EventStore
+from storage import open_blob_store
+
+from .figures import FiguresFile
+
+MODEL = "grove/embedded-tiny"
+
+
+@cache
+def tokenizer() -> PreTrainedTokenizerBase:
+    """The embedded tokenizer, built once per process."""
+    return build_tokenizer()
+
+
+@cache
+def engine() -> EmbeddedEngine:
+    """The embedded engine, built once per process (its calls are serialized)."""
+    return EmbeddedEngine.build(tokenizer(), seed=5)
+
+
+def capture_service(database_url: str, blob_url: str) -> CaptureService:
+    """A capture service over a migrated ledger at ``database_url`` and blobs at ``blob_url``."""
+    migrate.upgrade(database_url)
+    store = EventStore.open(database_url)
+    return CaptureService(
+        AttemptLog(store),
+        open_blob_store(blob_url),
+        Renderer(tokenizer()),
+        engine(),
+        model_fingerprint=MODEL,
+    )
+
+
+@pytest.fixture
+def capture(tmp_path: Path) -> Iterator[CaptureService]:
+    """A capture service on SQLite and a local blob directory."""
+    service = capture_service(f"sqlite:///{tmp_path / 'ledger.db'}", str(tmp_path / "blobs"))
+    try:
+        yield service
+    finally:
+        service.log.store.close()
+
+
+@pytest.fixture(scope="session")
+def figures() -> FiguresFile:
+    """The suite's figures file (``tests/reliability/figures.json``), shared by xdist workers."""
+    return FiguresFile(Path(__file__).with_name("figures.json"))
