@@ -176,6 +176,94 @@ def walkthrough(
     print(json.dumps(run_walkthrough(ws, console=None if as_json else console)))
 
 
+@app.command("lineage")
+def lineage(
+    key: Annotated[str, typer.Argument(help="A capture key, or a rollout id (all its attempts).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    workdir: WorkdirOption = None,
+    database_url: DatabaseOption = None,
+    blob_url: BlobOption = None,
+) -> None:
+    """The call tree of an attempt from the lineage views: status, selection, endpoints, rows."""
+    from grove.lineage import attempt_lineages, lineage_json, lineage_trees
+    from ledger.store import EventStore
+
+    ws = _workspace(workdir, database_url, blob_url)
+    store = EventStore.open(ws.database_url, pool=False)
+    try:
+        lineages = attempt_lineages(store, key)
+    finally:
+        store.close()
+    if as_json:
+        print(json.dumps(lineage_json(key, lineages)))
+        return
+    for tree in lineage_trees(lineages):
+        console.print(tree)
+
+
+@app.command("replay")
+def replay(
+    capture_key: Annotated[str, typer.Argument(help="The attempt's capture key (or rollout id).")],
+    until: Annotated[
+        int | None,
+        typer.Option("--until", min=0, help="Stop after the event at this ledger position."),
+    ] = None,
+    verify: Annotated[
+        bool,
+        typer.Option("--verify", help="Re-run every recorded decision; exit 1 on a difference."),
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    workdir: WorkdirOption = None,
+    database_url: DatabaseOption = None,
+    blob_url: BlobOption = None,
+) -> None:
+    """Fold an attempt's events one by one, printing the state after each (docs/debugging.md)."""
+    from grove.replay import render_replay
+    from grove.replay import replay as replay_attempt
+    from ledger.store import EventStore
+    from storage import open_blob_store
+
+    ws = _workspace(workdir, database_url, blob_url)
+    store = EventStore.open(ws.database_url, pool=False)
+    try:
+        blobs = open_blob_store(ws.blob_url) if verify else None
+        result = replay_attempt(store, capture_key, until=until, blobs=blobs)
+    finally:
+        store.close()
+    if as_json:
+        print(json.dumps(result.as_dict()))
+    else:
+        render_replay(result, console)
+    if result.differences:
+        raise typer.Exit(1)
+
+
+@app.command("show")
+def show(
+    capture_key: Annotated[str, typer.Argument(help="The attempt's capture key (or rollout id).")],
+    html: Annotated[
+        Path, typer.Option("--html", help="Write the page to this file.", dir_okay=False)
+    ],
+    workdir: WorkdirOption = None,
+    database_url: DatabaseOption = None,
+    blob_url: BlobOption = None,
+) -> None:
+    """Draw an attempt's capture graph and training rows as one self-contained HTML page."""
+    from grove.show import write_attempt_page
+    from ledger.store import EventStore
+    from storage import open_blob_store
+
+    if not html.parent.is_dir():
+        raise typer.BadParameter(f"directory {html.parent} does not exist", param_hint="--html")
+    ws = _workspace(workdir, database_url, blob_url)
+    store = EventStore.open(ws.database_url, pool=False)
+    try:
+        page = write_attempt_page(store, open_blob_store(ws.blob_url), capture_key, html)
+    finally:
+        store.close()
+    console.print(f"wrote {html} ({page.calls} calls, {page.rows} rows)")
+
+
 def main() -> None:
     """Entry point: run the app and report Grove's errors as one clear line, exit status 1."""
     try:
