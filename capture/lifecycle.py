@@ -297,7 +297,12 @@ class CaptureService:
             events = [s.decode() for s in stored]
             view.state = fold_attempt(capture_key, events, view.state)
             for event in events:
-                if isinstance(event, CallCommitted) and not view.state.calls[event.call_id].late:
+                if not isinstance(event, CallCommitted | CallFailed):
+                    continue
+                call = view.state.calls.get(event.call_id)
+                if call is None or event not in (call.committed, call.failure):
+                    continue  # a contradiction the fold left out (AttemptState.contradictions)
+                if isinstance(event, CallCommitted) and not call.late:
                     view.index.add(
                         event.replay_summary.candidate(
                             event.call_id, CallStatus.COMMITTED, frozenset({event.response_id})
@@ -306,7 +311,7 @@ class CaptureService:
                 elif isinstance(event, CallFailed):
                     # A failure after the commit (a rejected response, say) takes the call out
                     # of the parents: admission indexes it as failed from now on.
-                    committed = view.state.calls[event.call_id].committed
+                    committed = call.committed
                     if committed is not None:
                         view.index.add(
                             committed.replay_summary.candidate(

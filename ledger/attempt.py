@@ -88,7 +88,14 @@ class CallState:
 
 @dataclass(frozen=True)
 class AttemptState:
-    """An attempt folded from its events; ``version`` is the stream version it reflects."""
+    """An attempt folded from its events; ``version`` is the stream version it reflects.
+
+    ``contradictions`` lists, in stream order, the events that break the lifecycle rules and
+    were left out of the state: ``AttemptLog`` never writes them, but a writer that appends
+    straight to the store can (a call intended, committed or failed twice, a commit or failure
+    of a call never intended, a second selection or finalization). The first event stands; a
+    rollout whose attempt holds any contradiction never trains.
+    """
 
     capture_key: str
     version: int = 0
@@ -99,6 +106,7 @@ class AttemptState:
     selection: RolloutSelected | None = None
     finalized: RolloutFinalized | None = None
     cleaned_keys: tuple[str, ...] = ()
+    contradictions: tuple[str, ...] = ()
 
     @property
     def pending_call_ids(self) -> tuple[str, ...]:
@@ -115,8 +123,40 @@ class AttemptState:
         )
 
 
+def _contradiction(state: AttemptState, event: Event) -> str | None:
+    """Why ``event`` cannot follow ``state`` under the lifecycle rules; None when it can."""
+    if isinstance(event, AttemptOpened):
+        return "the attempt is already open" if state.opened is not None else None
+    if isinstance(event, CallIntended):
+        return "the call is already intended" if event.call_id in state.calls else None
+    if isinstance(event, CallCommitted | CallFailed):
+        call = state.calls.get(event.call_id)
+        if call is None:
+            return "the call was never intended"
+        if call.failure is not None and isinstance(event, CallFailed):
+            return "the call already failed"
+        if isinstance(event, CallCommitted):
+            if call.committed is not None:
+                return "the call is already committed"
+            if call.status is CallStatus.FAILED:
+                return "the call already failed"
+            if event.parent_call_id != call.parent_call_id:
+                return f"the intent names parent {call.parent_call_id}"
+        return None
+    if isinstance(event, RolloutSelected):
+        return "the rollout is already selected" if state.selection is not None else None
+    if isinstance(event, RolloutFinalized):
+        return "the rollout is already finalized" if state.finalized is not None else None
+    return None
+
+
 def _apply(state: AttemptState, event: Event) -> AttemptState:
     calls = state.calls
+    why = _contradiction(state, event)
+    if why is not None:
+        subject = getattr(event, "call_id", None)
+        what = event.type + (f" of call {subject}" if subject else "")
+        return replace(state, contradictions=(*state.contradictions, f"{what}: {why}"))
     if isinstance(event, AttemptOpened):
         return replace(state, opened=event)
     if isinstance(event, CallIntended):

@@ -56,7 +56,8 @@ class MaskReason(StrEnum):
     """Why a logical rollout is masked (never trains): the closed set, in checking priority.
 
     ``build_forest`` decides the first six; ``training.selection.completion_mask_reason`` the
-    capture-completion ones; the projector ``blob_invalid``. Each value is a plain string.
+    capture-completion ones; the projector ``blob_invalid`` and ``ledger_contradiction``. Each
+    value is a plain string.
     """
 
     EMPTY_SELECTION = "empty_selection"
@@ -78,6 +79,9 @@ class MaskReason(StrEnum):
     """A committed call carries a capture failure that is not the exempt cancellation."""
     BLOB_INVALID = "blob_invalid"
     """A selected call's blob is missing or corrupt, or its routes or media do not fit."""
+    LEDGER_CONTRADICTION = "ledger_contradiction"
+    """The attempt's events break the lifecycle rules (``AttemptState.contradictions``: written
+    around ``AttemptLog``, e.g. a call committed twice or never intended)."""
 
 
 MASK_REASONS: Final[frozenset[str]] = frozenset(MaskReason)

@@ -264,8 +264,8 @@ class Projector:
         recorded = state.finalized
         paths = tuple(tuple(row.call_ids) for row in forest.rows)
         if (recorded.trainable, recorded.paths) != (forest.trainable, paths):
-            # The blobs changed since the decision (or the code did): never train on it.
-            forest = _masked(forest, MaskReason.BLOB_INVALID)
+            # The blobs or events changed since the decision (or the code did): never train on it.
+            forest = _masked(forest, forest.masked_reason or MaskReason.BLOB_INVALID)
         rows = tuple(rollout_rows(forest, extras)) if forest.trainable else ()
         return FinalizedRollout(
             capture_key=state.capture_key,
@@ -355,7 +355,11 @@ def finalization_forest(
     assert state.selection is not None
     selection = state.selection
     selected = list(selection.call_ids)
-    mask = completion_mask_reason(captured_calls(state), selected)
+    mask = (
+        MaskReason.LEDGER_CONTRADICTION
+        if state.contradictions
+        else completion_mask_reason(captured_calls(state), selected)
+    )
     if state.settled is not None and state.settled.pending_call_ids and mask is None:
         mask = MaskReason.CAPTURE_PENDING
     terminal = next(

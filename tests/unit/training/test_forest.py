@@ -224,6 +224,7 @@ def test_mask_reasons_cover_every_case_above_plus_the_capture_and_blob_reasons()
         MaskReason.CAPTURE_PENDING,
         MaskReason.CAPTURE_FAILED,
         MaskReason.BLOB_INVALID,
+        MaskReason.LEDGER_CONTRADICTION,
     } == MASK_REASONS
 
 
@@ -239,6 +240,7 @@ def test_mask_reasons_are_plain_strings() -> None:
         "capture_pending",
         "capture_failed",
         "blob_invalid",
+        "ledger_contradiction",
     } == MASK_REASONS
 
 
