@@ -84,6 +84,8 @@ class TrainingRun:
     publishes on the stream ``training-{run_id}``, so several runs can share one ledger.
     """
 
+    HORIZON_WAIT_S = 30.0  # how long a step waits for events held behind the reader's horizon
+
     def __init__(
         self,
         store: EventStore,
@@ -156,6 +158,7 @@ class TrainingRun:
 
     def next_batch(self) -> PublishedBatch | None:
         """The batch of the next step, when the ledger holds enough complete prompt groups."""
+        self.projector.store.wait_for_horizon(self.HORIZON_WAIT_S)
         self.projector.poll()
         return self.projector.batch_for_step(self.trainer.step)
 

@@ -117,6 +117,11 @@ class PostgresBackend:
         )
         return conn.execute(query).all()
 
+    def horizon_passed(self, conn: Connection) -> bool:
+        """Whether every committed event is below the reader's horizon (readable now)."""
+        newest = select(func.coalesce(func.max(EVENTS.c.transaction_id), -1)).scalar_subquery()
+        return bool(conn.execute(select(newest < _oldest_running_transaction())).scalar_one())
+
     def mark_of(self, row: Row) -> LedgerPosition:
         """The reader mark after consuming ``row``."""
         return LedgerPosition(transaction_id=row.transaction_id, position=row.position)

@@ -296,8 +296,15 @@ class _CheckpointMoved(Exception):
     """Raised inside a fold transaction to roll it back when another runner got there first."""
 
 
-def catch_up(store: EventStore, batch_size: int = 1000) -> dict[str, LedgerPosition]:
-    """Fold every committed event not yet folded into each projection; returns the new marks."""
+def catch_up(
+    store: EventStore, batch_size: int = 1000, wait_s: float = 5.0
+) -> dict[str, LedgerPosition]:
+    """Fold every committed event not yet folded into each projection; returns the new marks.
+
+    Waits up to ``wait_s`` for events held behind the reader's horizon (``wait_for_horizon``),
+    so the projections reflect everything committed before the call.
+    """
+    store.wait_for_horizon(wait_s)
     marks = {}
     with translate_errors(store.url):
         with store.engine.begin() as conn:
@@ -323,10 +330,12 @@ def catch_up(store: EventStore, batch_size: int = 1000) -> dict[str, LedgerPosit
     return marks
 
 
-def rebuild(store: EventStore, batch_size: int = 1000) -> dict[str, LedgerPosition]:
+def rebuild(
+    store: EventStore, batch_size: int = 1000, wait_s: float = 5.0
+) -> dict[str, LedgerPosition]:
     """Empty every projection and fold the whole ledger again from position 0."""
     with translate_errors(store.url), store.engine.begin() as conn:
         for projection in PROJECTIONS:
             conn.execute(delete(projection.table))
         conn.execute(delete(PROJ_CHECKPOINTS))
-    return catch_up(store, batch_size)
+    return catch_up(store, batch_size, wait_s)

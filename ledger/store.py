@@ -11,6 +11,7 @@ Every event is validated against the catalog before anything is written.
 from __future__ import annotations
 
 import re
+import time
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -294,6 +295,24 @@ class EventStore:
             rows = self.backend.read_after(conn, mark, limit)
         events = tuple(_stored(row) for row in rows)
         return ReadBatch(events, self.backend.mark_of(rows[-1]) if rows else mark)
+
+    def wait_for_horizon(self, timeout_s: float = 10.0, poll_s: float = 0.02) -> bool:
+        """Wait until every event committed so far can be read by ``read_after``; False on timeout.
+
+        On PostgreSQL the reader's horizon is the oldest transaction still running anywhere on
+        the server, so a short transaction elsewhere can hold back an event that already
+        committed; readers never skip it, they only see it later. Interactive tools and tests
+        wait here before reading "everything so far". SQLite returns at once.
+        """
+        deadline = time.monotonic() + timeout_s
+        with translate_errors(self.url):
+            while True:
+                with read_only(self.engine.connect()) as conn:
+                    if self.backend.horizon_passed(conn):
+                        return True
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(poll_s)
 
     def count(self) -> int:
         """How many events the ledger holds."""

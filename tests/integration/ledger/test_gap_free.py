@@ -52,6 +52,7 @@ def _drain(store: EventStore, mark: LedgerPosition) -> tuple[list[str], LedgerPo
 @pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
 def test_reader_mark_does_not_pass_an_uncommitted_append_on_postgres(store: EventStore):
     store.append("before", [failed("c0")])
+    assert store.wait_for_horizon()
     seen, mark = _drain(store, LedgerPosition(position=0))
     assert seen == ["c0"]
 
@@ -61,12 +62,14 @@ def test_reader_mark_does_not_pass_an_uncommitted_append_on_postgres(store: Even
     store.append("after", [failed("c1")])
     store.append("after", [failed("c2")])
 
+    assert not store.wait_for_horizon(timeout_s=0.3)  # held back by our open transaction
     seen, stalled = _drain(store, mark)
     assert seen == []  # the committed later events wait behind the open transaction
     assert stalled == mark
 
     transaction.commit()
     held.close()
+    assert store.wait_for_horizon()  # other tests' transactions on the server may lag a moment
     seen, _ = _drain(store, mark)
     assert seen == ["late", "c1", "c2"]
 

@@ -143,6 +143,7 @@ def test_import_with_one_invalid_payload_writes_nothing(store: EventStore):
 def test_read_after_delivers_each_event_once_in_order(store: EventStore):
     for index in range(7):
         store.append(f"att-{index % 3}", [failed(f"c{index}")])
+    assert store.wait_for_horizon()
     mark = LedgerPosition(position=0)
     seen = []
     while batch := store.read_after(mark, limit=2).events:
