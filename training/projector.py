@@ -8,7 +8,9 @@ or pending selected call, a missing or corrupt blob, selection not closed, ...).
 
 Complete prompt groups (every logical rollout of the group finalized) are published in order of
 completion, ``groups_per_step`` groups per optimizer step, as ``batch.published`` on the training
-stream with the rollout ids, row ids, padding ids and the ledger position read so far. The step
+stream with the rollout ids, row ids, padding ids and the ledger position read so far; a complete
+group none of whose rollouts has a row (every one masked: no valid input layout) is dropped,
+never published (seed ``000``: "A group with no valid input layout is dropped"). The step
 number is the training stream's version, appended with an expected version, so two projectors
 cannot publish the same step; a rollout published once is never published again. Everything the
 projector knows is rebuilt from the ledger, so after a crash or resume it rebuilds the batch of an
@@ -293,6 +295,7 @@ class Projector:
             g
             for g in progress.complete
             if not set(progress.groups[g]) & progress.published_rollouts
+            and any(progress.finalized[r].rollout.rows for r in progress.groups[g])
         ]
         if len(waiting) < self.settings.groups_per_step:
             return None

@@ -1,5 +1,8 @@
-"""Tamper: contradictory events never train.
+"""Tamper: corrupted or deleted blobs and contradictory events never train.
 
+- Blobs: bytes flipped, blobs deleted, truncated or swapped for another call's blob, before the
+  projector's decision or after it (a restarted projector re-reads every blob): each tampered
+  rollout is masked ``blob_invalid`` and no published batch holds a row of it.
 - Contradictory events: through the lifecycle API (``AttemptLog``, what the gateway uses) each is
   refused and writes nothing; appended straight to the store (``EventStore.append``, which
   checks payloads but not lifecycle rules) each masks its rollout and nothing else.
@@ -7,6 +10,7 @@
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +31,7 @@ from ledger.events import (
 from ledger.store import EventStore
 from training.projector import FinalizedRollout, Projector, ProjectorSettings, PublishedBatch
 
+from .conftest import capture_service
 from .figures import FiguresFile
 from .rollouts import Played, play
 
@@ -62,6 +67,110 @@ def publish_all(projector: Projector) -> list[PublishedBatch]:
 def trained_rollouts(batches: list[PublishedBatch]) -> dict[str, FinalizedRollout]:
     """The rollouts whose rows are in the batches, by rollout id."""
     return {r.rollout_id: r for b in batches for r in b.rollouts if r.rollout.rows}
+
+
+# -- blobs -----------------------------------------------------------------------------------
+
+
+def flip(data: bytes, rng: random.Random) -> bytes:
+    position = rng.randrange(len(data))
+    return (
+        data[:position] + bytes([data[position] ^ (1 << rng.randrange(8))]) + data[position + 1 :]
+    )
+
+
+TAMPERINGS: dict[str, Callable[[bytes, bytes, random.Random], bytes | None]] = {
+    "flipped": lambda data, other, rng: flip(data, rng),
+    "deleted": lambda data, other, rng: None,
+    "truncated": lambda data, other, rng: data[: rng.randrange(len(data))],
+    "swapped": lambda data, other, rng: other,
+}
+"""How a blob is tampered with: its new bytes (None: deleted), from its bytes, another call's
+blob and the seeded generator."""
+
+
+def tamper(capture: CaptureService, victim: Played, how: str, other: Played, rng: random.Random):
+    """Tamper with one selected call's blob of ``victim``, behind the blob store's back."""
+    state = capture.log.load(victim.capture_key)
+    call_id = rng.choice(victim.call_ids)
+    committed = state.calls[call_id].committed
+    donor = capture.log.load(other.capture_key).calls[call_id].committed
+    fs, path = capture.blobs.fs, capture.blobs.path(committed.blob_key)
+    data = fs.cat_file(path)
+    tampered = TAMPERINGS[how](data, fs.cat_file(capture.blobs.path(donor.blob_key)), rng)
+    fs.rm(path)
+    if tampered is not None:
+        fs.pipe_file(path, tampered)
+
+
+@pytest.mark.parametrize(
+    ("database_url", "blob_url"), [("sqlite", "local"), ("postgresql", "s3")], indirect=True
+)
+def test_tampered_blobs_mask_their_rollouts_and_never_train(
+    database_url: str, blob_url: str, figures: FiguresFile
+):
+    capture = capture_service(database_url, blob_url)
+    store = capture.log.store
+    rng = random.Random(SEED)
+    played = [
+        play(capture, f"g{g}-r{r}", group=f"g{g}", index=r) for g in range(GROUPS) for r in range(2)
+    ]
+    victims = rng.sample(played, 8)
+    hows = [list(TAMPERINGS)[i % len(TAMPERINGS)] for i in range(len(victims))]
+    early, late = victims[:4], victims[4:]
+    for victim, how in zip(early, hows[:4], strict=True):
+        tamper(capture, victim, how, rng.choice([p for p in played if p is not victim]), rng)
+    first = caught_up(fresh_projector(capture), store)  # decides every rollout
+    decisions = {p.rollout_id: capture.log.load(p.capture_key).finalized for p in played}
+    for victim, how in zip(late, hows[4:], strict=True):
+        tamper(capture, victim, how, rng.choice([p for p in played if p is not victim]), rng)
+    batches = publish_all(caught_up(fresh_projector(capture), store))  # re-reads every blob
+
+    assert first.events_read > 0
+    assert {r for r, d in decisions.items() if not d.trainable} == {v.rollout_id for v in early}
+    assert {decisions[v.rollout_id].masked_reason for v in early} == {"blob_invalid"}
+    healthy_groups = {p.group for p in played if p not in victims}  # others are dropped
+    assert [b.rollouts[0].group_id for b in batches] == sorted(healthy_groups)
+    published = {r.rollout_id: r for b in batches for r in b.rollouts}
+    published_victims = [v for v in victims if v.rollout_id in published]
+    assert {r for r, f in published.items() if not f.forest.trainable} == {
+        v.rollout_id for v in published_victims
+    }
+    assert {str(published[v.rollout_id].forest.masked_reason) for v in published_victims} == {
+        "blob_invalid"
+    }
+    trained = trained_rollouts(batches)
+    assert set(trained).isdisjoint(v.rollout_id for v in victims)
+    assert len(trained) == len(played) - len(victims)
+    row_ids = {row for e in store.read_stream("training") for row in e.payload["row_ids"]}
+    assert not any(row.startswith(v.rollout_id + "/") for v in victims for row in row_ids)
+    figures.record(
+        f"tamper/blobs/{database_url.split(':')[0].split('+')[0]}-{capture.blobs.backend}",
+        {
+            "rollouts": len(played),
+            **{f"blobs_{how}": hows.count(how) for how in TAMPERINGS},
+            "tampered_before_decision": len(early),
+            "tampered_after_decision": len(late),
+            "masked_blob_invalid": len(victims),
+            "groups_dropped": GROUPS - len(healthy_groups),
+            "tampered_rows_trained": 0,
+        },
+    )
+    store.close()
+
+
+def test_a_group_whose_rollouts_are_all_masked_is_dropped_and_the_next_group_trains(
+    capture: CaptureService,
+):
+    rng = random.Random(SEED)
+    masked = [play(capture, f"g0-r{r}", group="g0", index=r, turns=2) for r in range(2)]
+    healthy = [play(capture, f"g1-r{r}", group="g1", index=r, turns=2) for r in range(2)]
+    for victim in masked:
+        tamper(capture, victim, "deleted", healthy[0], rng)
+    projector = caught_up(fresh_projector(capture), capture.log.store)
+    batches = publish_all(projector)
+    assert [[r.rollout_id for r in b.rollouts] for b in batches] == [["g1-r0", "g1-r1"]]
+    assert projector.batch_for_step(1) is None
 
 
 # -- contradictory events --------------------------------------------------------------------
