@@ -33,6 +33,7 @@ from sqlalchemy import Connection, text
 from grove.lineage import attempt_events
 from ledger.attempt import fold_attempt
 from ledger.events import AttemptOpened, BatchPublished, RolloutFinalized, RolloutSelected
+from ledger.projections import catch_up
 from ledger.replay import (
     CheckOutcome,
     DecisionCheck,
@@ -324,7 +325,9 @@ def _step_differences(
 def verify_publication(
     store: EventStore, rollout_id: str, finalized_position: int | None, until: int | None = None
 ) -> list[DecisionCheck]:
-    """Check the step(s) that published ``rollout_id`` against the publication rules."""
+    """Check the step(s) that published ``rollout_id`` against the publication rules (the
+    projections are brought up to date first: the group queries read ``grove_rollouts``)."""
+    catch_up(store)
     with store.engine.connect() as conn:
         batches = [b for b in _published(conn) if until is None or b.position <= until]
         mine = [b for b in batches if rollout_id in b.event.rollout_ids]

@@ -118,7 +118,7 @@ def _graph_svg(lineage: AttemptLineage) -> str:
         if call.parent_call_id not in at:
             continue
         (x1, y1), (x2, y2) = at[call.parent_call_id], at[call.call_id]
-        x1, x2 = x1 + _R, x2 - _R - 4
+        x1, x2 = x1 + _R, x2 - _R - (10 if call.endpoint else 4)
         mid = (x1 + x2) / 2
         both = call.selected and by_id[call.parent_call_id].selected
         parts.append(
@@ -263,7 +263,7 @@ _PAGE = Template("""<!DOCTYPE html>
 body { font: 14px/1.45 system-ui, sans-serif; margin: 24px; color: #222; background: #fff; }
 h1 { font-size: 20px; margin: 0 0 4px; } h2 { font-size: 16px; margin: 22px 0 6px; }
 h3 { font-size: 13px; font-weight: 600; margin: 12px 0 4px; }
-.meta { color: #555; } .note { color: #8a5a00; }
+.meta { color: #555; } .note { color: #8a5a00; } .graph { overflow-x: auto; }
 .edge { fill: none; stroke: #999; stroke-width: 1.5; stroke-dasharray: 4 3; }
 .edge.sel { stroke: #333; stroke-width: 2.2; stroke-dasharray: none; }
 .node .shape { stroke: #555; stroke-width: 1.5; }

@@ -1,4 +1,5 @@
-"""Every query in docs/sql.md runs verbatim on both databases and finds the recorded rollout."""
+"""Every query in docs/sql.md runs verbatim on both databases and finds the recorded rollout
+(and its published training step)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
+from ledger.events import BatchPublished, LedgerPosition
 from ledger.projections import catch_up
 from ledger.store import EventStore
 
@@ -25,6 +27,13 @@ def test_cookbook_has_queries():
 def test_cookbook_query_runs_verbatim_and_returns_rows(store: EventStore, query: str):
     for index, event in enumerate(compaction_rollout("att-1")):
         store.append("att-1", [event], expected_version=index)
+    published = BatchPublished(
+        step=0,
+        rollout_ids=("r0",),
+        row_ids=("r0/0", "r0/1"),
+        ledger_position=LedgerPosition(position=store.count()),
+    )
+    store.append("training", [published], expected_version=0)
     catch_up(store)
     with store.engine.connect() as conn:
         rows = conn.execute(text(query)).all()

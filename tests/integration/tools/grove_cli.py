@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import sys
 from dataclasses import dataclass
 
@@ -20,10 +21,12 @@ class Outcome:
 
 
 def run_grove(*args: str) -> Outcome:
-    """``grove ARGS…`` in this process: exit status, stdout and stderr."""
+    """``grove ARGS…`` in this process: exit status, stdout and stderr (usage errors drawn
+    200 columns wide, so that messages are not wrapped)."""
     out, err = io.StringIO(), io.StringIO()
-    argv = sys.argv
+    argv, columns = sys.argv, os.environ.get("COLUMNS")
     sys.argv = ["grove", *args]
+    os.environ["COLUMNS"] = "200"
     code = 0
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -32,4 +35,8 @@ def run_grove(*args: str) -> Outcome:
         code = exit_.code if isinstance(exit_.code, int) else 1
     finally:
         sys.argv = argv
+        if columns is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = columns
     return Outcome(code, out.getvalue(), err.getvalue())
