@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -12,6 +14,9 @@ from rich.table import Table
 
 from grove.errors import GROVE_ERRORS
 from grove.workspace import Workspace
+
+if TYPE_CHECKING:
+    from ledger.store import EventStore
 
 __all__ = ["app", "main"]
 
@@ -176,6 +181,18 @@ def walkthrough(
     print(json.dumps(run_walkthrough(ws, console=None if as_json else console)))
 
 
+@contextmanager
+def _ledger(ws: Workspace) -> Iterator[EventStore]:
+    """The workspace's event store, closed when the command is done."""
+    from ledger.store import EventStore
+
+    store = EventStore.open(ws.database_url, pool=False)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
 @app.command("lineage")
 def lineage(
     key: Annotated[str, typer.Argument(help="A capture key, or a rollout id (all its attempts).")],
@@ -186,14 +203,9 @@ def lineage(
 ) -> None:
     """The call tree of an attempt from the lineage views: status, selection, endpoints, rows."""
     from grove.lineage import attempt_lineages, lineage_json, lineage_trees
-    from ledger.store import EventStore
 
-    ws = _workspace(workdir, database_url, blob_url)
-    store = EventStore.open(ws.database_url, pool=False)
-    try:
+    with _ledger(_workspace(workdir, database_url, blob_url)) as store:
         lineages = attempt_lineages(store, key)
-    finally:
-        store.close()
     if as_json:
         print(json.dumps(lineage_json(key, lineages)))
         return
@@ -220,16 +232,12 @@ def replay(
     """Fold an attempt's events one by one, printing the state after each (docs/debugging.md)."""
     from grove.replay import render_replay
     from grove.replay import replay as replay_attempt
-    from ledger.store import EventStore
     from storage import open_blob_store
 
     ws = _workspace(workdir, database_url, blob_url)
-    store = EventStore.open(ws.database_url, pool=False)
-    try:
+    with _ledger(ws) as store:
         blobs = open_blob_store(ws.blob_url) if verify else None
         result = replay_attempt(store, capture_key, until=until, blobs=blobs)
-    finally:
-        store.close()
     if as_json:
         print(json.dumps(result.as_dict()))
     else:
@@ -250,17 +258,13 @@ def show(
 ) -> None:
     """Draw an attempt's capture graph and training rows as one self-contained HTML page."""
     from grove.show import write_attempt_page
-    from ledger.store import EventStore
     from storage import open_blob_store
 
     if not html.parent.is_dir():
         raise typer.BadParameter(f"directory {html.parent} does not exist", param_hint="--html")
     ws = _workspace(workdir, database_url, blob_url)
-    store = EventStore.open(ws.database_url, pool=False)
-    try:
+    with _ledger(ws) as store:
         page = write_attempt_page(store, open_blob_store(ws.blob_url), capture_key, html)
-    finally:
-        store.close()
     console.print(f"wrote {html} ({page.calls} calls, {page.rows} rows)")
 
 

@@ -13,7 +13,7 @@ A key is a capture key or a logical rollout id; a rollout id names every attempt
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -77,7 +77,9 @@ FROM grove_events
 WHERE stream_id = :key AND event_type = 'rollout.finalized'
 """,
 }
-"""The SQL ``grove lineage`` runs; ``:key`` is the capture key (or, for attempts, a rollout id)."""
+"""The SQL ``grove lineage`` runs; ``:key`` is the capture key (or, for attempts, a rollout id).
+The columns of ``attempts`` and ``calls`` are fields of :class:`AttemptLineage` and
+:class:`CallLineage`, by name."""
 
 
 class UnknownAttemptError(LedgerError):
@@ -155,6 +157,16 @@ class AttemptLineage:
         return asdict(self)
 
 
+_FLAGS = frozenset(
+    {"late", "endpoint", "admissions_closed", "settled", "settle_timed_out", "cleaned"}
+)
+"""Boolean columns (SQLite returns 0 and 1)."""
+
+
+def _typed(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: bool(v) if k in _FLAGS else v for k, v in row.items()}
+
+
 def _find(conn: Connection, key: str) -> list[dict[str, Any]]:
     return [dict(r._mapping) for r in conn.execute(text(QUERIES["attempts"]), {"key": key})]
 
@@ -210,33 +222,15 @@ def _calls(
     terminal = rollout["terminal_response_id"] if rollout else None
     calls = []
     for row in conn.execute(text(QUERIES["calls"]), {"key": capture_key}):
-        r = row._mapping
-        call_id = r["call_id"]
-        selected = r["selection_index"] is not None
+        recorded = _typed(row._mapping)
+        call_id, selected = recorded["call_id"], recorded["selection_index"] is not None
         calls.append(
             CallLineage(
-                call_id=call_id,
-                parent_call_id=r["parent_call_id"],
-                root_call_id=r["root_call_id"],
-                depth=r["depth"],
-                decision=r["decision"],
-                root_reason=r["root_reason"],
-                status=r["status"],
-                late=bool(r["late"]),
-                failure_reason=r["failure_reason"],
-                selection_index=r["selection_index"],
-                endpoint=bool(r["endpoint"]),
-                terminal=selected and terminal is not None and r["response_id"] == terminal,
+                **recorded,
+                terminal=selected and terminal is not None and recorded["response_id"] == terminal,
                 rows=tuple(i for i, path in enumerate(paths) if call_id in path),
                 owner_row=next((i for i, ids in enumerate(owned) if call_id in ids), None),
                 masked_reason=masked if selected else None,
-                prompt_tokens=r["prompt_tokens"],
-                prev_len=r["prev_len"],
-                delta_len=r["delta_len"],
-                cum_len=r["cum_len"],
-                generated_len=r["generated_len"],
-                finish_reason=r["finish_reason"],
-                response_id=r["response_id"],
             )
         )
     return tuple(calls)
@@ -258,15 +252,7 @@ def attempt_lineages(store: EventStore, key: str) -> list[AttemptLineage]:
             finalized = _finalized(conn, capture_key)
             lineages.append(
                 AttemptLineage(
-                    capture_key=capture_key,
-                    rollout_id=attempt["rollout_id"],
-                    prompt_group=attempt["prompt_group"],
-                    rollout_index=attempt["rollout_index"],
-                    selection_policy=attempt["selection_policy"],
-                    admissions_closed=bool(attempt["admissions_closed"]),
-                    settled=bool(attempt["settled"]),
-                    settle_timed_out=bool(attempt["settle_timed_out"]),
-                    cleaned=bool(attempt["cleaned"]),
+                    **_typed(attempt),
                     rollout=rollout,
                     paths=finalized.paths if finalized else (),
                     owned=finalized.owned if finalized else (),

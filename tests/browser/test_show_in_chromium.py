@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.tools.grove_cli import run_grove
-from tests.integration.tools.ledgers import DemoLedger, demo_ledger
+from tests.integration.tools.ledgers import DemoLedger, demo_ledger, written_page
 from tests.integration.tools.page_dom import PageDom
 
 pytestmark = pytest.mark.xdist_group("grove-demo-ledger")
@@ -52,12 +51,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoLedger:
 
 @pytest.fixture(scope="module")
 def page(demo: DemoLedger, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("browser") / "attempt.html"
-    outcome = run_grove(
-        "show", demo.showcase_key, "--html", str(path), "--workdir", str(demo.workspace.workdir)
-    )
-    assert outcome.code == 0, outcome.stderr
-    return path
+    return written_page(demo, tmp_path_factory.mktemp("browser") / "attempt.html")
 
 
 def _chromium(binary: str, profile: Path, *args: str) -> subprocess.CompletedProcess[bytes]:

@@ -26,6 +26,8 @@ from ledger.attempt import AttemptLog, AttemptState
 from ledger.events import LedgerPosition
 from ledger.store import EventStore, ImportEvent
 
+from .grove_cli import run_grove
+
 _BUILT: dict[Path, DemoLedger] = {}
 
 
@@ -119,6 +121,15 @@ def copy_ledger(demo: DemoLedger, database_url: str) -> None:
     finally:
         source.close()
         target.close()
+
+
+def written_page(demo: DemoLedger, path: Path) -> Path:
+    """``path``, written by ``grove show`` for the showcase attempt."""
+    outcome = run_grove(
+        "show", demo.showcase_key, "--html", str(path), "--workdir", str(demo.workspace.workdir)
+    )
+    assert outcome.code == 0, outcome.stderr
+    return path
 
 
 def run_json(text: str) -> dict:

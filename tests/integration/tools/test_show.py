@@ -14,7 +14,7 @@ from grove.show import render_page
 from training.forest import CallRecord, build_forest
 
 from .grove_cli import run_grove
-from .ledgers import DemoLedger
+from .ledgers import DemoLedger, written_page
 from .page_dom import PageDom
 
 pytestmark = pytest.mark.xdist_group("grove-demo-ledger")
@@ -22,11 +22,7 @@ pytestmark = pytest.mark.xdist_group("grove-demo-ledger")
 
 @pytest.fixture(scope="module")
 def page(demo: DemoLedger, tmp_path_factory: pytest.TempPathFactory) -> PageDom:
-    path = tmp_path_factory.mktemp("show") / "attempt.html"
-    outcome = run_grove(
-        "show", demo.showcase_key, "--html", str(path), "--workdir", str(demo.workspace.workdir)
-    )
-    assert outcome.code == 0, outcome.stderr
+    path = written_page(demo, tmp_path_factory.mktemp("show") / "attempt.html")
     return PageDom(path.read_text(encoding="utf-8"))
 
 
