@@ -5,6 +5,7 @@ The page is checked here as written; ``tests/browser`` loads it in headless Chro
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -126,3 +127,29 @@ def test_a_branch_shows_the_shared_ancestors_generation_as_unowned_in_the_later_
         "#2 id 3 't3'\na: generated, owned by an earlier row (context here)"
     )
     assert page.rows[1].tokens[5][1] == "#5 id 8 't8'\nc: generated, loss here, logprob -2.0000"
+
+
+def test_the_graph_tells_selected_rejected_failed_pending_and_late_calls_apart():
+    calls = (
+        _call("a", None, 0, (0,)),
+        replace(_call("r", "a", 0, (0,)), selection_index=None, rows=(), owner_row=None),
+        replace(_call("f", "a", 0, (0,)), status="failed", selection_index=None, rows=()),
+        replace(_call("p", "a", 0, (0,)), status="pending", selection_index=None, rows=()),
+        replace(_call("l", "a", 0, (0,)), late=True, selection_index=None, rows=()),
+    )
+    lineage = AttemptLineage(
+        capture_key="att-1", rollout_id="r0", prompt_group="g0", rollout_index=0,
+        selection_policy="returned_history", admissions_closed=True, settled=True,
+        settle_timed_out=True, cleaned=False, rollout=None, paths=(), owned=(), calls=calls,
+    )  # fmt: skip
+    page = PageDom(render_page(lineage, None, None, "no rows"))
+    fates = {call_id: classes & {"selected", "rejected", "failed", "pending"}
+             for call_id, classes in page.nodes.items()}  # fmt: skip
+    assert fates == {
+        "a": {"selected"},
+        "r": {"rejected"},
+        "f": {"failed"},
+        "p": {"pending"},
+        "l": {"pending"},
+    }
+    assert page.rows == []
