@@ -107,18 +107,24 @@ class AttemptReplay:
         }
 
 
-def _last(events: Sequence[StoredEvent], event_type: str, until: int | None) -> StoredEvent | None:
-    found = [
-        s for s in events if s.event_type == event_type and (until is None or s.position <= until)
-    ]
-    return found[-1] if found else None
+def _first(events: Sequence[StoredEvent], event_type: str, until: int | None) -> StoredEvent | None:
+    """The first event of ``event_type`` at or before ``until``: the one that stands (a second
+    selection or finalization is a contradiction the fold leaves out)."""
+    return next(
+        (
+            s
+            for s in events
+            if s.event_type == event_type and (until is None or s.position <= until)
+        ),
+        None,
+    )
 
 
 def verify_selection(
     capture_key: str, events: Sequence[StoredEvent], until: int | None = None
 ) -> list[DecisionCheck]:
     """Re-run the recorded selection policy on the recorded result (no check before one)."""
-    stored = _last(events, RolloutSelected.type, until)
+    stored = _first(events, RolloutSelected.type, until)
     if stored is None:
         return []
     recorded = stored.decode()
@@ -169,7 +175,7 @@ def verify_finalization(
     until: int | None = None,
 ) -> list[DecisionCheck]:
     """Rebuild the forest as the projector does, on the state it saw, and compare decisions."""
-    stored = _last(events, RolloutFinalized.type, until)
+    stored = _first(events, RolloutFinalized.type, until)
     if stored is None:
         return []
     recorded = stored.decode()
@@ -246,7 +252,7 @@ def _finalized_rollouts(
     first: dict[str, _Finalized] = {}
     for capture_key, rollout_id in attempts:
         events = store.read_stream(capture_key)
-        stored = _last(events, RolloutFinalized.type, None)
+        stored = _first(events, RolloutFinalized.type, None)
         opened = events[0].decode() if events else None
         if stored is None or not isinstance(opened, AttemptOpened):
             continue
@@ -376,7 +382,7 @@ def replay(
         return AttemptReplay(capture_key, steps, None)
     state = fold_attempt(capture_key, (s.decode() for s in events))
     assert state.opened is not None
-    finalized = _last(events, RolloutFinalized.type, until)
+    finalized = _first(events, RolloutFinalized.type, until)
     checks = [
         *verify_admissions(capture_key, events, until),
         *verify_selection(capture_key, events, until),
@@ -403,6 +409,7 @@ def _state_text(step: ReplayStep) -> Text:
     line("failed", [f"{c} ({s.failures[c]})" for c in s.failed], "red")
     rejected = [f"{c} ({r})" for c, r in s.failures.items() if c not in s.failed]
     line("committed, then failed", rejected, "red")
+    line("left out", s.contradictions, "bold red")
     flags = []
     if s.admissions_closed:
         flags.append("admissions closed")

@@ -138,6 +138,8 @@ class StateSummary:
     ``failures`` maps every call that recorded a failure to its reason, including committed calls
     the harness later rejected. ``selection`` is None before ``rollout.selected``;
     ``finalization`` None before ``rollout.finalized``, else ``trainable`` or ``masked: REASON``.
+    ``contradictions`` are the events the fold left out because they break the lifecycle rules
+    (``AttemptState.contradictions``).
     """
 
     pending: tuple[str, ...]
@@ -152,6 +154,7 @@ class StateSummary:
     finalization: str | None
     paths: tuple[tuple[str, ...], ...]
     cleaned_keys: int
+    contradictions: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, state: AttemptState) -> StateSummary:
@@ -178,6 +181,7 @@ class StateSummary:
             finalization=finalization,
             paths=() if finalized is None else finalized.paths,
             cleaned_keys=len(state.cleaned_keys),
+            contradictions=state.contradictions,
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -195,6 +199,7 @@ class StateSummary:
             "finalization": self.finalization,
             "paths": [list(p) for p in self.paths],
             "cleaned_keys": self.cleaned_keys,
+            "contradictions": list(self.contradictions),
         }
 
 
@@ -286,17 +291,19 @@ def replay_attempt(
         if until is not None and stored.position > until:
             break
         event = stored.decode()
-        state = fold_attempt(capture_key, [event], state)
+        before, state = state, fold_attempt(capture_key, [event], state)
+        detail = _left_out(before, state) or describe_event(event, state)
         steps.append(
-            ReplayStep(
-                stored.position,
-                stored.stream_version,
-                stored.event_type,
-                describe_event(event, state),
-                state,
-            )
+            ReplayStep(stored.position, stored.stream_version, stored.event_type, detail, state)
         )
     return tuple(steps)
+
+
+def _left_out(before: AttemptState, after: AttemptState) -> str | None:
+    """How the fold left the last event out, when it broke a lifecycle rule."""
+    if len(after.contradictions) > len(before.contradictions):
+        return f"left out, it breaks the lifecycle: {after.contradictions[-1]}"
+    return None
 
 
 def state_before(capture_key: str, events: Sequence[StoredEvent], position: int) -> AttemptState:
@@ -375,8 +382,21 @@ def verify_admissions(
         if until is not None and stored.position > until:
             break
         event = stored.decode()
+        before, state = state, fold_attempt(capture_key, [event], state)
+        left_out = _left_out(before, state)
+        if left_out is not None:
+            if isinstance(event, CallIntended):
+                checks.append(
+                    DecisionCheck(
+                        "admission",
+                        event.call_id,
+                        stored.position,
+                        CheckOutcome.SKIPPED,
+                        note=left_out,
+                    )
+                )
+            continue
         if isinstance(event, CallIntended):
             checks.append(_rerun_admission(stored.position, event, index))
-        state = fold_attempt(capture_key, [event], state)
         index_event(index, state, event)
     return tuple(checks)

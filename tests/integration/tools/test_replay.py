@@ -214,3 +214,19 @@ def test_replay_of_a_training_stream_fails_with_a_clear_error(demo: DemoLedger):
         "the stream is not an attempt: it starts with batch.published, not attempt.opened"
         in " ".join(outcome.stderr.split())
     )
+
+
+def test_replay_shows_an_event_that_breaks_the_lifecycle_as_left_out(
+    demo: DemoLedger, sqlite_copy: str
+):
+    key = demo.showcase_key
+    store = EventStore.open(sqlite_copy, pool=False)
+    first_call = next(iter(demo.state(key).calls.values()))
+    store.append(key, [first_call.committed])  # a second commit, appended around AttemptLog
+    store.close()
+    outcome = _replay(demo, key, database_url=sqlite_copy)
+    assert outcome.code == 0, outcome.stderr
+    last = run_json(outcome.stdout)["steps"][-1]
+    why = f"call.committed of call {first_call.call_id}: the call is already committed"
+    assert last["detail"] == f"left out, it breaks the lifecycle: {why}"
+    assert last["state"]["contradictions"] == [why]
