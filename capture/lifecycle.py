@@ -30,8 +30,14 @@ from capture.render import (
     normalize_messages,
 )
 from capture.splice import PromptPlan, plan_call
-from ledger.admission import AdmissionDecision, AdmissionIndex, CallStatus
-from ledger.attempt import AttemptError, AttemptLog, AttemptState, fold_attempt
+from ledger.admission import AdmissionDecision, AdmissionIndex
+from ledger.attempt import (
+    AttemptError,
+    AttemptLog,
+    AttemptState,
+    fold_attempt,
+    index_call_event,
+)
 from ledger.attempt import CallStatus as LedgerCallStatus
 from ledger.events import (
     AttemptOpened,
@@ -297,27 +303,7 @@ class CaptureService:
             events = [s.decode() for s in stored]
             view.state = fold_attempt(capture_key, events, view.state)
             for event in events:
-                if not isinstance(event, CallCommitted | CallFailed):
-                    continue
-                call = view.state.calls.get(event.call_id)
-                if call is None or event not in (call.committed, call.failure):
-                    continue  # a contradiction the fold left out (AttemptState.contradictions)
-                if isinstance(event, CallCommitted) and not call.late:
-                    view.index.add(
-                        event.replay_summary.candidate(
-                            event.call_id, CallStatus.COMMITTED, frozenset({event.response_id})
-                        )
-                    )
-                elif isinstance(event, CallFailed):
-                    # A failure after the commit (a rejected response, say) takes the call out
-                    # of the parents: admission indexes it as failed from now on.
-                    committed = call.committed
-                    if committed is not None:
-                        view.index.add(
-                            committed.replay_summary.candidate(
-                                event.call_id, CallStatus.FAILED, frozenset({committed.response_id})
-                            )
-                        )
+                index_call_event(view.index, view.state, event)
             return view
 
     def _plan(self, view: _AttemptView, call: ModelCall) -> PromptPlan:

@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
+from ledger.admission import AdmissionIndex
+from ledger.admission import CallStatus as AdmissionStatus
 from ledger.errors import LedgerError, WrongExpectedVersion
 from ledger.events import (
     AdmissionsClosed,
@@ -41,6 +43,7 @@ __all__ = [
     "CallState",
     "CallStatus",
     "fold_attempt",
+    "index_call_event",
 ]
 
 DEFAULT_SETTLE_TIMEOUT_S = 300.0
@@ -196,6 +199,35 @@ def fold_attempt(
     for event in events:
         state = replace(_apply(state, event), version=state.version + 1)
     return state
+
+
+def index_call_event(index: AdmissionIndex, state: AttemptState, event: Event) -> None:
+    """Bring an attempt's admission index up to date with ``event`` (``state`` is after it).
+
+    A commit that was not late indexes the call as committed; a failure recorded after a commit
+    (a rejected response, say) indexes it as failed, which takes it out of the parents. Pending
+    and plainly failed calls are never indexed: they can never be parents. Events the fold left
+    out as contradictions (``AttemptState.contradictions``) change nothing. Capture keeps its
+    live index with this, and replay rebuilds the recorded one with it.
+    """
+    if not isinstance(event, CallCommitted | CallFailed):
+        return
+    call = state.calls.get(event.call_id)
+    if call is None or event not in (call.committed, call.failure):
+        return
+    if isinstance(event, CallCommitted) and not call.late:
+        index.add(
+            event.replay_summary.candidate(
+                event.call_id, AdmissionStatus.COMMITTED, frozenset({event.response_id})
+            )
+        )
+    elif isinstance(event, CallFailed) and call.committed is not None:
+        committed = call.committed
+        index.add(
+            committed.replay_summary.candidate(
+                event.call_id, AdmissionStatus.FAILED, frozenset({committed.response_id})
+            )
+        )
 
 
 class AttemptLog:

@@ -31,7 +31,7 @@ from ledger.admission import (
     Equivalence,
     RootReason,
 )
-from ledger.attempt import AttemptState, CallStatus, fold_attempt
+from ledger.attempt import AttemptState, CallStatus, fold_attempt, index_call_event
 from ledger.events import (
     AdmissionsClosed,
     AttemptCleaned,
@@ -54,7 +54,6 @@ __all__ = [
     "StateSummary",
     "compare_fields",
     "describe_event",
-    "index_event",
     "replay_attempt",
     "state_before",
     "verify_admissions",
@@ -311,29 +310,6 @@ def state_before(capture_key: str, events: Sequence[StoredEvent], position: int)
     return fold_attempt(capture_key, (s.decode() for s in events if s.position < position))
 
 
-def index_event(index: AdmissionIndex, state: AttemptState, event: Event) -> None:
-    """Bring the admission index up to date with ``event`` (``state`` is the state after it).
-
-    A commit that was not late indexes the call as committed; a failure recorded after a commit
-    (a rejected response, say) indexes it as failed, which takes it out of the parents. Pending
-    and plainly failed calls are never indexed: they can never be parents.
-    """
-    if isinstance(event, CallCommitted) and not state.calls[event.call_id].late:
-        index.add(
-            event.replay_summary.candidate(
-                event.call_id, admission.CallStatus.COMMITTED, frozenset({event.response_id})
-            )
-        )
-    elif isinstance(event, CallFailed):
-        committed = state.calls[event.call_id].committed
-        if committed is not None:
-            index.add(
-                committed.replay_summary.candidate(
-                    event.call_id, admission.CallStatus.FAILED, frozenset({committed.response_id})
-                )
-            )
-
-
 def _rerun_admission(position: int, intended: CallIntended, index: AdmissionIndex) -> DecisionCheck:
     subject = intended.call_id
     if not intended.admission:
@@ -398,5 +374,5 @@ def verify_admissions(
             continue
         if isinstance(event, CallIntended):
             checks.append(_rerun_admission(stored.position, event, index))
-        index_event(index, state, event)
+        index_call_event(index, state, event)
     return tuple(checks)
