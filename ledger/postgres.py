@@ -7,6 +7,9 @@ whose transaction is older than the oldest still running (``pg_snapshot_xmin`` o
 snapshot): that set can no longer change, and it is read in ``(transaction_id, position)`` order
 with a ``(transaction_id, position)`` mark. Every transaction not yet finished has an id at or
 above that horizon, so nothing can appear behind the mark later.
+
+JSONB cannot hold the character U+0000 in a string: a payload with one is refused as
+``InvalidEventPayload`` before anything is written (SQLite stores it).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.sql.dml import Insert
 
+from ledger.errors import InvalidEventPayload
 from ledger.events import LedgerPosition
 from ledger.schema import EVENTS
 
@@ -80,6 +84,28 @@ def _recordset_insert() -> Insert:
 _INSERT = _recordset_insert()
 
 
+def _holds_nul(value: object) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_holds_nul(v) for v in value)
+    return False
+
+
+def _refuse_nul(rows: Sequence[dict[str, Any]]) -> None:
+    """``InvalidEventPayload`` for the first row whose payload holds U+0000 (JSONB cannot)."""
+    for row in rows:
+        if _holds_nul(row["payload"]):
+            raise InvalidEventPayload(
+                row["event_type"],
+                row["schema_version"],
+                "a string holds the character U+0000, which PostgreSQL cannot store in JSONB; "
+                "remove it from the event (e.g. from a harness result or a failure detail)",
+            )
+
+
 class PostgresBackend:
     """The PostgreSQL implementation of the store's backend operations."""
 
@@ -101,6 +127,8 @@ class PostgresBackend:
     def insert_rows(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> list[int]:
         """Insert prepared rows in one statement; their positions, in row order."""
         document = json.dumps([{name: row[name] for name in _ROW_TYPES} for row in rows])
+        if "\\u0000" in document:  # json.dumps escapes U+0000 so; then check exactly
+            _refuse_nul(rows)
         by_id = {r.event_id: r.position for r in conn.execute(_INSERT, {"rows": document})}
         return [by_id[row["event_id"]] for row in rows]
 
@@ -128,6 +156,7 @@ class PostgresBackend:
 
     def bulk_insert(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
         """Insert prepared rows with ``COPY … FROM STDIN`` on the connection's transaction."""
+        _refuse_nul(rows)
         statement = f"COPY grove_events ({', '.join(COPY_COLUMNS)}) FROM STDIN"  # constant names
         driver = conn.connection.driver_connection
         with driver.cursor() as cursor, cursor.copy(statement) as copy:
