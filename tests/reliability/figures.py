@@ -11,6 +11,7 @@ import fcntl
 import json
 import os
 import sys
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ class FiguresFile:
 
     def record(self, section: str, figures: Mapping[str, Any]) -> None:
         """Replace ``section`` with ``figures`` (JSON-able), keeping every other section."""
-        lock = self.path.with_suffix(".lock")
+        lock = Path(tempfile.gettempdir()) / "grove-reliability-figures.lock"
         with lock.open("w") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             sections = self.read()
