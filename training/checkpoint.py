@@ -12,8 +12,10 @@ A checkpoint is one directory ``step_{step:08d}`` holding::
 
 It is written into a temporary directory next to its final name and renamed into place, with the
 manifest as its last file, so a directory named ``step_…`` with a manifest is complete (nanochat's
-"written last, so its existence means complete"; prime-rl's temp-then-rename). Loading verifies
-every digest before it touches the model, and refuses, with a message that says what to do:
+"written last, so its existence means complete"; prime-rl's temp-then-rename). A temporary
+directory that a writer killed mid-write left behind is removed when its step is written again.
+Loading verifies every digest before it touches the model, and refuses, with a message that says
+what to do:
 
 - a missing file (the manifest included) or a digest mismatch;
 - a schema older than 4, or newer than 5; schema 4 (no forest metadata) in forest mode — schema 4
@@ -251,6 +253,10 @@ def save_checkpoint(
             "you mean to discard it.",
         )
     root.mkdir(parents=True, exist_ok=True)
+    for stale in root.glob(f".{final.name}.tmp-*"):
+        # Left by a writer of this step that was killed mid-write (its own failures clean up):
+        # a checkpoint is written once, so its partial files can only be discarded.
+        shutil.rmtree(stale, ignore_errors=True)
     staging = root / f".{final.name}.tmp-{uuid.uuid4().hex}"
     staging.mkdir()
     try:

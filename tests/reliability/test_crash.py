@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
 from grove.workspace import Workspace
@@ -34,9 +35,14 @@ from ledger import migrate
 from ledger.attempt import AttemptLog
 from ledger.store import EventStore
 from storage import BlobRef, collect_orphans, find_orphans, open_blob_store, staging_key
-from training.checkpoint import latest_checkpoint
+from training.checkpoint import (
+    CheckpointMetadata,
+    latest_checkpoint,
+    save_checkpoint,
+    verify_checkpoint,
+)
 
-from .crashpoints import GATEWAY_POINTS, WORKER_POINTS
+from .crashpoints import GATEWAY_POINTS, WORKER_POINTS, install
 from .figures import FiguresFile
 from .harness import GatewayLost, Harness
 from .invariants import (
@@ -48,7 +54,7 @@ from .invariants import (
     rollout_outcomes,
     version_gaps,
 )
-from .processes import Child, Launcher
+from .processes import Child, Launcher, fork_server
 from .worker import ROLLOUTS_PER_GROUP
 
 EXTERNAL = "gateway_sigkill"
@@ -264,6 +270,7 @@ def run_campaign(
         assert final_step == len(view.batches)
         assert checkpoint_problems(campaign.checkpoints, view) == []
         leftovers = list(campaign.checkpoints.glob(".step_*"))  # killed writers' partial files
+        assert leftovers == []
 
         # Orphans: blobs stored for calls that never committed; found, removed, nothing else.
         blobs = open_blob_store(blob_url)
@@ -364,3 +371,38 @@ def test_postgresql_and_s3_survive_8_seeded_kills_and_lose_nothing(
         )
     figures.record("crash/postgresql-s3", result)
 
+
+def write_checkpoint(root: str, crash: str | None) -> None:
+    """Save a checkpoint of step 1 of a small model under ``root``, with ``crash`` armed."""
+    install(crash)
+    model = torch.nn.Linear(4, 4)
+    save_checkpoint(
+        root,
+        model=model,
+        optimizer=torch.optim.AdamW(model.parameters()),
+        scheduler=None,
+        metadata=CheckpointMetadata(
+            step=1,
+            forest_mode=True,
+            execution_row_multiple=1,
+            selection_policy="returned_history",
+            config_digest="digest",
+        ),
+    )
+
+
+def test_a_step_written_again_after_its_writer_was_killed_leaves_no_partial_checkpoint(
+    tmp_path: Path,
+):
+    killed = fork_server().Process(
+        target=write_checkpoint, args=(str(tmp_path), "checkpoint_write:3")
+    )
+    killed.start()
+    killed.join(60)
+    assert killed.exitcode == -9
+    (partial,) = tmp_path.glob(".step_00000001.tmp-*")  # two files synced, no manifest
+    assert not (partial / "manifest.json").exists()
+    assert latest_checkpoint(tmp_path) is None
+    write_checkpoint(str(tmp_path), None)
+    assert [p.name for p in tmp_path.iterdir()] == ["step_00000001"]
+    assert verify_checkpoint(tmp_path / "step_00000001").step == 1
