@@ -27,11 +27,12 @@ from pathlib import Path
 import httpx
 
 from grove.workspace import Workspace
+from tests.fixtures.s3 import S3Server
 
 from . import launch
 from .crashpoints import CRASH_AT_ENV, CRASH_LOG_ENV
 
-__all__ = ["Child", "Launcher", "fork_server", "free_port"]
+__all__ = ["Child", "Launcher", "fork_server", "free_port", "s3_environment"]
 
 QUIET_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 _context: ForkServerContext | None = None
@@ -44,6 +45,17 @@ def fork_server() -> ForkServerContext:
         _context = multiprocessing.get_context("forkserver")
         _context.set_forkserver_preload(launch.PRELOAD)
     return _context
+
+
+def s3_environment(server: S3Server) -> dict[str, str]:
+    """The standard ``AWS_*`` variables that point a process at ``server`` and its keys."""
+    return {
+        "AWS_ENDPOINT_URL_S3": server.endpoint_url,
+        "AWS_ACCESS_KEY_ID": server.access_key_id,
+        "AWS_SECRET_ACCESS_KEY": server.secret_access_key,
+        "AWS_DEFAULT_REGION": server.region,
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
 
 
 def free_port() -> int:

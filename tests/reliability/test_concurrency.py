@@ -7,17 +7,34 @@ on PostgreSQL and S3 (``test_concurrent_clients_lose_nothing``).
 
 from __future__ import annotations
 
+import json
+import time
+from collections import Counter
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
+import httpx
 import pytest
 
 from capture.engine import Engine, Generation, SamplingParams
 from capture.lifecycle import CaptureService, ModelCall
 from capture.render import RenderOptions
+from grove.workspace import Workspace
 from ledger.attempt import AttemptError
+from ledger.store import EventStore
+from storage import BlobRef, open_blob_store
+from tests.fixtures.s3 import S3Server
 
+from .clients import RACE_ATTEMPT, RACED_CALL, SHARED_ATTEMPT, run_client
 from .conftest import MODEL
+from .figures import FiguresFile
+from .harness import Ack
+from .invariants import LedgerView, lost_acknowledgements, repeated_intents, version_gaps
+from .processes import Launcher, fork_server, s3_environment
 
+CLIENTS = 8
+SHARED_CALLS = 3  # each client's calls in the one attempt every client writes to
+ROLLOUTS = 4  # each client's own rollouts (three calls each, some resampled)
 USER = {"role": "user", "content": "Describe the weather in plain words."}
 CALL = ModelCall([USER], RenderOptions(model=MODEL), SamplingParams(max_tokens=4), "c0")
 
@@ -63,3 +80,88 @@ def test_a_racing_request_for_an_intended_call_is_refused_before_inference(
         ("call.committed", "c0"),
     ]
     assert capture.blobs.list_keys() == [outcome.blob.key]
+
+
+@pytest.mark.postgres
+@pytest.mark.s3
+def test_eight_concurrent_clients_lose_nothing_and_intend_each_call_once(
+    tmp_path: Path, postgres_url: str, s3_server: S3Server, figures: FiguresFile
+):
+    started = time.monotonic()
+    env = s3_environment(s3_server)
+    workspace = Workspace.resolve(tmp_path / "work", postgres_url, s3_server.fresh_url())
+    launcher = Launcher(tmp_path, env)
+    gateway = launcher.exec_grove_serve(workspace)  # the grove executable, as an operator runs it
+    try:
+        assert gateway.base_url is not None
+        for key in (RACE_ATTEMPT, SHARED_ATTEMPT):
+            opened = httpx.post(
+                f"{gateway.base_url}/v1/attempts",
+                json={
+                    "capture_key": key,
+                    "rollout_id": key,
+                    "prompt_group": key,
+                    "rollout_index": 0,
+                },
+            )
+            assert opened.status_code == 200, opened.text
+        barrier = fork_server().Barrier(CLIENTS)
+        outputs = [tmp_path / f"client-{n}.json" for n in range(CLIENTS)]
+        clients = [
+            fork_server().Process(
+                target=run_client,
+                args=(gateway.base_url, n, SHARED_CALLS, ROLLOUTS, barrier, str(outputs[n])),
+            )
+            for n in range(CLIENTS)
+        ]
+        for client in clients:
+            client.start()
+        for client in clients:
+            client.join(300)
+            assert client.exitcode == 0
+    finally:
+        gateway.stop()
+    records = [json.loads(path.read_text()) for path in outputs]
+    acks = [Ack(**ack) for record in records for ack in record["acks"]]
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in env.items():
+            patch.setenv(name, value)
+        store, blobs = EventStore.open(postgres_url), open_blob_store(workspace.blob_url)
+        try:
+            view = LedgerView.read(store)
+            committed = [
+                c.committed for s in view.attempts.values() for c in s.calls.values() if c.committed
+            ]
+            for call in committed:  # every committed call's blob verifies
+                blobs.get(BlobRef(call.blob_key, call.blob_sha256, call.blob_bytes))
+            blob_keys = blobs.list_keys()
+        finally:
+            store.close()
+
+    statuses = Counter(record["race_status"] for record in records)
+    assert statuses == {200: 1, 409: CLIENTS - 1}
+    race = view.attempts[RACE_ATTEMPT]
+    assert list(race.calls) == [RACED_CALL] and race.calls[RACED_CALL].failure is None
+    assert len(view.attempts[SHARED_ATTEMPT].calls) == CLIENTS * SHARED_CALLS
+    assert lost_acknowledgements(view, acks) == []
+    assert repeated_intents(view) == []
+    assert version_gaps(view) == []
+    assert [k for k, s in view.attempts.items() if s.pending_call_ids] == []
+    assert sorted(c.blob_key for c in committed) == blob_keys
+    selected = [s for s in view.attempts.values() if s.selection is not None]
+    assert len(selected) == CLIENTS * ROLLOUTS
+    figures.record(
+        "concurrency/postgresql-s3",
+        {
+            "clients": CLIENTS,
+            "attempts": len(view.attempts),
+            "calls_committed": len(committed),
+            "acknowledgements_checked": len(acks),
+            "events_checked": len(view.events),
+            "blobs_verified": len(committed),
+            "racing_requests_for_one_call_id": CLIENTS,
+            "race_winners": statuses[200],
+            "lost": 0,
+            "seconds": round(time.monotonic() - started, 1),
+        },
+    )

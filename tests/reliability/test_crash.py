@@ -35,6 +35,7 @@ from ledger import migrate
 from ledger.attempt import AttemptLog
 from ledger.store import EventStore
 from storage import BlobRef, collect_orphans, find_orphans, open_blob_store, staging_key
+from tests.fixtures.s3 import S3Server
 from training.checkpoint import (
     CheckpointMetadata,
     latest_checkpoint,
@@ -54,7 +55,7 @@ from .invariants import (
     rollout_outcomes,
     version_gaps,
 )
-from .processes import Child, Launcher, fork_server
+from .processes import Child, Launcher, fork_server, s3_environment
 from .worker import ROLLOUTS_PER_GROUP
 
 EXTERNAL = "gateway_sigkill"
@@ -345,18 +346,9 @@ def test_sqlite_survives_48_seeded_kills_and_loses_nothing(tmp_path: Path, figur
 @pytest.mark.postgres
 @pytest.mark.s3
 def test_postgresql_and_s3_survive_8_seeded_kills_and_lose_nothing(
-    tmp_path: Path, postgres_url: str, s3_server, figures: FiguresFile
+    tmp_path: Path, postgres_url: str, s3_server: S3Server, figures: FiguresFile
 ):
-    from tests.fixtures.s3 import S3Server
-
-    assert isinstance(s3_server, S3Server)
-    env = {
-        "AWS_ENDPOINT_URL_S3": s3_server.endpoint_url,
-        "AWS_ACCESS_KEY_ID": s3_server.access_key_id,
-        "AWS_SECRET_ACCESS_KEY": s3_server.secret_access_key,
-        "AWS_DEFAULT_REGION": s3_server.region,
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }
+    env = s3_environment(s3_server)
     with pytest.MonkeyPatch.context() as patch:
         for name, value in env.items():
             patch.setenv(name, value)
