@@ -36,8 +36,9 @@ def test_a_request_carrying_another_attempts_call_never_continues_it(capture: Ca
     capture.open_attempt("att-b", rollout_id="g0-r1", prompt_group="g0", rollout_index=1)
     task = a.result["output"][0]
     capture.generate("att-b", ModelCall([task], OPTIONS, SAMPLING, "b0"))  # b's own history
-    # b sends a's call (its answer, echoing its response id) followed by an observation.
-    carried = [*a.result["output"], {"role": "user", "content": "Go on."}]
+    # b sends a's call (its request and answer) followed by an observation.
+    answer = {"role": "assistant", "content": a.result["output"][1]["content"]}
+    carried = [task, answer, {"role": "user", "content": "Go on."}]
     outcome = capture.generate("att-b", ModelCall(carried, OPTIONS, SAMPLING, "b1"))
     assert (outcome.decision.kind.value, outcome.decision.parent_call_id) == ("root", None)
     assert "t0" not in outcome.decision.matched_call_ids
