@@ -26,6 +26,13 @@ test-vllm: $(STAMP)
 	PYTHON=$(PYTHON) bash tests/vllm/setup_venv.sh
 	GROVE_VLLM=1 $(BIN)/python -m pytest tests/vllm $(PYTEST_ARGS)
 
+# The reliability suites: crash (SIGKILL at seeded points), concurrency, tamper, bad input, access
+# (docs/reliability.md). They are part of `make test` too; this runs them alone.
+.PHONY: test-reliability
+test-reliability: $(STAMP)
+	$(BIN)/python -c "import schemathesis" 2>/dev/null || $(BIN)/python -m pip install -q schemathesis==4.32.5
+	$(BIN)/python -m pytest -n 2 --dist loadgroup tests/reliability $(PYTEST_ARGS)
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .

@@ -11,6 +11,7 @@ and ``wait`` reports -9.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import multiprocessing
 import os
@@ -96,10 +97,16 @@ class Child:
             raise TimeoutError(f"{self.name} (pid {self.pid}) still runs after {timeout_s} s")
         return code
 
+    def sigkill(self) -> None:
+        """Send SIGKILL, without waiting: safe from another thread (only one thread may wait for
+        a forked process; two reading its exit status at once make one of them see 255)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+
     def kill(self) -> None:
         """SIGKILL the process (no-op when it already ended) and reap it."""
         if self.exit_code() is None:
-            os.kill(self.pid, signal.SIGKILL)
+            self.sigkill()
         self.wait()
 
     def stop(self) -> int:

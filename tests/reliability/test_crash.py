@@ -156,14 +156,14 @@ class Campaign:
         assert target is not None
         killer = None
         if trial.point == EXTERNAL:
-            killer = threading.Timer(trial.count / 1000, target.kill)
+            killer = threading.Timer(trial.count / 1000, target.sigkill)
             killer.start()
         for index in range(ROLLOUTS_PER_GROUP):
             self.play(group, index, trial)
         if killer is not None:
             killer.join()
-            if target.exit_code() is not None and self.gateway is target:
-                self.buried(target, trial)  # it died between requests
+            if self.gateway is target:
+                self.buried(target, trial)  # the kill landed between requests
         assert not armed or target.exit_code() == -9, f"trial {trial} never killed the gateway"
         if trial.point in WORKER_POINTS:
             worker = self.launcher.worker(self.workspace, self.checkpoints, crash=trial.crash)
