@@ -1,22 +1,26 @@
 """The reliability figures: each test records its counts under its own section of one JSON file.
 
 Sections are merged under an exclusive file lock, so parallel test processes (xdist) can report
-into the same file; ``python -m tests.reliability.figures`` prints the totals as the Markdown
-table of ``docs/reliability.md``.
+into the same file. ``python -m tests.reliability.figures [--write docs/reliability.md]`` sums the
+sections per suite (the first part of a section's name) and prints the Markdown tables, or writes
+them between the ``<!-- figures -->`` markers of the document.
 """
 
 from __future__ import annotations
 
+import argparse
 import fcntl
 import json
 import os
-import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FiguresFile", "markdown_table"]
+__all__ = ["FiguresFile", "markdown", "totals"]
+
+BEGIN, END = "<!-- figures -->", "<!-- /figures -->"
+DEFAULT = Path(__file__).with_name("figures.json")
 
 
 class FiguresFile:
@@ -43,28 +47,58 @@ class FiguresFile:
         return json.loads(self.path.read_text())
 
 
-def markdown_table(sections: Mapping[str, Mapping[str, Any]]) -> str:
-    """One row per section: its figures as ``name: value`` pairs (nested objects flattened)."""
-    lines = ["| suite | figures |", "|---|---|"]
+def _add(total: dict[str, Any], figures: Mapping[str, Any]) -> None:
+    for name, value in figures.items():
+        if isinstance(value, Mapping):
+            _add(total.setdefault(name, {}), value)
+        elif isinstance(value, bool) or not isinstance(value, int | float):
+            total[name] = value
+        else:
+            total[name] = total.get(name, 0) + value
+
+
+def totals(sections: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The figures summed per suite (``crash/sqlite-local`` counts towards ``crash``); nested
+    counts (kills by point, outcomes) are summed key by key, text keeps the last value."""
+    suites: dict[str, dict[str, Any]] = {}
     for section in sorted(sections):
-        pairs = ", ".join(f"{k}: {_render(v)}" for k, v in sorted(sections[section].items()))
-        lines.append(f"| `{section}` | {pairs} |")
-    return "\n".join(lines)
+        _add(suites.setdefault(section.split("/")[0], {}), sections[section])
+    return suites
 
 
-def _render(value: Any) -> str:
+def _cell(value: Any) -> str:
     if isinstance(value, Mapping):
-        return "{" + ", ".join(f"{k} {_render(v)}" for k, v in sorted(value.items())) + "}"
-    if isinstance(value, float):
-        return f"{value:.1f}"
-    return str(value)
+        return ", ".join(f"{k} {_cell(v)}" for k, v in sorted(value.items()))
+    return f"{value:.1f}" if isinstance(value, float) else str(value)
+
+
+def markdown(sections: Mapping[str, Mapping[str, Any]]) -> str:
+    """One table per suite with its summed figures, then one row per section."""
+    parts = []
+    for suite, figures in totals(sections).items():
+        rows = [f"| {name} | {_cell(value)} |" for name, value in sorted(figures.items())]
+        parts.append("\n".join([f"**{suite}** (all runs summed)", "", "| figure | value |",
+                                "|---|---|", *rows]))  # fmt: skip
+    detail = [f"| `{s}` | {_cell(sections[s])} |" for s in sorted(sections)]
+    parts.append("\n".join(["Per test:", "", "| section | figures |", "|---|---|", *detail]))
+    return "\n\n".join(parts)
+
+
+def main() -> None:
+    """Print the tables, or write them into a document between the figures markers."""
+    parser = argparse.ArgumentParser(prog="python -m tests.reliability.figures")
+    parser.add_argument("--figures", type=Path, default=DEFAULT)
+    parser.add_argument("--write", type=Path, help="a document with the figures markers")
+    args = parser.parse_args()
+    tables = markdown(FiguresFile(args.figures).read())
+    if args.write is None:
+        print(tables)
+        return
+    text = args.write.read_text()
+    head, _, rest = text.partition(BEGIN)
+    _, _, tail = rest.partition(END)
+    args.write.write_text(f"{head}{BEGIN}\n{tables}\n{END}{tail}")
 
 
 if __name__ == "__main__":
-    print(
-        markdown_table(
-            FiguresFile(
-                Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).with_name("figures.json")
-            ).read()
-        )
-    )
+    main()

@@ -205,9 +205,9 @@ def test_validation_accepts_a_payload_or_raises_a_ledger_error(
         try:
             event = validate_payload(event_type, payload)
         except LedgerError:
-            seen["refused"] += 1
+            seen["validate_refused"] += 1
         else:
-            seen["accepted"] += 1
+            seen["validate_accepted"] += 1
             assert validate_payload(event_type, event.model_dump(mode="json")) == event
         if unknown not in CATALOG:
             with pytest.raises(LedgerError, match="Unknown event type"):
@@ -325,9 +325,9 @@ def test_admission_decides_by_its_rules_or_raises_an_admission_error(figures: Fi
                 tool_content_equivalence_proven=proven,
             )  # fmt: skip
         except AdmissionError:
-            seen["refused"] += 1
+            seen["admission_refused"] += 1
             return
-        seen[decision.kind.value] += 1
+        seen[f"admission_{decision.kind.value}"] += 1
         boundary = decision.boundary
         assert boundary.item_count == len(items) > boundary.prefix_item_count
         assert (decision.kind is DecisionKind.CONTINUATION) == (decision.parent_call_id is not None)
