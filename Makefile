@@ -30,7 +30,6 @@ test-vllm: $(STAMP)
 # (docs/reliability.md). They are part of `make test` too; this runs them alone.
 .PHONY: test-reliability
 test-reliability: $(STAMP)
-	$(BIN)/python -c "import schemathesis" 2>/dev/null || $(BIN)/python -m pip install -q schemathesis==4.32.5
 	$(BIN)/python -m pytest -n 2 --dist loadgroup tests/reliability $(PYTEST_ARGS)
 
 lint: $(STAMP)
