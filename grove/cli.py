@@ -153,6 +153,12 @@ def serve(
         str | None,
         typer.Option("--auth-token", envvar="GROVE_AUTH_TOKEN", help="Require this bearer token."),
     ] = None,
+    settle_timeout: Annotated[
+        float,
+        typer.Option(
+            "--settle-timeout", min=0.0, help="Seconds a posted result waits for pending calls."
+        ),
+    ] = 300.0,
     workdir: WorkdirOption = None,
     database_url: DatabaseOption = None,
     blob_url: BlobOption = None,
@@ -164,7 +170,9 @@ def serve(
     console.print(
         f"Grove gateway on http://{host}:{port}/v1 (ledger {ws.redacted(ws.database_url)})"
     )
-    run_server(build_gateway(ws, auth_token=auth_token), host, port)
+    run_server(
+        build_gateway(ws, auth_token=auth_token, settle_timeout_s=settle_timeout), host, port
+    )
 
 
 @app.command("walkthrough")

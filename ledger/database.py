@@ -20,6 +20,7 @@ from sqlalchemy.pool import NullPool
 
 from ledger.ddl import APPEND_ONLY_MESSAGE
 from ledger.errors import AppendOnlyViolation, DatabaseUnavailable, LedgerError, SchemaNotReady
+from ledger.postgres import dump_payload_json, load_payload_json
 
 __all__ = ["READ_ONLY", "dialect_of", "open_engine", "read_only", "translate_errors"]
 
@@ -44,7 +45,13 @@ def open_engine(url: str, *, pool: bool = True) -> Engine:
     if backend == "postgresql":
         if parsed.drivername == "postgresql":
             parsed = parsed.set(drivername="postgresql+psycopg")
-        return create_engine(parsed, pool_pre_ping=True, poolclass=None if pool else NullPool)
+        return create_engine(
+            parsed,
+            pool_pre_ping=True,
+            poolclass=None if pool else NullPool,
+            json_serializer=dump_payload_json,
+            json_deserializer=load_payload_json,
+        )
     raise DatabaseUnavailable(
         url, f"unsupported database {backend!r}: use sqlite:///PATH or postgresql+psycopg://…"
     )

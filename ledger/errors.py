@@ -9,6 +9,7 @@
     ├── StreamIdError                 a stream id outside the documented alphabet
     ├── WrongExpectedVersion          optimistic concurrency: the stream moved on
     ├── EventIdConflict               an event id reused with a different payload
+    ├── ImportConflict                a bulk import colliding with recorded events
     ├── AppendOnlyViolation           UPDATE, DELETE or TRUNCATE on the event table
     ├── SchemaNotReady                the database has no (or an old) ledger schema
     ├── DatabaseUnavailable           the database cannot be reached
@@ -30,6 +31,7 @@ __all__ = [
     "DatabaseUnavailable",
     "EventIdConflict",
     "EventValidationError",
+    "ImportConflict",
     "InvalidEventPayload",
     "LedgerError",
     "SchemaNotReady",
@@ -99,6 +101,16 @@ class EventIdConflict(LedgerError):
         super().__init__(
             f"Event id {event_id} is already recorded with a different {detail}; an event id is "
             "an idempotency key and may only be retried with the identical event"
+        )
+
+
+class ImportConflict(LedgerError):
+    """A bulk import whose event ids or stream versions are already recorded; nothing imported."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(
+            "Import refused: an imported event's id or (stream, version) is already recorded, "
+            f"so nothing was imported ({detail}); import into a fresh ledger or drop those rows"
         )
 
 

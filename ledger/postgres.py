@@ -8,16 +8,22 @@ snapshot): that set can no longer change, and it is read in ``(transaction_id, p
 with a ``(transaction_id, position)`` mark. Every transaction not yet finished has an id at or
 above that horizon, so nothing can appear behind the mark later.
 
-JSONB cannot hold the character U+0000 in a string: a payload with one is refused as
-``InvalidEventPayload`` before anything is written (SQLite stores it).
+JSONB cannot hold the character U+0000 in a string, and a model can generate it (a harness then
+returns it in its result). Payloads are therefore stored with a reversible escape on PostgreSQL:
+U+FFFF (a Unicode noncharacter) is the escape character, written twice for itself and followed by
+``0`` for U+0000, and only in payloads that hold either character. Reading undoes it
+(``load_payload_json``, the engine's JSON deserializer), so every reader sees the payload that
+was appended, on both databases.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import psycopg
 from sqlalchemy import (
     BigInteger,
     Connection,
@@ -35,7 +41,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.sql.dml import Insert
 
-from ledger.errors import InvalidEventPayload
+from ledger.errors import ImportConflict
 from ledger.events import LedgerPosition
 from ledger.schema import EVENTS
 
@@ -84,26 +90,42 @@ def _recordset_insert() -> Insert:
 _INSERT = _recordset_insert()
 
 
-def _holds_nul(value: object) -> bool:
+ESCAPE = "\uffff"
+_ESCAPED = re.compile("\uffff(.)", re.DOTALL)
+
+
+def _map_strings(value: Any, transform: Callable[[str], str]) -> Any:
     if isinstance(value, str):
-        return "\x00" in value
+        return transform(value)
     if isinstance(value, dict):
-        return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
+        return {transform(k): _map_strings(v, transform) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return any(_holds_nul(v) for v in value)
-    return False
+        return [_map_strings(v, transform) for v in value]
+    return value
 
 
-def _refuse_nul(rows: Sequence[dict[str, Any]]) -> None:
-    """``InvalidEventPayload`` for the first row whose payload holds U+0000 (JSONB cannot)."""
-    for row in rows:
-        if _holds_nul(row["payload"]):
-            raise InvalidEventPayload(
-                row["event_type"],
-                row["schema_version"],
-                "a string holds the character U+0000, which PostgreSQL cannot store in JSONB; "
-                "remove it from the event (e.g. from a harness result or a failure detail)",
-            )
+def _escape(text: str) -> str:
+    return text.replace(ESCAPE, ESCAPE + ESCAPE).replace("\x00", ESCAPE + "0")
+
+
+def _unescape(text: str) -> str:
+    return _ESCAPED.sub(lambda m: "\x00" if m.group(1) == "0" else m.group(1), text)
+
+
+def dump_payload_json(value: Any) -> str:
+    """JSON text of ``value`` that PostgreSQL's JSONB accepts (U+0000 escaped, see above)."""
+    text = json.dumps(value, separators=(",", ":"))
+    if "\\u0000" in text or "\\uffff" in text:  # json.dumps writes both as \u escapes
+        text = json.dumps(_map_strings(value, _escape), separators=(",", ":"))
+    return text
+
+
+def load_payload_json(text: str | bytes) -> Any:
+    """The value ``dump_payload_json`` wrote (the engine's JSON deserializer on PostgreSQL)."""
+    if isinstance(text, bytes):
+        text = text.decode()
+    value = json.loads(text)
+    return _map_strings(value, _unescape) if ESCAPE in text else value
 
 
 class PostgresBackend:
@@ -126,9 +148,7 @@ class PostgresBackend:
 
     def insert_rows(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> list[int]:
         """Insert prepared rows in one statement; their positions, in row order."""
-        document = json.dumps([{name: row[name] for name in _ROW_TYPES} for row in rows])
-        if "\\u0000" in document:  # json.dumps escapes U+0000 so; then check exactly
-            _refuse_nul(rows)
+        document = dump_payload_json([{name: row[name] for name in _ROW_TYPES} for row in rows])
         by_id = {r.event_id: r.position for r in conn.execute(_INSERT, {"rows": document})}
         return [by_id[row["event_id"]] for row in rows]
 
@@ -156,9 +176,15 @@ class PostgresBackend:
 
     def bulk_insert(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
         """Insert prepared rows with ``COPY … FROM STDIN`` on the connection's transaction."""
-        _refuse_nul(rows)
         statement = f"COPY grove_events ({', '.join(COPY_COLUMNS)}) FROM STDIN"  # constant names
         driver = conn.connection.driver_connection
+        try:
+            self._copy(driver, statement, rows)
+        except psycopg.IntegrityError as error:  # raw driver errors: COPY bypasses SQLAlchemy
+            raise ImportConflict(str(error).splitlines()[0]) from error
+
+    @staticmethod
+    def _copy(driver: psycopg.Connection, statement: str, rows: Sequence[dict[str, Any]]) -> None:
         with driver.cursor() as cursor, cursor.copy(statement) as copy:
             for row in rows:
                 copy.write_row(
@@ -168,6 +194,6 @@ class PostgresBackend:
                         row["stream_version"],
                         row["event_type"],
                         row["schema_version"],
-                        json.dumps(row["payload"], separators=(",", ":")),
+                        dump_payload_json(row["payload"]),
                     )
                 )

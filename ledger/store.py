@@ -21,7 +21,7 @@ from typing import Any, Final
 from sqlalchemy import Engine, Row, exc, func, select
 
 from ledger.database import dialect_of, open_engine, read_only, translate_errors
-from ledger.errors import EventIdConflict, StreamIdError, WrongExpectedVersion
+from ledger.errors import EventIdConflict, ImportConflict, StreamIdError, WrongExpectedVersion
 from ledger.events import Event, LedgerPosition, validate_payload
 from ledger.postgres import PostgresBackend
 from ledger.schema import EVENTS
@@ -262,8 +262,11 @@ class EventStore:
             )
         if not rows:
             return 0
-        with translate_errors(self.url), self.engine.begin() as conn:
-            self.backend.bulk_insert(conn, rows)
+        try:
+            with translate_errors(self.url), self.engine.begin() as conn:
+                self.backend.bulk_insert(conn, rows)
+        except exc.IntegrityError as error:
+            raise ImportConflict(str(error.orig).splitlines()[0]) from error
         return len(rows)
 
     # -- reading -----------------------------------------------------------------------------

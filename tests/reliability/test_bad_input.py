@@ -39,7 +39,7 @@ from ledger.admission import (
     admit,
     chain_digests,
 )
-from ledger.errors import InvalidEventPayload, LedgerError
+from ledger.errors import LedgerError
 from ledger.events import CATALOG, CallFailed, event_class, validate_payload
 from ledger.store import EventStore, ImportEvent
 
@@ -254,23 +254,6 @@ def test_an_appended_or_imported_payload_is_recorded_whole_or_refused_writing_no
     check()
     backend = ledger.backend.name
     figures.record(f"bad-input/payloads/store-{backend}", {"cases": sum(seen.values()), **seen})
-
-
-def test_a_payload_holding_nul_is_refused_on_postgresql_and_writes_nothing(
-    postgres_url: str,
-):
-    from ledger import migrate
-
-    migrate.upgrade(postgres_url)
-    store = EventStore.open(postgres_url)
-    try:
-        with pytest.raises(InvalidEventPayload, match="U\\+0000"):
-            store.append(
-                "att-1", [CallFailed(call_id="c1", reason="engine_error", detail="a\x00b")]
-            )
-        assert store.count() == 0
-    finally:
-        store.close()
 
 
 # -- admission -------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from ledger.errors import EventIdConflict, StreamIdError, WrongExpectedVersion
+from ledger.errors import EventIdConflict, ImportConflict, StreamIdError, WrongExpectedVersion
 from ledger.events import AttemptSettled, CallFailed, LedgerPosition
 from ledger.store import ANY_VERSION, EventStore, ImportEvent, NewEvent
 
@@ -165,3 +165,28 @@ def test_settled_event_round_trips_its_tuple_fields(store: EventStore):
     assert store.read_stream("att-1")[0].decode() == AttemptSettled(
         pending_call_ids=("c2", "c3"), timed_out=True
     )
+
+
+@pytest.mark.parametrize(
+    "detail", ["a\x00b", "\uffff", "\uffff0", "x\uffff\uffff\x00\x00y", "plain"], ids=repr
+)
+def test_strings_with_nul_and_the_escape_character_round_trip(store: EventStore, detail: str):
+    """JSONB cannot hold U+0000: the store escapes it reversibly on PostgreSQL."""
+    event = CallFailed(call_id=f"c-{detail}", reason="engine_error", detail=detail)
+    first = store.append("att-1", [NewEvent(event, "ev-1")])
+    again = store.append("att-1", [NewEvent(event, "ev-1")])  # idempotent: compares decoded
+    assert again.duplicate and again.positions == first.positions
+    store.import_events([ImportEvent("att-2", 1, "call.failed", 1, event.model_dump(mode="json"))])
+    assert store.read_stream("att-1")[0].decode() == event
+    assert store.read_stream("att-2")[0].decode() == event
+
+
+def test_an_import_colliding_with_recorded_events_is_refused_whole(store: EventStore):
+    store.append("att-9", [failed("c0")])
+    rows = [
+        ImportEvent("att-8", 1, "call.failed", 1, {"call_id": "c1", "reason": "x"}),
+        ImportEvent("att-9", 1, "call.failed", 1, {"call_id": "c2", "reason": "x"}),
+    ]
+    with pytest.raises(ImportConflict, match=r"Import refused: .* nothing was imported"):
+        store.import_events(rows)
+    assert store.count() == 1
