@@ -132,6 +132,7 @@ ERROR_STATUS: Final[Mapping[type[Exception], ErrorStatus]] = {
     ledger_errors.StreamIdError: ErrorStatus(400, "invalid_capture_key"),
     ledger_errors.WrongExpectedVersion: ErrorStatus(409, "concurrent_write"),
     ledger_errors.EventIdConflict: ErrorStatus(409, "conflicting_event"),
+    ledger_errors.ImportConflict: ErrorStatus(409, "import_conflict"),
     ledger_errors.AppendOnlyViolation: ErrorStatus(500, "append_only_violation"),
     ledger_errors.SchemaNotReady: ErrorStatus(503, "ledger_schema_not_ready"),
     ledger_errors.DatabaseUnavailable: ErrorStatus(503, "ledger_unavailable"),
