@@ -96,7 +96,7 @@ def _step_table(rows: list[StepSummary]) -> Table:
             str(r.logical_rollouts),
             str(r.rows),
             str(r.masked),
-            f"{r.loss:+.4f}",
+            f"{r.loss:+.2e}",
             f"{r.max_tmpe:.6f}",
             f"{r.gen_kl_error:.2e}",
         )
@@ -201,7 +201,7 @@ def _fresh_key(log: AttemptLog, rollout_id: str) -> str | None:
 def _step_line(s: StepSummary) -> str:
     return (
         f"step {s.step:>3}  reward {s.reward:.3f}  rollouts {s.logical_rollouts}  rows {s.rows}  "
-        f"masked {s.masked}  loss {s.loss:+.4f}  max TMPE {s.max_tmpe:.6f}  "
+        f"masked {s.masked}  loss {s.loss:+.2e}  max TMPE {s.max_tmpe:.6f}  "
         f"gen KL {s.gen_kl_error:.2e}" + ("  (rebuilt)" if s.rebuilt else "")
     )
 
