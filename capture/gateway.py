@@ -18,7 +18,7 @@ cannot honour exactly; a prompt too long when ``max_context`` is not given): the
 records those as ``call.failed`` (``engine_error``). ``docs/gateway.md`` documents it all.
 
 ``capture`` must not import ``training``: the selection policy arrives as the ``selector``
-callable (``grove/serve.py`` builds it from ``training/selection.py``). A selector raises
+callable (``grove/jobs/serve.py`` builds it from ``training/selection.py``). A selector raises
 ``ValueError`` (``training.errors.SelectionError`` is one) when the result cannot select calls;
 the gateway answers 422 with its message.
 """
@@ -100,7 +100,7 @@ _STATE_CACHE_SIZE: Final = 4096
 
 Selector = Callable[[AttemptState, dict[str, Any]], RolloutSelected]
 """``(settled attempt state, harness result) -> rollout.selected``; raises ``ValueError`` when
-the result cannot select calls. Injected by the application (``grove/serve.py``)."""
+the result cannot select calls. Injected by the application (``grove/jobs/serve.py``)."""
 
 
 _ANSWERS: Final[dict[int | str, dict[str, Any]]] = {

@@ -138,7 +138,7 @@ def demo(
     blob_url: BlobOption = None,
 ) -> None:
     """Train a recency-compaction agent with GRPO on the embedded defaults."""
-    from grove.demo import run_demo, summary_json
+    from grove.jobs.demo import run_demo, summary_json
 
     ws = _workspace(workdir, database_url, blob_url)
     summary = run_demo(ws, steps=steps, resume=resume, console=None if as_json else console)
@@ -164,7 +164,7 @@ def serve(
     blob_url: BlobOption = None,
 ) -> None:
     """Serve the OpenAI-compatible capture gateway on the embedded engine (docs/gateway.md)."""
-    from grove.serve import build_gateway, run_server
+    from grove.jobs.serve import build_gateway, run_server
 
     ws = _workspace(workdir, database_url, blob_url)
     console.print(
@@ -183,7 +183,7 @@ def walkthrough(
     blob_url: BlobOption = None,
 ) -> None:
     """Record one small attempt and show its capture graph (no training)."""
-    from grove.walkthrough import run_walkthrough
+    from grove.jobs.walkthrough import run_walkthrough
 
     ws = _workspace(workdir, database_url, blob_url)
     print(json.dumps(run_walkthrough(ws, console=None if as_json else console)))
@@ -210,7 +210,7 @@ def lineage(
     blob_url: BlobOption = None,
 ) -> None:
     """The call tree of an attempt from the lineage views: status, selection, endpoints, rows."""
-    from grove.lineage import attempt_lineages, lineage_json, lineage_trees
+    from grove.tools.lineage import attempt_lineages, lineage_json, lineage_trees
 
     with _ledger(_workspace(workdir, database_url, blob_url)) as store:
         lineages = attempt_lineages(store, key)
@@ -238,8 +238,8 @@ def replay(
     blob_url: BlobOption = None,
 ) -> None:
     """Fold an attempt's events one by one, printing the state after each (docs/debugging.md)."""
-    from grove.replay import render_replay
-    from grove.replay import replay as replay_attempt
+    from grove.tools.replay import render_replay
+    from grove.tools.replay import replay as replay_attempt
     from storage import open_blob_store
 
     ws = _workspace(workdir, database_url, blob_url)
@@ -265,7 +265,7 @@ def show(
     blob_url: BlobOption = None,
 ) -> None:
     """Draw an attempt's capture graph and training rows as one self-contained HTML page."""
-    from grove.show import write_attempt_page
+    from grove.tools.show import write_attempt_page
     from storage import open_blob_store
 
     if not html.parent.is_dir():

@@ -2,7 +2,7 @@
 
 Pure: stored events in, plain records out (no database, no blob store, no model). ``grove replay``
 reads the stream and prints what :func:`replay_attempt` returns; ``grove replay --verify`` adds
-:func:`verify_admissions` and the training-side checks (``grove/replay.py``), all reported as
+:func:`verify_admissions` and the training-side checks (``grove/tools/replay.py``), all reported as
 :class:`DecisionCheck` records.
 
 Admission is re-run the way capture decided it (``capture/lifecycle.py``): each intent's recorded
@@ -76,7 +76,7 @@ class CheckOutcome(StrEnum):
 @dataclass(frozen=True)
 class DecisionCheck:
     """One recorded decision re-run with today's code (producers: :func:`verify_admissions`,
-    ``grove.replay``; consumer: ``grove replay --verify``).
+    ``grove.tools.replay``; consumer: ``grove replay --verify``).
 
     ``decision`` is ``admission``, ``selection``, ``finalization`` or ``publication``;
     ``subject`` what it decided about (a call id, a rollout id, a training step); ``position``

@@ -19,7 +19,13 @@ from . import crashpoints, worker
 
 __all__ = ["PRELOAD", "run"]
 
-PRELOAD = ["__main__", "grove.cli", "grove.serve", "grove.training_run", "tests.reliability.launch"]
+PRELOAD = [
+    "__main__",
+    "grove.cli",
+    "grove.jobs.serve",
+    "grove.jobs.training_run",
+    "tests.reliability.launch",
+]
 """Modules the fork server imports once, so that a forked gateway or worker starts at once
 (``__main__`` too: multiprocessing's default, else every child imports it again)."""
 

@@ -2,7 +2,7 @@
 
 A rollout follows the recency agent's context policy (``examples.recency_agent.compact``, one
 round kept): its third call rewrites the context, so it finalizes with two rows. The result is
-recorded as the gateway records it: settle, then ``grove.serve.LedgerSelector`` on the returned
+recorded as the gateway records it: settle, then ``grove.jobs.serve.LedgerSelector`` on the returned
 history.
 """
 
@@ -15,7 +15,7 @@ from capture.engine import SamplingParams
 from capture.lifecycle import CaptureService, ModelCall
 from capture.render import RenderOptions
 from examples.recency_agent import compact, plain_word_fraction
-from grove.serve import LedgerSelector
+from grove.jobs.serve import LedgerSelector
 
 from .conftest import MODEL
 

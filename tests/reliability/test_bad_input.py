@@ -28,7 +28,7 @@ from schemathesis import GenerationMode
 
 from capture.gateway import CAPTURE_KEY_HEADER, create_app
 from capture.lifecycle import CaptureService
-from grove.serve import LedgerSelector
+from grove.jobs.serve import LedgerSelector
 from ledger.admission import (
     AdmissionError,
     AdmissionIndex,

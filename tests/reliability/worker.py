@@ -20,7 +20,7 @@ import torch
 
 from capture.embedded import build_model, build_tokenizer
 from grove.config import GroveConfig
-from grove.training_run import TrainingRun
+from grove.jobs.training_run import TrainingRun
 from ledger.store import EventStore
 from storage import open_blob_store
 from training.projector import PublishedBatch

@@ -8,7 +8,7 @@
   selector), on SQLite and local blobs.
 
 Each gateway serves ``MODEL`` with the embedded engine (one per session; its calls are
-serialized) and the application's selector (``grove.serve.LedgerSelector``). Clients are the
+serialized) and the application's selector (``grove.jobs.serve.LedgerSelector``). Clients are the
 official ``openai`` client with retries off, naming the attempt in ``default_headers``.
 """
 
@@ -30,7 +30,7 @@ from capture.embedded import EmbeddedEngine, build_tokenizer
 from capture.gateway import CAPTURE_KEY_HEADER, create_app
 from capture.lifecycle import CaptureService
 from capture.render import Renderer
-from grove.serve import LedgerSelector, ServerThread
+from grove.jobs.serve import LedgerSelector, ServerThread
 from ledger import migrate
 from ledger.attempt import AttemptLog, AttemptState
 from ledger.store import EventStore

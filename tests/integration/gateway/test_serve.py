@@ -1,4 +1,4 @@
-"""``grove.serve.build_gateway``: a workspace's ledger, blobs and the embedded engine, served."""
+"""``grove.jobs.serve.build_gateway``: a workspace's ledger, blobs and the embedded engine."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from openai import OpenAI
 
 from capture.embedded import EMBEDDED_MODEL_NAME
 from capture.gateway import CAPTURE_KEY_HEADER
-from grove.serve import ServerThread, build_gateway
+from grove.jobs.serve import ServerThread, build_gateway
 from grove.workspace import Workspace
 from ledger.store import EventStore
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grove.demo import run_demo
+from grove.jobs.demo import run_demo
 from grove.workspace import Workspace
 from ledger import migrate
 from ledger.attempt import AttemptLog, AttemptState

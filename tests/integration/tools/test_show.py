@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from grove.lineage import AttemptLineage, CallLineage
-from grove.show import render_page
+from grove.tools.lineage import AttemptLineage, CallLineage
+from grove.tools.show import render_page
 from training.forest import CallRecord, build_forest
 
 from .grove_cli import run_grove

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from grove import lineage, replay
+from grove.tools import lineage, replay
 
 COOKBOOK = Path(__file__).resolve().parents[3] / "docs" / "sql.md"
 DOCUMENTED = {q.strip() for q in re.findall(r"```sql\n(.*?)```", COOKBOOK.read_text(), flags=re.S)}

@@ -8,9 +8,9 @@ observations, rewritten inputs), loss (generated tokens this row owns) and unown
 tokens an earlier row owns, carried here as context). Hovering a token shows its decoded text,
 id, position, call and logprob; hovering a call highlights it in the graph and in every row.
 
-The graph comes from ``grove.lineage`` (the lineage views); the rows are rebuilt from the blobs
-with the projector's own code (``training.projector.finalization_forest``) on the state the
-projector saw when it recorded ``rollout.finalized`` (or the current state, before that). Tokens
+The graph comes from ``grove.tools.lineage`` (the lineage views); the rows are rebuilt from the
+blobs with the projector's own code (``training.projector.finalization_forest``) on the state
+the projector saw when it recorded ``rollout.finalized`` (or the current state, before that). Tokens
 are decoded with the embedded tokenizer when the attempt was recorded with the embedded model;
 for another model the page shows token ids. Inline CSS and JavaScript, nothing fetched.
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 from string import Template
 
 from capture.embedded import EMBEDDED_MODEL_NAME, build_tokenizer
-from grove.lineage import AttemptLineage, CallLineage, attempt_events, attempt_lineages
+from grove.tools.lineage import AttemptLineage, CallLineage, attempt_events, attempt_lineages
 from ledger.events import AttemptOpened, RolloutFinalized
 from ledger.replay import state_before
 from ledger.store import EventStore

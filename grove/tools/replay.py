@@ -30,7 +30,7 @@ from rich.table import Table
 from rich.text import Text
 from sqlalchemy import Connection, text
 
-from grove.lineage import attempt_events
+from grove.tools.lineage import attempt_events
 from ledger.attempt import fold_attempt
 from ledger.events import AttemptOpened, BatchPublished, RolloutFinalized, RolloutSelected
 from ledger.projections import catch_up

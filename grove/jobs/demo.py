@@ -31,8 +31,8 @@ from rich.table import Table
 from capture.embedded import EMBEDDED_MODEL_NAME, EmbeddedEngine, build_model, build_tokenizer
 from examples.recency_agent import TASKS, AgentSettings, RecencyAgent
 from grove.config import GroveConfig
-from grove.serve import ServerThread, build_gateway
-from grove.training_run import StepSummary, TrainingRun
+from grove.jobs.serve import ServerThread, build_gateway
+from grove.jobs.training_run import StepSummary, TrainingRun
 from grove.workspace import Workspace
 from ledger.attempt import AttemptLog
 from ledger.store import EventStore
