@@ -19,7 +19,7 @@ import hashlib
 import threading
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from capture.engine import Engine, Generation, SamplingParams
@@ -55,6 +55,7 @@ __all__ = [
     "CaptureService",
     "Measurement",
     "ModelCall",
+    "derived_seed",
     "output_message",
 ]
 
@@ -108,6 +109,19 @@ class _AttemptView:
     state: AttemptState
     index: AdmissionIndex
     chains: dict[str, tuple[int, ...]]
+
+
+def derived_seed(state: AttemptState, ordinal: int) -> int:
+    """The sampling seed of a call that names none: a digest of the attempt's rollout id and the
+    call's position in the attempt (``docs/gateway.md``, "Sampling").
+
+    A rollout played again under a new capture key (a resumed run replays the rollouts of an
+    interrupted step) therefore samples the same tokens from the same weights, and the result
+    does not depend on how the engine interleaves concurrent attempts.
+    """
+    rollout_id = state.opened.rollout_id if state.opened is not None else state.capture_key
+    digest = hashlib.sha256(f"grove-seed/{rollout_id}/{ordinal}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1  # a non-negative int64
 
 
 class CaptureService:
@@ -191,7 +205,10 @@ class CaptureService:
         self._require_open(view.state, capture_key, call_id)
         plan = self._plan(view, call)
         decision, summary = plan.decision, plan.request_summary
-        self.engine.check(plan.prompt_token_ids, call.sampling)  # refuse before recording
+        sampling = call.sampling
+        if sampling.seed is None:
+            sampling = replace(sampling, seed=derived_seed(view.state, len(view.state.calls)))
+        self.engine.check(plan.prompt_token_ids, sampling)  # refuse before recording
         recorded = self.log.intend(
             capture_key,
             CallIntended(
@@ -215,7 +232,7 @@ class CaptureService:
                 call_id,
             )
         try:
-            generation = self.engine.generate(plan.prompt_token_ids, call.sampling)
+            generation = self.engine.generate(plan.prompt_token_ids, sampling)
         except Exception as error:
             self._fail(capture_key, call_id, "engine_error", error)
             raise
