@@ -1,17 +1,26 @@
 """GRPO advantages per logical rollout, broadcast to its physical rows.
 
-After the seed (``000_…``, "Configuration and supported scope"):
-
 - Group normalization: within a prompt group, ``A_i = (r_i - mean) / (std + epsilon)`` over the
   rollouts that take part in the baseline (``std`` is the unbiased sample deviation, 0 for one
   participant); ``normalize_std=False`` leaves ``r_i - mean``. One advantage per logical rollout,
   however many rows it has; then clamped to ``[advantage_clip_low, advantage_clip_high]``.
+- Leave-one-out baseline (RLOO, ``grpo.use_leave_one_out_baseline``): rollout ``i``'s baseline
+  is the mean reward of the *other* participants of its group, ``b_i = (sum - r_i) / (n - 1)``,
+  so its own reward never lowers its own advantage. With ``normalize_std`` the scale is also left
+  out: ``s_i`` is the unbiased deviation of those ``n - 1`` other rewards (0 when fewer than two),
+  and ``A_i = (r_i - b_i) / (s_i + epsilon)`` where ``s_i > 0``, else ``r_i - b_i`` (dividing by
+  ``epsilon`` alone would blow a two-rollout group up to ``1 / epsilon``). This is NeMo-RL's
+  definition (``calculate_baseline_and_std_per_prompt`` with ``leave_one_out_baseline``, then
+  ``normalize_advantages_with_epsilon``, which skips a zero deviation). A group with a single
+  participant has no sibling to compare with: its advantage is 0.
 - Only verified rollouts (a forest with no mask reason) take part. A verified rollout can still be
   filtered: flagged by the environment (``env_masked``), truncated under ``overlong_filtering``
   (any selected generation hit a length limit), or over ``seq_logprob_error_threshold`` (its
   pooled token multiplicative probability error). A filtered rollout trains nothing and gets
   advantage 0, even when 0 lies outside the clip interval; ``masked_reward_policy`` says whether
   its reward stays in the baseline (``include``, once) or leaves it (``exclude``, the default).
+  Under ``include`` with the leave-one-out baseline, a filtered rollout is one of the "others" of
+  every sibling.
 - Groups: a group with no verified rollout has no valid layout and is dropped; with
   ``min_valid_fraction_per_group`` set, a group whose verified fraction is below it is dropped
   too. Each rollout counts once and padding never counts.
@@ -19,7 +28,7 @@ After the seed (``000_…``, "Configuration and supported scope"):
 
 The pooled error weighs every uniquely owned generated token equally, so splitting the same
 generations into more rows leaves the decision unchanged. Textbook GRPO has one sequence per
-sample; here a sample is a logical rollout with one or more rows.
+sample; here a sample is a logical rollout with one or more rows (``docs/forest.md``).
 """
 
 from __future__ import annotations
@@ -71,7 +80,8 @@ class AdvantageConfig:
     ``masked_reward_policy``: ``exclude`` or ``include``. ``min_valid_fraction_per_group``:
     optional, in (0, 1]. ``seq_logprob_error_threshold``: optional, >= 1 (the error is at least 1).
     ``overlong_filtering``: filter truncated rollouts. ``normalize_std``: divide by the group's
-    std. ``epsilon`` > 0 keeps the division finite.
+    std. ``leave_one_out_baseline``: each rollout's baseline (and std) over its group's other
+    participants (``grpo.use_leave_one_out_baseline``). ``epsilon`` > 0 keeps the division finite.
     """
 
     advantage_clip_low: float | None = None
@@ -81,6 +91,7 @@ class AdvantageConfig:
     seq_logprob_error_threshold: float | None = None
     overlong_filtering: bool = False
     normalize_std: bool = True
+    leave_one_out_baseline: bool = False
     epsilon: float = 1e-6
 
     def __post_init__(self) -> None:
@@ -227,16 +238,13 @@ def compute_advantages(
                 outcome.verified and config.masked_reward_policy == MaskedRewardPolicy.INCLUDE
             )
         group = torch.tensor(indices)
-        participants = rewards[in_baseline[group]]
-        if participants.numel() == 0:
+        voting = in_baseline[group]
+        if not voting.any():
             continue
-        baseline = participants.mean()
-        std = (
-            participants.std() if participants.numel() > 1 else torch.zeros((), dtype=torch.float64)
-        )
-        normalized = rewards - baseline
-        if config.normalize_std:
-            normalized = normalized / (std + config.epsilon)
+        if config.leave_one_out_baseline:
+            normalized = _leave_one_out(rewards, voting, config)
+        else:
+            normalized = _group_normalized(rewards, voting, config)
         if config.advantage_clip_low is not None or config.advantage_clip_high is not None:
             normalized = normalized.clamp(config.advantage_clip_low, config.advantage_clip_high)
         advantages[group] = torch.where(trained[group], normalized, 0.0)
@@ -304,6 +312,40 @@ def pooled_logprob_error(
         0, owners, torch.ones_like(errors)
     )
     return sums / counts
+
+
+def _group_normalized(
+    rewards: torch.Tensor, voting: torch.Tensor, config: AdvantageConfig
+) -> torch.Tensor:
+    """``(G,)``: ``(r - mean) / (std + epsilon)`` with the participants' mean and std."""
+    participants = rewards[voting]
+    baseline = participants.mean()
+    std = participants.std() if participants.numel() > 1 else torch.zeros((), dtype=torch.float64)
+    normalized = rewards - baseline
+    if config.normalize_std:
+        normalized = normalized / (std + config.epsilon)
+    return normalized
+
+
+def _leave_one_out(
+    rewards: torch.Tensor, voting: torch.Tensor, config: AdvantageConfig
+) -> torch.Tensor:
+    """``(G,)``: each participant's reward against the mean (and std) of the other participants;
+    0 for a lone participant and for rollouts that do not vote (they never train)."""
+    participants = rewards[voting]  # (n,)
+    count = participants.numel()
+    normalized = torch.zeros_like(rewards)
+    if count < 2:
+        return normalized
+    others = 1.0 - torch.eye(count, dtype=torch.float64)  # (n, n): row i leaves out i
+    baseline = (others @ participants) / (count - 1)  # (n,)
+    centered = participants - baseline
+    if config.normalize_std and count > 2:
+        spread = (participants[None, :] - baseline[:, None]) * others  # (n, n)
+        std = (spread.square().sum(dim=1) / (count - 2)).sqrt()  # (n,), unbiased over n - 1
+        centered = torch.where(std > 0, centered / (std + config.epsilon), centered)
+    normalized[voting] = centered
+    return normalized
 
 
 def _filter(outcome: RolloutOutcome, config: AdvantageConfig) -> RolloutFilter | None:

@@ -74,6 +74,80 @@ def test_masked_rollout_is_out_of_the_baseline_and_gets_zero() -> None:
     assert result.filters == (None, None, None)
 
 
+RLOO = AdvantageConfig(leave_one_out_baseline=True, normalize_std=False)
+
+
+def test_leave_one_out_baseline_is_the_mean_of_the_other_rewards() -> None:
+    # rewards 1, 0, 0, 1: a's others are 0, 0, 1 -> baseline 1/3; b's are 1, 0, 1 -> 2/3.
+    # Baselines [1/3, 2/3, 2/3, 1/3]; advantages [2/3, -2/3, -2/3, 2/3].
+    got = values([outcome("a", 1), outcome("b", 0), outcome("c", 0), outcome("d", 1)], RLOO)
+
+    assert got == pytest.approx([2 / 3, -2 / 3, -2 / 3, 2 / 3], abs=1e-7)
+
+
+def test_leave_one_out_changes_the_advantages_of_the_same_group() -> None:
+    group = [outcome("a", 1), outcome("b", 0), outcome("c", 0), outcome("d", 1)]
+    # the default baseline is the mean 0.5 over all four: advantages +-0.5; RLOO gives +-2/3
+    # (n / (n - 1) times as large).
+    default = values(group, AdvantageConfig(normalize_std=False))
+
+    assert default == [0.5, -0.5, -0.5, 0.5]
+    assert values(group, RLOO) != pytest.approx(default)
+
+
+def test_leave_one_out_with_std_divides_by_the_deviation_of_the_others() -> None:
+    # a (1): others 0, 0, 1, mean 1/3, unbiased variance ((1/3)^2 * 2 + (2/3)^2) / 2 = 1/3,
+    # std 1/sqrt(3); (1 - 1/3) / (1/sqrt(3)) = 2/sqrt(3) = 1.154701. b (0): others 1, 0, 1, mean
+    # 2/3, variance 1/3: (0 - 2/3) * sqrt(3) = -1.154701. The group std would give 0.866025.
+    config = AdvantageConfig(leave_one_out_baseline=True, epsilon=1e-12)
+
+    got = values([outcome("a", 1), outcome("b", 0), outcome("c", 0), outcome("d", 1)], config)
+
+    assert got == pytest.approx([1.154701, -1.154701, -1.154701, 1.154701], abs=1e-6)
+
+
+def test_leave_one_out_skips_the_std_when_the_others_do_not_vary() -> None:
+    # two participants: each has one other reward, whose deviation is 0, so the advantage stays
+    # r - b: a: 1 - 0 = 1, b: 0 - 1 = -1 (never (r - b) / epsilon).
+    config = AdvantageConfig(leave_one_out_baseline=True)
+
+    assert values([outcome("a", 1), outcome("b", 0)], config) == [1.0, -1.0]
+
+
+def test_leave_one_out_group_with_one_participant_has_zero_advantage() -> None:
+    masked = outcome("b", 0, masked_reason=MaskReason.SELECTION_NOT_CLOSED)
+    config = AdvantageConfig(leave_one_out_baseline=True)
+
+    assert values([outcome("a", 3.0)], config) == [0.0]
+    result = compute_advantages([outcome("a", 3.0), masked], config)
+    assert result.advantages.tolist() == [0.0, 0.0]
+    assert result.trained.tolist() == [True, False]
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        # exclude: participants a (1), b (0): a's baseline 0 -> 1; b's baseline 1 -> -1
+        (MaskedRewardPolicy.EXCLUDE, [1.0, -1.0, 0.0]),
+        # include: c (0.5) votes once but trains nothing: a's baseline (0 + 0.5) / 2 = 0.25 ->
+        # 0.75; b's (1 + 0.5) / 2 = 0.75 -> -0.75; c gets 0
+        (MaskedRewardPolicy.INCLUDE, [0.75, -0.75, 0.0]),
+    ],
+)
+def test_leave_one_out_counts_a_filtered_reward_once_under_include(
+    policy: MaskedRewardPolicy, expected: list[float]
+) -> None:
+    config = AdvantageConfig(
+        leave_one_out_baseline=True, normalize_std=False, masked_reward_policy=policy
+    )
+    outcomes = [outcome("a", 1), outcome("b", 0), outcome("c", 0.5, env_masked=True)]
+
+    result = compute_advantages(outcomes, config)
+
+    assert result.advantages.tolist() == pytest.approx(expected, abs=1e-7)
+    assert result.trained.tolist() == [True, True, False]
+
+
 def test_clip_bounds_each_trained_advantage() -> None:
     config = AdvantageConfig(advantage_clip_low=-0.5, advantage_clip_high=0.25, epsilon=1e-12)
 
