@@ -1,0 +1,121 @@
+"""The job sections of Grove's configuration: what ``grove train`` runs on (``model``, ``engine``,
+``harness``, ``data``, ``logging``).
+
+Paths (``model.path``, ``data.path``) are resolved against the directory of the configuration
+file when relative, so a configuration and its task file travel together. Whether a model
+directory is complete, a harness importable and a task file well formed is checked by
+``grove.jobs.preflight`` before anything starts; this module checks shapes and bounds only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationInfo, field_validator
+
+from grove.config.base import Section
+
+__all__ = [
+    "EMBEDDED",
+    "EXTERNAL",
+    "DataConfig",
+    "EngineConfig",
+    "HarnessConfig",
+    "LoggingConfig",
+    "ModelConfig",
+]
+
+EMBEDDED = "embedded"
+EXTERNAL = "external"
+
+
+def _resolved(value: str | None, info: ValidationInfo) -> str | None:
+    """``value`` as an absolute path, relative paths taken from the configuration's directory."""
+    if value is None or value == EMBEDDED:
+        return value
+    base = Path((info.context or {}).get("base_dir", "."))
+    return str((base / Path(value).expanduser()).resolve())
+
+
+class ModelConfig(Section):
+    """``model``: the policy the trainer updates and the embedded engine samples from."""
+
+    path: str = Field(default=EMBEDDED, min_length=1)
+    """``embedded`` (a tiny Qwen2-style model and byte-level tokenizer built offline in code) or
+    a local Hugging Face directory: ``config.json``, safetensors weights, and a tokenizer whose
+    chat template renders the conversations (``docs/export.md``)."""
+
+    dtype: Literal["float32", "bfloat16", "float16", "float64"] = "float32"
+    """Parameter dtype of the loaded model (training and sampling)."""
+
+    @field_validator("path")
+    @classmethod
+    def _resolve(cls, value: str, info: ValidationInfo) -> str:
+        return _resolved(value, info) or value
+
+
+class EngineConfig(Section):
+    """``engine``: the inference engine behind the gateway, and the gateway's own settings."""
+
+    kind: Literal["embedded"] = EMBEDDED
+    """``embedded``: sampling runs in the training process on the trainer's own weights, so every
+    call after an optimizer step samples the updated policy."""
+
+    host: str = Field(default="127.0.0.1", min_length=1)
+    """Address the gateway listens on."""
+
+    port: int = Field(default=0, ge=0, le=65535)
+    """Port the gateway listens on; 0 picks a free one (printed at start, and written to the run
+    directory's ``run.json``)."""
+
+    auth_token: str | None = Field(default=None, min_length=1)
+    """Bearer token every gateway request must carry; ``None``: no authentication."""
+
+    default_max_tokens: int = Field(default=256, ge=1, le=1_000_000)
+    """Tokens a call may generate when it names no ``max_tokens`` (capped by the context left)."""
+
+
+class HarnessConfig(Section):
+    """``harness``: who plays the rollouts."""
+
+    target: str = Field(default=EXTERNAL, min_length=1)
+    """``module:function`` called once per rollout as ``function(client, task, seed, **options)``
+    with an ``openai.OpenAI`` client bound to the rollout's attempt, the task record and the
+    rollout's seed, returning the harness result (``output`` and ``reward``); or ``external``:
+    Grove serves the gateway and trains on the attempts agents open themselves."""
+
+    concurrency: int = Field(default=1, ge=1, le=1024)
+    """Rollouts played at once by an in-process harness (threads)."""
+
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments passed to an in-process harness with every rollout."""
+
+
+class DataConfig(Section):
+    """``data``: the tasks an in-process harness plays, one prompt group per task."""
+
+    path: str | None = Field(default=None, min_length=1)
+    """A JSONL file: one JSON object per line, handed to the harness as the task record. Each
+    task becomes a prompt group of ``grpo.num_generations_per_prompt`` logical rollouts."""
+
+    shuffle: bool = True
+    """Visit the tasks in a seeded random order, drawn afresh each epoch."""
+
+    shuffle_seed: int = Field(default=0, ge=0, le=2**32 - 1)
+    """Seed of the task order."""
+
+    epochs: int = Field(default=1, ge=1, le=1_000_000)
+    """Passes over the task file; the run stops when they are used up (or at the step limit)."""
+
+    @field_validator("path")
+    @classmethod
+    def _resolve(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return _resolved(value, info)
+
+
+class LoggingConfig(Section):
+    """``logging``: where each step's metrics go besides ``WORKDIR/runs/RUN/metrics.jsonl``."""
+
+    tensorboard: bool = True
+    """Also write TensorBoard event files under ``WORKDIR/runs/RUN/tensorboard``."""

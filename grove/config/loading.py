@@ -1,0 +1,81 @@
+"""Reading a configuration: a mapping or a YAML/JSON file, refused whole with every problem."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from grove.config.schema import GroveConfig
+
+__all__ = ["ConfigurationError", "load_config"]
+
+
+class ConfigurationError(ValueError):
+    """The configuration was refused; ``problems`` lists every reason, one line each."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.source = source
+        self.problems = tuple(problems)
+        bullets = "\n".join(f"- {problem}" for problem in problems)
+        super().__init__(f"Invalid Grove configuration ({source}):\n{bullets}")
+
+
+def _problem_lines(error: ValidationError) -> list[str]:
+    lines: list[str] = []
+    for item in error.errors():
+        where = ".".join(str(part) for part in item["loc"])
+        problems = item.get("ctx", {}).get("problems")
+        if problems:
+            lines.extend(problems)
+        elif item["type"] == "extra_forbidden":
+            lines.append(f"{where}: unknown key (docs/train.md lists every key)")
+        else:
+            message = item["msg"].removeprefix("Value error, ")
+            lines.append(f"{where}: {message}" if where else message)
+    return lines
+
+
+def _read(path: Path) -> Any:
+    label = str(path)
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise ConfigurationError(label, [f"cannot read the file: {error}"]) from error
+    if path.suffix not in (".yaml", ".yml", ".json"):
+        raise ConfigurationError(
+            label, [f"unknown file type {path.suffix!r}: use .yaml, .yml or .json"]
+        )
+    try:
+        data = yaml.safe_load(text) if path.suffix != ".json" else json.loads(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as error:
+        raise ConfigurationError(label, [f"cannot parse the file: {error}"]) from error
+    return {} if data is None else data
+
+
+def load_config(source: Mapping[str, Any] | str | os.PathLike[str] | None = None) -> GroveConfig:
+    """Parse a configuration from a mapping, or a ``.yaml``/``.yml``/``.json`` file; ``None`` gives
+    the defaults. Relative paths in a file are taken from the file's directory (from the current
+    directory for a mapping). Raises ``ConfigurationError`` listing every problem."""
+    base_dir = Path.cwd()
+    if source is None:
+        data: Any = {}
+        label = "defaults"
+    elif isinstance(source, Mapping):
+        data, label = source, "mapping"
+    else:
+        path = Path(source)
+        data, label, base_dir = _read(path), str(path), path.resolve().parent
+    if not isinstance(data, Mapping):
+        raise ConfigurationError(
+            label, [f"the top level must be a mapping, got {type(data).__name__}"]
+        )
+    try:
+        return GroveConfig.model_validate(dict(data), context={"base_dir": str(base_dir)})
+    except ValidationError as error:
+        raise ConfigurationError(label, _problem_lines(error)) from error

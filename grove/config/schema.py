@@ -1,0 +1,228 @@
+"""Grove's configuration: one typed schema, parsed once at the entry point, refused whole if wrong.
+
+``GroveConfig`` joins the training sections (``grove/config/training.py``: the keys the forest
+training rules are written in) and the job sections (``grove/config/job.py``: model, engine,
+harness, data, logging). Unknown keys are errors, so a typo never silently falls back to a
+default. Settings Grove does not support together are collected and refused in ONE bulleted
+error (``unsupported_combinations``), so a user fixes them in one pass.
+
+Where Grove departs from the forest-training rules it implements (``docs/train.md``): the learner
+is Grove's own torch trainer (``training/trainer.py``), so Megatron is not required (nor run:
+``training/megatron.py`` packs rows for a Megatron learner a user runs); and Grove always takes one
+optimizer step per logical batch, so ``policy.train_global_batch_size`` must equal the logical
+rollouts per step in every mode.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from pydantic import BaseModel, Field, model_validator
+from pydantic_core import PydanticCustomError
+
+from grove.config.base import Section
+from grove.config.job import (
+    EXTERNAL,
+    DataConfig,
+    EngineConfig,
+    HarnessConfig,
+    LoggingConfig,
+    ModelConfig,
+)
+from grove.config.training import (
+    AsyncRLConfig,
+    CheckpointingConfig,
+    GRPOConfig,
+    LossConfig,
+    PolicyConfig,
+    TokenCaptureConfig,
+)
+
+__all__ = ["RUN_CONTROL_FIELDS", "GroveConfig", "config_field_paths", "unsupported_combinations"]
+
+RUN_CONTROL_FIELDS: frozenset[str] = frozenset(
+    {
+        "grpo.max_num_steps",
+        "engine.host",
+        "engine.port",
+        "engine.auth_token",
+        "harness.concurrency",
+        "logging.tensorboard",
+    }
+)
+"""Fields left out of ``GroveConfig.digest``: they say how long, where and how visibly a run
+goes, not what it computes, so a resumed run may change them (``--steps`` extends a run)."""
+
+
+class GroveConfig(Section):
+    """The whole configuration; build it with ``grove.config.load_config``."""
+
+    seed: int = Field(default=0, ge=0, le=2**32 - 1)
+    """Seed of the model's initial weights (embedded), of python, numpy and torch generators at
+    the start of a run, and of each rollout's seed."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    """The policy model."""
+
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    """The inference engine and the gateway."""
+
+    harness: HarnessConfig = Field(default_factory=HarnessConfig)
+    """Who plays the rollouts."""
+
+    data: DataConfig = Field(default_factory=DataConfig)
+    """The tasks."""
+
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    """Metrics sinks."""
+
+    token_capture: TokenCaptureConfig = Field(default_factory=TokenCaptureConfig)
+    """Capture and selection."""
+
+    grpo: GRPOConfig = Field(default_factory=GRPOConfig)
+    """Groups and advantages."""
+
+    loss_fn: LossConfig = Field(default_factory=LossConfig)
+    """The policy-gradient loss."""
+
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    """The learner."""
+
+    async_rl: AsyncRLConfig = Field(default_factory=AsyncRLConfig)
+    """Rollout collection."""
+
+    checkpointing: CheckpointingConfig = Field(default_factory=CheckpointingConfig)
+    """Checkpoints."""
+
+    @model_validator(mode="after")
+    def _refuse_unsupported_combinations(self) -> GroveConfig:
+        problems = unsupported_combinations(self)
+        if problems:
+            raise PydanticCustomError(
+                "unsupported_combination",
+                "unsupported combination of settings:\n{bullets}",
+                {"bullets": "\n".join(f"- {p}" for p in problems), "problems": tuple(problems)},
+            )
+        return self
+
+    def digest(self) -> str:
+        """sha256 of the canonical JSON of every value that shapes the computation (all but
+        ``RUN_CONTROL_FIELDS``), recorded in checkpoints and compared on resume."""
+        values = self.model_dump(mode="json")
+        for path in RUN_CONTROL_FIELDS:
+            section, name = path.split(".")
+            values[section].pop(name)
+        canonical = json.dumps(values, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def unsupported_combinations(config: GroveConfig) -> list[str]:
+    """Every rule the settings break together, one sentence each (empty when supported)."""
+    capture, grpo, loss, policy = config.token_capture, config.grpo, config.loss_fn, config.policy
+    problems: list[str] = []
+    logical_rollouts = grpo.num_prompts_per_step * grpo.num_generations_per_prompt
+    if policy.train_global_batch_size != logical_rollouts:
+        problems.append(
+            f"policy.train_global_batch_size ({policy.train_global_batch_size}) must equal the "
+            "logical rollouts per step, grpo.num_prompts_per_step x "
+            f"grpo.num_generations_per_prompt ({logical_rollouts}): one optimizer step per batch"
+        )
+    if (
+        grpo.advantage_clip_low is not None
+        and grpo.advantage_clip_high is not None
+        and grpo.advantage_clip_low > grpo.advantage_clip_high
+    ):
+        problems.append(
+            f"grpo.advantage_clip_low ({grpo.advantage_clip_low}) must not exceed "
+            f"grpo.advantage_clip_high ({grpo.advantage_clip_high})"
+        )
+    if not capture.enabled:
+        problems.append(
+            "token_capture.enabled: false is not supported: Grove trains only on the exact "
+            "tokens it captured"
+        )
+    if not loss.token_level_loss:
+        problems.append("loss_fn.token_level_loss: false is not supported (token-level loss only)")
+    if loss.sequence_level_importance_ratios:
+        problems.append("loss_fn.sequence_level_importance_ratios: true is not supported")
+    if policy.dynamic_batching.enabled:
+        problems.append("policy.dynamic_batching.enabled: true is not supported")
+    if policy.megatron_cfg.enabled:
+        problems.append(
+            "policy.megatron_cfg.enabled: true is not supported: Grove's learner is its torch "
+            "trainer; training/megatron.py packs rows for a Megatron learner you run yourself"
+        )
+    if policy.sequence_packing.enabled:
+        problems.append(
+            "policy.sequence_packing.enabled: true is not supported: Grove's torch trainer runs "
+            "fixed micro batches (policy.train_micro_batch_size rows)"
+        )
+    if capture.selection_policy != "returned_history" and not capture.forest_training:
+        problems.append(
+            f"token_capture.selection_policy {capture.selection_policy!r} needs "
+            "token_capture.forest_training: true"
+        )
+    if capture.forest_training:
+        problems.extend(_forest_training_problems(config))
+    problems.extend(_harness_problems(config))
+    return problems
+
+
+def _forest_training_problems(config: GroveConfig) -> list[str]:
+    capture, grpo, policy = config.token_capture, config.grpo, config.policy
+    problems: list[str] = []
+    if capture.defer_routed_experts_to_policy:
+        problems.append(
+            "token_capture.defer_routed_experts_to_policy must be false with forest training"
+        )
+    if policy.automodel_cfg.enabled:
+        problems.append("policy.automodel_cfg.enabled must be false with forest training")
+    vpp = policy.megatron_cfg.virtual_pipeline_model_parallel_size
+    if vpp is not None and vpp > 1:
+        problems.append(
+            f"policy.megatron_cfg.virtual_pipeline_model_parallel_size ({vpp}): interleaved "
+            "Megatron is not supported with forest training"
+        )
+    if grpo.calculate_advantages_on_gpu:
+        problems.append("grpo.calculate_advantages_on_gpu must be false with forest training")
+    if grpo.reward_shaping.enabled:
+        problems.append("grpo.reward_shaping.enabled must be false with forest training")
+    return problems
+
+
+def _harness_problems(config: GroveConfig) -> list[str]:
+    harness, data = config.harness, config.data
+    if harness.target == EXTERNAL:
+        unread = [
+            name
+            for name, value, default in (
+                ("data.path", data.path, None),
+                ("harness.options", harness.options, {}),
+                ("harness.concurrency", harness.concurrency, 1),
+            )
+            if value != default
+        ]
+        return [
+            f"{name} is read only by an in-process harness; with harness.target: external "
+            "your agents bring their own tasks: remove it"
+            for name in unread
+        ]
+    if data.path is None:
+        return [
+            f"harness.target {harness.target!r} plays tasks from a file: set data.path to a "
+            "JSONL file of tasks"
+        ]
+    return []
+
+
+def config_field_paths(model: type[BaseModel] = GroveConfig, prefix: str = "") -> frozenset[str]:
+    """Dotted paths of every leaf field (``grpo.advantage_clip_low``, ...), for the pinning test."""
+    paths: set[str] = set()
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            paths |= config_field_paths(annotation, f"{prefix}{name}.")
+        else:
+            paths.add(f"{prefix}{name}")
+    return frozenset(paths)

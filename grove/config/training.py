@@ -1,0 +1,236 @@
+"""The training sections of Grove's configuration: the keys the forest-training rules are written
+in (``token_capture``, ``grpo``, ``loss_fn``, ``policy``, ``async_rl``, ``checkpointing``).
+
+Every field has a default, bounds and a docstring, and is read by the code that runs
+(``docs/train.md`` names the reader of each key). ``token_capture.context_compaction`` (the key of
+earlier experimental builds) is refused with a message that names its replacement,
+``token_capture.forest_training``; a custom selection policy ``module:function`` is resolved by
+the training side's own resolver (``training.selection.resolve_selection_policy``) during
+validation, so an unknown module or attribute is an error now, not at the first rollout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from grove.config.base import Section
+from training.selection import resolve_selection_policy
+
+__all__ = [
+    "AsyncRLConfig",
+    "CheckpointingConfig",
+    "GRPOConfig",
+    "LossConfig",
+    "MegatronConfig",
+    "PolicyConfig",
+    "RewardShapingConfig",
+    "RolloutFailureConfig",
+    "ToggleConfig",
+    "TokenCaptureConfig",
+]
+
+
+class TokenCaptureConfig(Section):
+    """``token_capture``: what the gateway records and how training selects from it."""
+
+    enabled: bool = True
+    """Record every model call's exact tokens into the ledger; Grove trains only on captured
+    tokens, so ``false`` is refused."""
+
+    forest_training: bool = False
+    """Train on forest rows: selected calls become one or more rows per logical rollout. Off, a
+    rollout trains only as one row: one whose context was rewritten (or that branched) is masked
+    ``forest_training_disabled``."""
+
+    selection_policy: str = "returned_history"
+    """``returned_history``, ``all_captured`` or a custom ``module:function`` taking
+    ``(records, result)``; resolved during validation. Non-default policies need forest training."""
+
+    min_valid_fraction_per_group: float | None = Field(default=None, ge=0.0, le=1.0)
+    """Discard a prompt group whose fraction of verified logical rollouts is below this; ``None``
+    disables the filter. Each rollout counts once, whatever its row count."""
+
+    defer_routed_experts_to_policy: bool = False
+    """Deferred routed-expert assembly by the policy; not supported with forest training."""
+
+    pending_call_timeout_s: float = Field(default=300.0, gt=0.0, le=86_400.0)
+    """After the harness returns, how long pending calls are awaited before masking the rollout."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_renamed_keys(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "context_compaction" in data:
+            raise PydanticCustomError(
+                "renamed_key",
+                "token_capture.context_compaction was renamed to token_capture.forest_training: "
+                "rename the key and keep its value ({value})",
+                {"value": repr(data["context_compaction"])},
+            )
+        return data
+
+    @field_validator("selection_policy")
+    @classmethod
+    def _resolve_selection_policy(cls, value: str) -> str:
+        resolve_selection_policy(value)
+        return value
+
+
+class RewardShapingConfig(Section):
+    """``grpo.reward_shaping``: post-rollout reward rewriting (not supported in forest training)."""
+
+    enabled: bool = False
+    """Rewrite rewards after the rollout; forest training keeps one unshaped reward per rollout."""
+
+
+class GRPOConfig(Section):
+    """``grpo``: prompt groups, advantages and the per-rollout masking rules."""
+
+    num_prompts_per_step: int = Field(default=4, ge=1, le=1_000_000)
+    """Prompt groups per optimizer step."""
+
+    num_generations_per_prompt: int = Field(default=4, ge=1, le=100_000)
+    """Logical rollouts per prompt group."""
+
+    max_num_steps: int = Field(default=100, ge=1, le=100_000_000)
+    """Optimizer steps to run."""
+
+    normalize_rewards: bool = True
+    """Divide each group's centred rewards by the group's standard deviation."""
+
+    use_leave_one_out_baseline: bool = False
+    """Baseline each rollout on its siblings only (RLOO) instead of the whole group's mean."""
+
+    advantage_clip_low: float | None = Field(default=None, ge=-1e6, le=1e6)
+    """Clamp each logical rollout's advantage from below before broadcast; ``None``: no clamp.
+    Padding and filtered owners keep zero even outside the interval."""
+
+    advantage_clip_high: float | None = Field(default=None, ge=-1e6, le=1e6)
+    """Clamp each logical rollout's advantage from above before broadcast; ``None``: no clamp."""
+
+    seq_logprob_error_threshold: float | None = Field(default=None, ge=1.0, le=1e6)
+    """Exclude a rollout's rows from loss when its pooled token multiplicative probability error
+    (over uniquely owned generated tokens) exceeds this; ``None``: diagnostic only."""
+
+    masked_reward_policy: Literal["exclude", "include"] = "exclude"
+    """Whether a masked rollout's reward still votes in its group's baseline (once)."""
+
+    overlong_filtering: bool = False
+    """Exclude every row of a rollout in which any selected generation hit a length limit."""
+
+    calculate_advantages_on_gpu: bool = False
+    """Compute advantages on the accelerator; not supported with forest training."""
+
+    reward_shaping: RewardShapingConfig = Field(default_factory=RewardShapingConfig)
+    """Post-rollout reward shaping."""
+
+
+class LossConfig(Section):
+    """``loss_fn``: the clipped policy-gradient loss (``training/loss.py``)."""
+
+    ratio_clip_min: float = Field(default=0.2, ge=0.0, lt=1.0)
+    """Lower clip ``eps``: the importance ratio is clamped to at least ``1 - ratio_clip_min``."""
+
+    ratio_clip_max: float = Field(default=0.2, ge=0.0, le=100.0)
+    """Upper clip ``eps``: the importance ratio is clamped to at most ``1 + ratio_clip_max``."""
+
+    token_level_loss: bool = True
+    """Normalize by the step's retained valid tokens (the only reduction Grove implements)."""
+
+    sequence_level_importance_ratios: bool = False
+    """One importance ratio per sequence instead of per token (not implemented by Grove)."""
+
+
+class MegatronConfig(Section):
+    """``policy.megatron_cfg``: the optional Megatron-core learner (``training/megatron.py``)."""
+
+    enabled: bool = False
+    """Train with Megatron-core on packed rows instead of Grove's torch trainer."""
+
+    virtual_pipeline_model_parallel_size: int | None = Field(default=None, ge=1, le=1024)
+    """Interleaved pipeline stages; anything above 1 is interleaving, not supported for forests."""
+
+
+class ToggleConfig(Section):
+    """A feature switch with one ``enabled`` field."""
+
+    enabled: bool = False
+    """Turn the feature on."""
+
+
+class PolicyConfig(Section):
+    """``policy``: the learner, its batches and its optimizer."""
+
+    train_global_batch_size: int = Field(default=16, ge=1, le=100_000_000)
+    """Logical rollouts per optimizer step (never rows: a rollout may have several rows)."""
+
+    train_micro_batch_size: int = Field(default=4, ge=1, le=1_000_000)
+    """Rows per forward/backward pass."""
+
+    logprob_micro_batch_size: int = Field(default=4, ge=1, le=1_000_000)
+    """Rows per forward pass when only log-probabilities are recomputed."""
+
+    data_parallel_size: int = Field(default=1, ge=1, le=1_000_000)
+    """Data-parallel ranks; with the micro batch it sets the execution row multiple."""
+
+    learning_rate: float = Field(default=1e-6, gt=0.0, le=1.0)
+    """Peak learning rate of the AdamW optimizer."""
+
+    weight_decay: float = Field(default=0.0, ge=0.0, le=1.0)
+    """AdamW decoupled weight decay."""
+
+    max_grad_norm: float | None = Field(default=1.0, gt=0.0, le=1e6)
+    """Clip the global gradient norm to this before each step; ``None``: no clipping."""
+
+    lr_warmup_rollouts: int = Field(default=0, ge=0, le=1_000_000_000)
+    """Linear warm-up length counted in logical rollouts (the scheduler never counts rows)."""
+
+    max_total_sequence_length: int = Field(default=4096, ge=2, le=10_000_000)
+    """Longest row, prompt and generations together, that the learner accepts."""
+
+    megatron_cfg: MegatronConfig = Field(default_factory=MegatronConfig)
+    """Megatron-core learner settings."""
+
+    automodel_cfg: ToggleConfig = Field(default_factory=ToggleConfig)
+    """The AutoModel learner; not qualified for forest training."""
+
+    sequence_packing: ToggleConfig = Field(default_factory=ToggleConfig)
+    """Pack rows into one ``thd`` sequence per micro batch (Megatron only)."""
+
+    dynamic_batching: ToggleConfig = Field(default_factory=ToggleConfig)
+    """Token-budget dynamic batching; not supported."""
+
+    @property
+    def execution_row_multiple(self) -> int:
+        """Rows per step must be a multiple of this: data-parallel size x micro batch."""
+        return self.data_parallel_size * self.train_micro_batch_size
+
+
+class RolloutFailureConfig(Section):
+    """``async_rl.rollout_failure``: how many dropped prompt groups a step tolerates."""
+
+    min_step_batch_fraction: float = Field(default=1.0, gt=0.0, le=1.0)
+    """Stop training when a step retains fewer than this fraction of its configured groups."""
+
+
+class AsyncRLConfig(Section):
+    """``async_rl``: rollout collection policies."""
+
+    rollout_failure: RolloutFailureConfig = Field(default_factory=RolloutFailureConfig)
+    """Drop budget of a training step."""
+
+
+class CheckpointingConfig(Section):
+    """``checkpointing``: schema-5 checkpoints (``training/checkpoint.py``)."""
+
+    enabled: bool = True
+    """Write checkpoints."""
+
+    checkpoint_dir: str = Field(default="checkpoints", min_length=1, max_length=4096)
+    """Directory of the checkpoints, relative to the working directory unless absolute."""
+
+    save_period: int = Field(default=1, ge=1, le=1_000_000)
+    """Write a checkpoint every this many optimizer steps."""
