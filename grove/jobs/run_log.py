@@ -87,10 +87,11 @@ class StepRecord:
 
 def _finite_or_none(name: str, value: object) -> float | None:
     """``value`` as a float, ``None`` when it is NaN or infinite."""
-    if isinstance(value, bool) or value is None:
+    if isinstance(value, bool | str | bytes) or value is None:
         raise RunLogError(
             "metric_not_numeric",
-            f"Metric {name!r} must be a number; got {value!r}. Log a float (NaN for no value)",
+            f"Metric {name!r} must be a number; got {type(value).__name__} {value!r}. "
+            "Log a float (NaN for no value)",
         )
     try:
         number = float(value)  # type: ignore[arg-type]  # ints, numpy and 0-d torch scalars
