@@ -3,8 +3,7 @@
 The pure forest API is a stable contract (``docs/forest.md``); it takes plain records and returns
 plain data, with no database, blob store or model.
 
-The algorithm, after the rules of the seed (``000_…``, "Selecting and reconstructing training
-rows"):
+The algorithm:
 
 1. Check the selection. Every selected call must be captured and committed, and every selected
    continuation's parent must be selected too; otherwise the whole logical rollout is masked
@@ -56,8 +55,9 @@ class MaskReason(StrEnum):
     """Why a logical rollout is masked (never trains): the closed set, in checking priority.
 
     ``build_forest`` decides the first six; ``training.selection.completion_mask_reason`` the
-    capture-completion ones; the projector ``blob_invalid`` and ``ledger_contradiction``. Each
-    value is a plain string.
+    capture-completion ones; the projector ``blob_invalid`` and ``ledger_contradiction``, and,
+    from its settings, ``forest_training_disabled`` and ``row_too_long`` (checked last, on a
+    forest that is otherwise trainable). Each value is a plain string.
     """
 
     EMPTY_SELECTION = "empty_selection"
@@ -82,6 +82,13 @@ class MaskReason(StrEnum):
     LEDGER_CONTRADICTION = "ledger_contradiction"
     """The attempt's events break the lifecycle rules (``AttemptState.contradictions``: written
     around ``AttemptLog``, e.g. a call committed twice or never intended)."""
+    FOREST_TRAINING_DISABLED = "forest_training_disabled"
+    """The selected forest has more than one path (its context was rewritten, or it branched)
+    and forest training is off: enable ``token_capture.forest_training`` to train rewritten
+    histories."""
+    ROW_TOO_LONG = "row_too_long"
+    """A row (path) has more tokens than the trainer accepts (``policy.max_total_sequence_length``);
+    the whole rollout is masked, never a partial history."""
 
 
 MASK_REASONS: Final[frozenset[str]] = frozenset(MaskReason)

@@ -4,13 +4,16 @@ It reads the ledger with the gap-free reader and, for each attempt that is settl
 selection, reconstructs its forest from the calls' delta blobs (sizes and digests verified, each
 row checked against the calls' recorded chain digests) and records ``rollout.finalized``:
 trainable with its paths and owned calls, or masked with a reason (capture incomplete, a failed
-or pending selected call, a missing or corrupt blob, selection not closed, ...).
+or pending selected call, a missing or corrupt blob, selection not closed, ...). Two settings
+can mask an otherwise trainable rollout as well: with ``forest_training`` off, a forest of more
+than one path (``forest_training_disabled``); with ``max_row_tokens``, a forest with a longer
+row (``row_too_long``). The whole rollout is masked in both cases, never part of its history.
 
 Complete prompt groups (every logical rollout of the group finalized) are published in order of
 completion, ``groups_per_step`` groups per optimizer step, as ``batch.published`` on the training
 stream with the rollout ids, row ids, padding ids and the ledger position read so far; a complete
 group none of whose rollouts has a row (every one masked: no valid input layout) is dropped,
-never published (seed ``000``: "A group with no valid input layout is dropped"). The step
+never published (it has no valid input layout, ``docs/forest.md``). The step
 number is the training stream's version, appended with an expected version, so two projectors
 cannot publish the same step; a rollout published once is never published again. Everything the
 projector knows is rebuilt from the ledger, so after a crash or resume it rebuilds the batch of an
@@ -30,7 +33,7 @@ from storage import BlobRef, BlobStore, UnusableBlobError, row_chain_digests
 from training.advantages import RolloutOutcome
 from training.batch import LogicalRollout, TrainingBatch, assemble_batch
 from training.errors import BatchError
-from training.forest import CallRecord, Forest, MaskReason, build_forest
+from training.forest import MASK_REASONS, CallRecord, Forest, MaskReason, build_forest
 from training.rows import CallExtras, rollout_rows
 from training.selection import REJECTED_BY_HARNESS, CapturedCall, completion_mask_reason
 
@@ -42,6 +45,7 @@ __all__ = [
     "captured_calls",
     "finalization_event",
     "finalization_forest",
+    "setting_mask_reason",
 ]
 
 
@@ -49,7 +53,14 @@ __all__ = [
 class ProjectorSettings:
     """How rollouts become batches: group size, groups per step, row multiple, padding token;
     the training stream batches are published on, and the prefix of the capture keys (attempt
-    streams) this projector follows (empty: every attempt in the ledger)."""
+    streams) this projector follows (empty: every attempt in the ledger).
+
+    ``forest_training`` (``token_capture.forest_training``): False trains one row per logical
+    rollout and masks a forest of several paths (``forest_training_disabled``).
+    ``max_row_tokens`` (``policy.max_total_sequence_length``): None for no limit, else >= 1; a
+    rollout with a longer row is masked (``row_too_long``). Both decide ``rollout.finalized``,
+    so ``grove replay --verify`` must pass the same values to ``finalization_forest``.
+    """
 
     rollouts_per_group: int
     groups_per_step: int
@@ -57,11 +68,17 @@ class ProjectorSettings:
     pad_token_id: int = 0
     training_stream: str = "training"
     capture_prefix: str = ""
+    forest_training: bool = True
+    max_row_tokens: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("rollouts_per_group", "groups_per_step", "row_multiple"):
             if getattr(self, name) < 1:
                 raise BatchError(name, f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_row_tokens is not None and self.max_row_tokens < 1:
+            raise BatchError(
+                "max_row_tokens", f"max_row_tokens must be >= 1 or None, got {self.max_row_tokens}"
+            )
 
 
 @dataclass(frozen=True, eq=False)
@@ -249,7 +266,12 @@ class Projector:
     # -- finalization ------------------------------------------------------------------------
 
     def _forest(self, state: AttemptState) -> tuple[Forest, dict[str, CallExtras]]:
-        return finalization_forest(state, self.blobs)
+        return finalization_forest(
+            state,
+            self.blobs,
+            forest_training=self.settings.forest_training,
+            max_row_tokens=self.settings.max_row_tokens,
+        )
 
     def _record_finalization(self, state: AttemptState) -> None:
         assert state.opened is not None
@@ -266,8 +288,10 @@ class Projector:
         recorded = state.finalized
         paths = tuple(tuple(row.call_ids) for row in forest.rows)
         if (recorded.trainable, recorded.paths) != (forest.trainable, paths):
-            # The blobs or events changed since the decision (or the code did): never train on it.
-            forest = _masked(forest, forest.masked_reason or MaskReason.BLOB_INVALID)
+            # The blobs or events changed since the decision (or the code, or the settings did):
+            # never train on it. A recorded reason stays when today's forest would train.
+            kept = recorded.masked_reason if recorded.masked_reason in MASK_REASONS else None
+            forest = _masked(forest, forest.masked_reason or kept or MaskReason.BLOB_INVALID)
         rows = tuple(rollout_rows(forest, extras)) if forest.trainable else ()
         return FinalizedRollout(
             capture_key=state.capture_key,
@@ -346,14 +370,20 @@ def _masked(forest: Forest, reason: str) -> Forest:
 
 
 def finalization_forest(
-    state: AttemptState, blobs: BlobStore
+    state: AttemptState,
+    blobs: BlobStore,
+    *,
+    forest_training: bool = True,
+    max_row_tokens: int | None = None,
 ) -> tuple[Forest, dict[str, CallExtras]]:
     """The forest the projector decides for a settled, selected attempt, and its calls' extras.
 
     Tokens come from the selected calls' blobs (sizes and digests verified, each row checked
-    against the recorded chain digests); any failed check masks the forest with its reason. The
+    against the recorded chain digests); any failed check masks the forest with its reason; a
+    forest that passes them all is then held to the settings (``setting_mask_reason``). The
     projector records ``rollout.finalized`` from it; ``grove replay --verify`` and ``grove show``
-    call it on the attempt's state as it stood when that decision was recorded.
+    call it on the attempt's state as it stood when that decision was recorded, with the
+    projector's ``forest_training`` and ``max_row_tokens``: the decision depends on nothing else.
     """
     assert state.selection is not None
     selection = state.selection
@@ -375,10 +405,34 @@ def finalization_forest(
     )
     records, extras, blob_mask = _records(state, selected, blobs)
     forest = build_forest(records, selected, terminal=terminal)
-    mask = mask or blob_mask or forest.masked_reason or _chain_mismatch(state, forest)
+    mask = (
+        mask
+        or blob_mask
+        or forest.masked_reason
+        or _chain_mismatch(state, forest)
+        or setting_mask_reason(
+            forest, forest_training=forest_training, max_row_tokens=max_row_tokens
+        )
+    )
     if mask is not None and forest.masked_reason != mask:
         forest = _masked(forest, mask)
     return forest, extras
+
+
+def setting_mask_reason(
+    forest: Forest, *, forest_training: bool = True, max_row_tokens: int | None = None
+) -> MaskReason | None:
+    """Why the projector's settings keep a forest from training, or None.
+
+    ``forest_training_disabled`` when forest training is off and the forest has more than one
+    path; else ``row_too_long`` when a row has more than ``max_row_tokens`` tokens (exactly
+    ``max_row_tokens`` trains). A masked forest (no rows) passes.
+    """
+    if not forest_training and len(forest.rows) > 1:
+        return MaskReason.FOREST_TRAINING_DISABLED
+    if max_row_tokens is not None and any(len(r.token_ids) > max_row_tokens for r in forest.rows):
+        return MaskReason.ROW_TOO_LONG
+    return None
 
 
 def finalization_event(rollout_id: str, forest: Forest) -> RolloutFinalized:

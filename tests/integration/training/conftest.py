@@ -6,6 +6,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
+from typing import Any
 
 import pytest
 
@@ -38,12 +39,15 @@ class Lab:
     capture: CaptureService
     blob_url: str
 
-    def projector(self, *, groups_per_step: int = 1, rollouts_per_group: int = 2) -> Projector:
+    def projector(
+        self, *, groups_per_step: int = 1, rollouts_per_group: int = 2, **settings: Any
+    ) -> Projector:
+        """A projector on this ledger; ``settings`` are further ``ProjectorSettings`` fields."""
         return Projector(
             self.store,
             open_blob_store(self.blob_url),
             ProjectorSettings(
-                rollouts_per_group=rollouts_per_group, groups_per_step=groups_per_step
+                rollouts_per_group=rollouts_per_group, groups_per_step=groups_per_step, **settings
             ),
         )
 

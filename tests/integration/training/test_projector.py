@@ -9,7 +9,7 @@ import torch
 
 from ledger.events import CallFailed
 from storage import BlobRef
-from training.projector import Projector
+from training.projector import Projector, finalization_event, finalization_forest
 
 from .conftest import Lab
 
@@ -151,3 +151,62 @@ def test_masked_rollouts_still_count_in_their_group(lab: Lab):
     published = projector.batch_for_step(0)
     assert published.batch.num_rollouts == 2
     assert [len(r.rollout.rows) for r in published.rollouts] == [0, 2]
+
+
+def row_lengths(lab: Lab, capture_key: str) -> list[int]:
+    """The token count of each row the attempt's forest has with no limit."""
+    forest, _ = finalization_forest(lab.capture.log.load(capture_key), lab.capture.blobs)
+    return [len(row.token_ids) for row in forest.rows]
+
+
+def test_a_row_longer_than_max_row_tokens_masks_its_rollout_and_its_sibling_trains(lab: Lab):
+    lab.play("g0-r0", group="g0", index=0, reward=1.0, compact_after=None, turns=3)
+    lab.play("g0-r1", group="g0", index=1, reward=0.0, compact_after=None, turns=1)
+    (long,), (short,) = row_lengths(lab, "g0-r0"), row_lengths(lab, "g0-r1")
+    assert short < long  # one turn against three, in one context each
+    projector = lab.project(lab.projector(max_row_tokens=long - 1))  # long = N + 1
+    masked, kept = finalized(lab, "g0-r0"), finalized(lab, "g0-r1")
+    assert (masked.trainable, masked.masked_reason, masked.paths) == (False, "row_too_long", ())
+    assert (kept.trainable, kept.masked_reason) == (True, None)
+    published = projector.batch_for_step(0)
+    assert [len(r.rollout.rows) for r in published.rollouts] == [0, 1]
+    assert published.rollouts[0].outcome.masked_reason == "row_too_long"
+
+
+def test_a_row_of_exactly_max_row_tokens_trains(lab: Lab):
+    lab.play("att-1", group="g0", index=0, reward=1.0, compact_after=None, turns=3)
+    (length,) = row_lengths(lab, "att-1")
+    state, blobs = lab.capture.log.load("att-1"), lab.capture.blobs
+    exact, _ = finalization_forest(state, blobs, max_row_tokens=length)
+    over, _ = finalization_forest(state, blobs, max_row_tokens=length - 1)
+    assert (exact.trainable, over.masked_reason) == (True, "row_too_long")
+    lab.project(lab.projector(max_row_tokens=length))
+    assert finalized(lab, "att-1").trainable
+
+
+def test_without_forest_training_a_rewritten_rollout_is_masked_and_a_single_path_one_trains(
+    lab: Lab,
+):
+    lab.play("g0-r0", group="g0", index=0, reward=1.0, compact_after=1, turns=3)  # two paths
+    lab.play("g0-r1", group="g0", index=1, reward=0.0, compact_after=None, turns=3)  # one path
+    projector = lab.project(lab.projector(forest_training=False))
+    rewritten, plain = finalized(lab, "g0-r0"), finalized(lab, "g0-r1")
+    assert (rewritten.trainable, rewritten.masked_reason) == (False, "forest_training_disabled")
+    assert (plain.trainable, plain.paths) == (True, (("c0", "c1", "c2"),))
+    published = projector.batch_for_step(0)
+    assert [len(r.rollout.rows) for r in published.rollouts] == [0, 1]
+
+
+def test_the_setting_masks_are_decided_again_from_the_same_inputs(lab: Lab):
+    lab.play("g0-r0", group="g0", index=0, reward=1.0, compact_after=1, turns=3)
+    lab.play("g0-r1", group="g0", index=1, reward=0.0, compact_after=None, turns=3)
+    settings = {"forest_training": False, "max_row_tokens": 10_000}
+    first = lab.project(lab.projector(**settings)).batch_for_step(0)
+    for key in ("g0-r0", "g0-r1"):
+        state = lab.capture.log.load(key)
+        forest, _ = finalization_forest(state, lab.capture.blobs, **settings)
+        assert finalization_event(state.opened.rollout_id, forest) == state.finalized
+    again = lab.project(lab.projector(**settings)).batch_for_step(0)  # as after a restart
+    assert again.rebuilt
+    assert torch.equal(again.batch.input_ids, first.batch.input_ids)
+    assert [r.forest.masked_reason for r in again.rollouts] == ["forest_training_disabled", None]

@@ -1,4 +1,4 @@
-"""build_forest: the seed's shapes, ownership, every mask reason and every record rule."""
+"""build_forest: the documented shapes, ownership, every mask reason and every record rule."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def ids(count: int) -> list[str]:
     return [f"c{i}" for i in range(count)]
 
 
-# --- the seed's shapes --------------------------------------------------------------------------
+# --- the documented shapes (docs/forest.md) ---------------------------------------------------
 
 
 def test_twenty_chained_calls_give_one_row_owning_every_generation() -> None:
@@ -219,12 +219,14 @@ def test_strict_mode_raises_forest_error_naming_call_and_rule(case: MaskCase) ->
         assert f"'{case.culprit}'" in str(raised.value)
 
 
-def test_mask_reasons_cover_every_case_above_plus_the_capture_and_blob_reasons() -> None:
+def test_mask_reasons_cover_every_case_above_plus_the_capture_blob_and_setting_reasons() -> None:
     assert {case[0] for case in MASK_CASES} | {
         MaskReason.CAPTURE_PENDING,
         MaskReason.CAPTURE_FAILED,
         MaskReason.BLOB_INVALID,
         MaskReason.LEDGER_CONTRADICTION,
+        MaskReason.FOREST_TRAINING_DISABLED,
+        MaskReason.ROW_TOO_LONG,
     } == MASK_REASONS
 
 
@@ -241,6 +243,8 @@ def test_mask_reasons_are_plain_strings() -> None:
         "capture_failed",
         "blob_invalid",
         "ledger_contradiction",
+        "forest_training_disabled",
+        "row_too_long",
     } == MASK_REASONS
 
 
