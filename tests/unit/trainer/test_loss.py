@@ -161,6 +161,36 @@ def test_clip_range_outside_its_bounds_raises() -> None:
         ClipRange(low=1.0, high=0.2)
 
 
+@pytest.mark.parametrize(
+    ("clip", "expected_loss", "expected_clipped"),
+    [
+        # default [0.8, 1.2]: row 0 ratio 1.5, A=+1: max(-1.5, -1.2) = -1.2; row 1 ratio 0.5,
+        # A=-1: max(0.5, 0.8) = 0.8. Loss (-1.2 + 0.8) / 2 = -0.2, both tokens clipped.
+        (ClipRange(), -0.2, 2),
+        # loss_fn.ratio_clip_min = ratio_clip_max = 0.6: [0.4, 1.6] holds both ratios, nothing
+        # clips: (-1.5 + 0.5) / 2 = -0.5.
+        (ClipRange(low=0.6, high=0.6), -0.5, 0),
+        # ratio_clip_min 0.1, ratio_clip_max 0.4: [0.9, 1.4]: (-1.4 + 0.9) / 2 = -0.25.
+        (ClipRange(low=0.1, high=0.4), -0.25, 2),
+        # ratio_clip_min 0.6, ratio_clip_max 0.2: [0.4, 1.2]: (-1.2 + 0.5) / 2 = -0.35.
+        (ClipRange(low=0.6, high=0.2), -0.35, 1),
+    ],
+)
+def test_the_clip_range_decides_the_loss_where_ratios_leave_the_default_interval(
+    clip: ClipRange, expected_loss: float, expected_clipped: int
+) -> None:
+    trainer = _tensor([[0.0, LN(0.6)], [0.0, LN(0.2)]])  # ratios 0.6/0.4 = 1.5 and 0.2/0.4 = 0.5
+    generation = _tensor([[0.0, LN(0.4)], [0.0, LN(0.4)]])
+    retained = retained_token_mask(torch.tensor([[0, 1], [0, 1]]), torch.tensor([0, 1]))
+
+    result = clipped_policy_gradient_loss(
+        trainer, generation, _tensor([1.0, -1.0]), retained, step_retained_tokens=2, clip=clip
+    )
+
+    assert result.loss.item() == pytest.approx(expected_loss, abs=1e-12)
+    assert result.clipped_tokens == expected_clipped
+
+
 def _diagnostics(row_mask=None):
     # Rollout 0 owns row 0 (one token, logr = ln 2) and row 1 (two tokens, logr = 0);
     # rollout 1 owns nothing; row 2 is padding with a huge error that must not count.
