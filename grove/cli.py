@@ -126,23 +126,72 @@ def db_status(
         console.print("[yellow]no ledger schema yet: run `grove db upgrade`[/]")
 
 
-@app.command("demo")
-def demo(
-    steps: Annotated[int, typer.Option("--steps", min=1, help="Total optimizer steps.")] = 10,
-    resume: Annotated[
-        bool, typer.Option("--resume", help="Continue the latest run from its checkpoint.")
-    ] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print only one JSON line.")] = False,
+StepsOption = Annotated[
+    int | None,
+    typer.Option("--steps", min=1, help="Train up to this many optimizer steps in all."),
+]
+ResumeOption = Annotated[
+    bool, typer.Option("--resume", help="Continue the latest run (or --run) from its checkpoint.")
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print only one JSON line.")]
+
+
+def _train(
+    source: Path,
+    steps: int | None,
+    resume: bool,
+    run: str | None,
+    as_json: bool,
+    ws: Workspace,
+) -> None:
+    from grove.config import load_config
+    from grove.jobs.train import run_training
+
+    config = load_config(source)
+    summary = run_training(
+        config,
+        ws,
+        source=str(source),
+        steps=steps,
+        resume=resume,
+        run_id=run,
+        console=None if as_json else console,
+    )
+    print(json.dumps(summary.as_dict()))
+
+
+@app.command("train")
+def train(
+    config: Annotated[
+        Path, typer.Argument(help="The run's configuration (YAML or JSON; docs/train.md).")
+    ],
+    steps: StepsOption = None,
+    resume: ResumeOption = False,
+    run: Annotated[
+        str | None, typer.Option("--run", help="Name the new run, or the run to resume.")
+    ] = None,
+    as_json: JsonOption = False,
     workdir: WorkdirOption = None,
     database_url: DatabaseOption = None,
     blob_url: BlobOption = None,
 ) -> None:
-    """Train a recency-compaction agent with GRPO on the embedded defaults."""
-    from grove.jobs.demo import run_demo, summary_json
+    """Train the configured model with GRPO on the rollouts its harness plays (docs/train.md)."""
+    _train(config, steps, resume, run, as_json, _workspace(workdir, database_url, blob_url))
 
-    ws = _workspace(workdir, database_url, blob_url)
-    summary = run_demo(ws, steps=steps, resume=resume, console=None if as_json else console)
-    print(summary_json(summary))
+
+@app.command("demo")
+def demo(
+    steps: StepsOption = None,
+    resume: ResumeOption = False,
+    as_json: JsonOption = False,
+    workdir: WorkdirOption = None,
+    database_url: DatabaseOption = None,
+    blob_url: BlobOption = None,
+) -> None:
+    """``grove train examples/demo.yaml``: a recency-compaction agent on the embedded model."""
+    from examples import DEMO_CONFIG
+
+    _train(DEMO_CONFIG, steps, resume, None, as_json, _workspace(workdir, database_url, blob_url))
 
 
 @app.command("serve")
@@ -274,6 +323,47 @@ def show(
     with _ledger(ws) as store:
         page = write_attempt_page(store, open_blob_store(ws.blob_url), capture_key, html)
     console.print(f"wrote {html} ({page.calls} calls, {page.rows} rows)")
+
+
+@app.command("export")
+def export(
+    checkpoint: Annotated[
+        Path, typer.Argument(help="A checkpoint directory (step_…) written by a run.")
+    ],
+    hf: Annotated[
+        Path, typer.Option("--hf", help="Write the Hugging Face model directory here (new).")
+    ],
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            help="The run's model.path: `embedded` or a model directory (default: read from "
+            "config.json next to the checkpoint).",
+        ),
+    ] = None,
+    dtype: Annotated[
+        str | None,
+        typer.Option("--dtype", help="The run's model.dtype, with --model (default float32)."),
+    ] = None,
+) -> None:
+    """Export a checkpoint as a Hugging Face model directory (docs/export.md)."""
+    from grove.jobs.models import ModelLoadError
+    from grove.tools.export import ExportError, export_checkpoint, export_from_run
+
+    if model is None and dtype is not None:
+        raise typer.BadParameter(
+            "--dtype goes with --model; without --model the run's model.dtype is used",
+            param_hint="--dtype",
+        )
+    try:
+        if model is None:
+            out = export_from_run(checkpoint, hf)
+        else:
+            out = export_checkpoint(checkpoint, hf, model_path=model, dtype=dtype or "float32")
+    except (ExportError, ModelLoadError) as error:
+        errors.print(f"[bold red]error:[/] {error}", highlight=False)
+        raise typer.Exit(1) from None
+    console.print(f"exported {checkpoint} to {out}", highlight=False)
 
 
 def main() -> None:

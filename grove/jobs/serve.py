@@ -114,6 +114,7 @@ def build_gateway(
     tokenizer: PreTrainedTokenizerBase | None = None,
     model_name: str = EMBEDDED_MODEL_NAME,
     max_context: int | None = None,
+    default_max_tokens: int = 256,
     settle_timeout_s: float = 300.0,
 ) -> FastAPI:
     """The gateway over ``workspace``: ledger migrated and opened, blob store, engine, selector.
@@ -143,6 +144,7 @@ def build_gateway(
         model_name=model_name,
         auth_token=auth_token,
         max_context=max_context,
+        default_max_tokens=default_max_tokens,
         settle_timeout_s=settle_timeout_s,
         on_shutdown=store.close,
     )

@@ -10,6 +10,7 @@ model, optimizer, scheduler, generators, step and the projector's ledger positio
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -20,12 +21,14 @@ from ledger.store import EventStore
 from storage import BlobStore
 from training.advantages import (
     AdvantageConfig,
+    GroupDecision,
     MaskedRewardPolicy,
     RolloutOutcome,
     compute_advantages,
     group_decisions,
     pooled_logprob_error,
 )
+from training.batch import TrainingBatch
 from training.checkpoint import (
     CheckpointMetadata,
     ResumeExpectation,
@@ -34,6 +37,8 @@ from training.checkpoint import (
     save_checkpoint,
 )
 from training.errors import BatchError
+from training.loss import ClipRange
+from training.metrics import length_metrics, rollout_lengths, step_metrics
 from training.projector import Projector, ProjectorSettings, PublishedBatch
 from training.trainer import (
     StepReport,
@@ -48,7 +53,8 @@ __all__ = ["StepSummary", "TrainingRun", "advantage_config"]
 
 @dataclass(frozen=True)
 class StepSummary:
-    """One optimizer step as the demo's table shows it."""
+    """One optimizer step: the figures the terminal shows, and every metric of the step
+    (``docs/metrics.md``) for the run's metrics log."""
 
     step: int
     reward: float
@@ -61,6 +67,7 @@ class StepSummary:
     gen_kl_error: float
     rebuilt: bool
     checkpoint: str | None
+    metrics: dict[str, float]
 
 
 def advantage_config(config: GroveConfig) -> AdvantageConfig:
@@ -74,14 +81,16 @@ def advantage_config(config: GroveConfig) -> AdvantageConfig:
         seq_logprob_error_threshold=grpo.seq_logprob_error_threshold,
         overlong_filtering=grpo.overlong_filtering,
         normalize_std=grpo.normalize_rewards,
+        leave_one_out_baseline=grpo.use_leave_one_out_baseline,
     )
 
 
 class TrainingRun:
     """The consuming side of one run: projector, trainer, checkpoints.
 
-    With ``run_id`` the run follows only attempts whose capture keys start with ``{run_id}-`` and
-    publishes on the stream ``training-{run_id}``, so several runs can share one ledger.
+    With ``run_id`` the run publishes on the stream ``training-{run_id}`` and follows only
+    attempts whose capture keys start with ``capture_prefix`` (default ``{run_id}-``; empty:
+    every attempt), so several runs can share one ledger.
     """
 
     HORIZON_WAIT_S = 30.0  # how long a step waits for events held behind the reader's horizon
@@ -96,6 +105,7 @@ class TrainingRun:
         *,
         pad_token_id: int = 0,
         run_id: str = "",
+        capture_prefix: str | None = None,
     ) -> None:
         self.config = config
         self.model = model
@@ -110,7 +120,11 @@ class TrainingRun:
                 row_multiple=policy.execution_row_multiple,
                 pad_token_id=pad_token_id,
                 training_stream=f"training-{run_id}" if run_id else "training",
-                capture_prefix=f"{run_id}-" if run_id else "",
+                capture_prefix=(f"{run_id}-" if run_id else "")
+                if capture_prefix is None
+                else capture_prefix,
+                forest_training=config.token_capture.forest_training,
+                max_row_tokens=policy.max_total_sequence_length,
             ),
         )
         optimizer = torch.optim.AdamW(
@@ -123,6 +137,7 @@ class TrainingRun:
             scheduler,
             global_batch_rollouts=policy.train_global_batch_size,
             micro_batch_size=policy.train_micro_batch_size,
+            clip=ClipRange(low=config.loss_fn.ratio_clip_min, high=config.loss_fn.ratio_clip_max),
             max_grad_norm=policy.max_grad_norm,
             min_step_batch_fraction=config.async_rl.rollout_failure.min_step_batch_fraction,
         )
@@ -168,15 +183,32 @@ class TrainingRun:
             raise BatchError(
                 "step", f"batch of step {published.step} offered at step {self.trainer.step}"
             )
-        outcomes, dropped_groups = self._outcomes(published)
+        started = time.perf_counter()
+        outcomes, decisions = self._outcomes(published)
         advantages = compute_advantages(outcomes, self.advantages)
         report = self.trainer.train_step(step_batch(published.batch, advantages))
+        metrics = {
+            **report.metrics(),
+            **step_metrics(
+                outcomes=outcomes,
+                decisions=decisions,
+                advantages=advantages,
+                batch=published.batch,
+            ),
+            **length_metrics([rollout_lengths(r.forest) for r in published.rollouts]),
+            **_reward_metrics(outcomes),
+            "logical_rollouts": float(published.batch.num_rollouts),
+            "throughput/tokens_per_s": _row_tokens(published.batch)
+            / max(time.perf_counter() - started, 1e-9),
+        }
         checkpoint = self._checkpoint(published)
-        return _summary(published, outcomes, dropped_groups, report, checkpoint)
+        return _summary(published, outcomes, decisions, report, checkpoint, metrics)
 
-    def _outcomes(self, published: PublishedBatch) -> tuple[list[RolloutOutcome], int]:
+    def _outcomes(
+        self, published: PublishedBatch
+    ) -> tuple[list[RolloutOutcome], list[GroupDecision]]:
         """Each rollout's outcome with its pooled logprob error; rollouts of dropped groups are
-        masked with the group's reason. Also returns how many groups were dropped."""
+        masked with the group's reason. Also returns each group's decision."""
         outcomes = published.outcomes
         if self.advantages.seq_logprob_error_threshold is not None:
             batch = published.batch
@@ -196,18 +228,15 @@ class TrainingRun:
                 replace(o, logprob_error=None if math.isnan(e) else e)
                 for o, e in zip(outcomes, errors, strict=True)
             ]
-        dropped = {
-            d.group_id: d.reason
-            for d in group_decisions(outcomes, self.advantages.min_valid_fraction_per_group)
-            if not d.kept
-        }
+        decisions = group_decisions(outcomes, self.advantages.min_valid_fraction_per_group)
+        dropped = {d.group_id: d.reason for d in decisions if not d.kept}
         kept = [
             replace(o, masked_reason=o.masked_reason or dropped[o.group_id])
             if o.group_id in dropped
             else o
             for o in outcomes
         ]
-        return kept, len(dropped)
+        return kept, decisions
 
     def _checkpoint(self, published: PublishedBatch) -> str | None:
         checkpointing = self.config.checkpointing
@@ -235,12 +264,25 @@ class TrainingRun:
         return str(path)
 
 
+def _reward_metrics(outcomes: list[RolloutOutcome]) -> dict[str, float]:
+    rewards = torch.tensor([o.reward for o in outcomes], dtype=torch.float64)
+    std = float(rewards.std(correction=0)) if len(outcomes) > 1 else 0.0
+    return {"reward/mean": float(rewards.mean()), "reward/std": std}
+
+
+def _row_tokens(batch: TrainingBatch) -> float:
+    """Tokens of the real rows (padding rows and right padding left out)."""
+    real = batch.parent_indices >= 0
+    return float(batch.attention_mask[real].sum())
+
+
 def _summary(
     published: PublishedBatch,
     outcomes: list[RolloutOutcome],
-    dropped_groups: int,
+    decisions: list[GroupDecision],
     report: StepReport,
     checkpoint: str | None,
+    metrics: dict[str, float],
 ) -> StepSummary:
     rewards = [o.reward for o in outcomes]
     batch = published.batch
@@ -250,10 +292,11 @@ def _summary(
         logical_rollouts=batch.num_rollouts,
         rows=batch.num_rows - batch.num_padding_rows,
         masked=sum(o.masked_reason is not None for o in outcomes),
-        dropped_groups=dropped_groups,
+        dropped_groups=sum(not d.kept for d in decisions),
         loss=report.loss,
         max_tmpe=report.diagnostics.max_token_mult_prob_error,
         gen_kl_error=report.diagnostics.gen_kl_error,
         rebuilt=published.rebuilt,
         checkpoint=checkpoint,
+        metrics=metrics,
     )

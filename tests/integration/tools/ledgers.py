@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grove.jobs.demo import run_demo
+from examples import DEMO_CONFIG
+from grove.config import load_config
+from grove.jobs.train import run_training
 from grove.workspace import Workspace
 from ledger import migrate
 from ledger.attempt import AttemptLog, AttemptState
@@ -81,7 +83,7 @@ def demo_ledger(workdir: Path) -> DemoLedger:
     """The ledger of ``grove demo --steps 1`` in ``workdir`` (run once per process)."""
     if workdir not in _BUILT:
         workspace = Workspace.resolve(workdir)
-        summary = run_demo(workspace, steps=1)
+        summary = run_training(load_config(DEMO_CONFIG), workspace, steps=1)
         store = EventStore.open(workspace.database_url, pool=False)
         try:
             log = AttemptLog(store)

@@ -1,0 +1,195 @@
+"""A small client for harnesses that run outside Grove: open an attempt, talk to the model through
+an ``openai`` client bound to it, reject a response, post the result (``docs/train.md``).
+
+An attempt is one execution of the harness for one logical rollout. Every model call of the
+attempt carries its capture key in the ``X-Grove-Capture-Key`` header; the bound clients set it
+once, so the harness code is ordinary ``openai`` code::
+
+    grove = GroveClient("http://127.0.0.1:8000/v1")
+    attempt = grove.open_attempt("run1-g0-r0", rollout_id="g0-r0", prompt_group="g0",
+                                 rollout_index=0)
+    llm = attempt.openai()
+    answer = llm.chat.completions.create(model=grove.model(), messages=[...])
+    attempt.post_result({"output": [..., answer.choices[0].message.model_dump()], "reward": 1.0})
+
+The gateway's refusals arrive as ``GroveClientError`` with the gateway's stable ``code``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import openai
+
+__all__ = [
+    "CALL_ID_HEADER",
+    "CAPTURE_KEY_HEADER",
+    "Attempt",
+    "GroveClient",
+    "GroveClientError",
+    "reject",
+]
+
+CAPTURE_KEY_HEADER = "X-Grove-Capture-Key"
+CALL_ID_HEADER = "X-Grove-Call-Id"
+
+
+class GroveClientError(RuntimeError):
+    """The gateway refused a request: ``status``, its error ``code`` and ``message``."""
+
+    def __init__(self, method: str, path: str, status: int, code: str, message: str) -> None:
+        self.status = status
+        self.code = code
+        self.message = message
+        super().__init__(f"{method} {path} answered {status} {code}: {message}")
+
+
+def _checked(response: httpx.Response) -> Any:
+    if response.status_code < 400:
+        return response.json()
+    try:
+        error = response.json()["error"]
+        code, message = str(error.get("code")), str(error.get("message"))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        code, message = "http_error", response.text[:500]
+    request = response.request
+    raise GroveClientError(request.method, request.url.path, response.status_code, code, message)
+
+
+class GroveClient:
+    """Grove's attempt endpoints at ``base_url`` (the gateway's ``…/v1``), with ``api_key`` as
+    the bearer token when the gateway requires one."""
+
+    def __init__(self, base_url: str, *, api_key: str = "grove", timeout_s: float = 600.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.api_key = api_key
+        self.timeout_s = timeout_s
+        self.http = httpx.Client(
+            base_url=self.base_url,
+            headers={"Authorization": f"Bearer {api_key}"},
+            timeout=timeout_s,
+        )
+
+    def close(self) -> None:
+        """Close the HTTP connections."""
+        self.http.close()
+
+    def __enter__(self) -> GroveClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def model(self) -> str:
+        """The name of the model the gateway serves (send it as ``model``)."""
+        return str(_checked(self.http.get("/models"))["data"][0]["id"])
+
+    def open_attempt(
+        self,
+        capture_key: str,
+        *,
+        rollout_id: str,
+        prompt_group: str,
+        rollout_index: int,
+        forest_mode: bool = True,
+        selection_policy: str = "returned_history",
+    ) -> Attempt:
+        """Open (idempotently) the attempt ``capture_key`` for rollout ``rollout_index`` of
+        ``prompt_group``; a training run groups ``grpo.num_generations_per_prompt`` rollouts of
+        one prompt group and trains them together."""
+        _checked(
+            self.http.post(
+                "/attempts",
+                json={
+                    "capture_key": capture_key,
+                    "rollout_id": rollout_id,
+                    "prompt_group": prompt_group,
+                    "rollout_index": rollout_index,
+                    "forest_mode": forest_mode,
+                    "selection_policy": selection_policy,
+                },
+            )
+        )
+        return Attempt(self, capture_key)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One opened attempt: bound ``openai`` clients, rejection, status and the result."""
+
+    grove: GroveClient
+    capture_key: str
+
+    def _bound(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        headers = {**kwargs.pop("default_headers", {}), CAPTURE_KEY_HEADER: self.capture_key}
+        return {
+            "base_url": self.grove.base_url,
+            "api_key": self.grove.api_key,
+            "timeout": self.grove.timeout_s,
+            "max_retries": 0,
+            **kwargs,
+            "default_headers": headers,
+        }
+
+    def openai(self, **kwargs: Any) -> openai.OpenAI:
+        """An ``openai.OpenAI`` whose every call belongs to this attempt (keyword arguments go to
+        the client; ``max_retries`` is 0 unless given: a retried call would be a second call)."""
+        return openai.OpenAI(**self._bound(kwargs))
+
+    def async_openai(self, **kwargs: Any) -> openai.AsyncOpenAI:
+        """The ``openai.AsyncOpenAI`` twin of :meth:`openai`."""
+        return openai.AsyncOpenAI(**self._bound(kwargs))
+
+    def status(self) -> dict[str, Any]:
+        """The attempt as the ledger knows it now (``GET /v1/attempts/{capture_key}``)."""
+        return dict(_checked(self.grove.http.get(f"/attempts/{self.capture_key}")))
+
+    def reject(self, response_id: str, detail: str = "rejected by the harness") -> None:
+        """Record that the harness rejected the completed response ``response_id`` (the
+        completion's ``id``); it never trains, and the harness may sample again."""
+        call_id = _call_of_response(self.status(), response_id)
+        _checked(
+            self.grove.http.post(
+                f"/attempts/{self.capture_key}/calls/{call_id}/reject", json={"detail": detail}
+            )
+        )
+
+    def post_result(self, result: Mapping[str, Any]) -> dict[str, Any]:
+        """The harness returned: ``result`` is its ordinary output (``output``: the returned
+        history) and ``reward``. Grove settles the attempt and selects the calls that train."""
+        path = f"/attempts/{self.capture_key}/result"
+        return dict(_checked(self.grove.http.post(path, json=dict(result))))
+
+
+def _call_of_response(status: Mapping[str, Any], response_id: str) -> str:
+    for call in status["calls"]:
+        if call.get("response_id") == response_id:
+            return str(call["call_id"])
+    raise GroveClientError(
+        "GET",
+        f"/attempts/{status['capture_key']}",
+        404,
+        "unknown_response",
+        f"attempt {status['capture_key']!r} served no response {response_id!r}",
+    )
+
+
+def reject(
+    client: openai.OpenAI, response_id: str, detail: str = "rejected by the harness"
+) -> None:
+    """Reject ``response_id`` through an ``openai.OpenAI`` client bound to an attempt (the one an
+    in-process harness receives): the same as :meth:`Attempt.reject`."""
+    capture_key = client.default_headers.get(CAPTURE_KEY_HEADER)
+    if not isinstance(capture_key, str):
+        raise ValueError(
+            f"this openai client is not bound to an attempt: it sends no {CAPTURE_KEY_HEADER} "
+            "header (use Attempt.openai() or the client grove train hands the harness)"
+        )
+    grove = GroveClient(str(client.base_url), api_key=client.api_key, timeout_s=60.0)
+    try:
+        Attempt(grove, capture_key).reject(response_id, detail)
+    finally:
+        grove.close()

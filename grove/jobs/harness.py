@@ -1,0 +1,118 @@
+"""In-process harnesses: resolving ``harness.target`` and playing one rollout through it.
+
+A harness is a function ``play(client, task, seed, **options) -> result``: ``client`` is an
+``openai.OpenAI`` bound to the rollout's attempt (its calls are captured; reject a response with
+``grove.client.reject(client, response_id)``), ``task`` the task record, ``seed`` the rollout's
+seed (``rollout_seed``), ``options`` the configuration's ``harness.options``. It returns its
+ordinary result: the returned history as ``output`` (Chat messages or Responses items) and the
+verifier's ``reward``. Grove opens the attempt before and posts the result after.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from grove.client import GroveClient
+
+__all__ = [
+    "Harness",
+    "HarnessError",
+    "RolloutSpec",
+    "play_rollout",
+    "resolve_harness",
+    "rollout_seed",
+]
+
+Harness = Callable[..., Mapping[str, Any]]
+
+
+class HarnessError(RuntimeError):
+    """The harness could not be used, or failed on a rollout (``rollout_id`` then names it)."""
+
+    def __init__(self, message: str, rollout_id: str | None = None) -> None:
+        self.rollout_id = rollout_id
+        super().__init__(message if rollout_id is None else f"rollout {rollout_id}: {message}")
+
+
+def resolve_harness(target: str) -> Harness:
+    """The function named ``module:function``; refused with what is wrong and what to do."""
+    module_name, _, attribute = target.partition(":")
+    if not module_name or not attribute:
+        raise HarnessError(
+            f"harness.target {target!r} must be 'module:function' (or 'external' for agents "
+            "that run elsewhere)"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise HarnessError(
+            f"harness.target {target!r}: cannot import {module_name!r} ({error}); is it on "
+            "PYTHONPATH?"
+        ) from error
+    function = getattr(module, attribute, None)
+    if function is None:
+        raise HarnessError(f"harness.target {target!r}: {module_name} has no {attribute!r}")
+    if not callable(function):
+        raise HarnessError(f"harness.target {target!r}: {attribute} is not callable")
+    return function
+
+
+def rollout_seed(run_seed: int, step: int, group: int, index: int) -> int:
+    """Rollout ``index`` of group ``group`` of step ``step``'s seed: the same in every run with
+    the same ``seed``, so runs and resumed runs play alike."""
+    digest = hashlib.sha256(f"grove-rollout/{run_seed}/{step}/{group}/{index}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") >> 1
+
+
+@dataclass(frozen=True)
+class RolloutSpec:
+    """One rollout to play: its attempt's coordinates, task and seed."""
+
+    capture_key: str
+    rollout_id: str
+    prompt_group: str
+    index: int
+    task: Mapping[str, Any]
+    seed: int
+
+
+def play_rollout(
+    grove: GroveClient,
+    harness: Harness,
+    spec: RolloutSpec,
+    options: Mapping[str, Any],
+    *,
+    forest_mode: bool,
+    selection_policy: str,
+) -> float:
+    """Open the attempt, run the harness on its bound client, post its result; the reward."""
+    attempt = grove.open_attempt(
+        spec.capture_key,
+        rollout_id=spec.rollout_id,
+        prompt_group=spec.prompt_group,
+        rollout_index=spec.index,
+        forest_mode=forest_mode,
+        selection_policy=selection_policy,
+    )
+    client = attempt.openai()
+    try:
+        result = harness(client, dict(spec.task), spec.seed, **options)
+    except Exception as error:
+        raise HarnessError(f"the harness raised {error!r}", spec.rollout_id) from error
+    finally:
+        client.close()
+    reward = result.get("reward") if isinstance(result, Mapping) else None
+    if not isinstance(reward, int | float) or isinstance(reward, bool) or not math.isfinite(reward):
+        raise HarnessError(
+            "the harness must return a mapping with a finite number 'reward' (and its returned "
+            f"history as 'output'), got {type(result).__name__}"
+            + (f" with reward {reward!r}" if isinstance(result, Mapping) else ""),
+            spec.rollout_id,
+        )
+    attempt.post_result(result)
+    return float(reward)

@@ -1,0 +1,102 @@
+"""Where a training run keeps its files: ``WORKDIR/runs/RUN/`` and its checkpoint directory.
+
+A run directory holds ``run.json`` (run id, configuration source, the gateway's URL once
+serving), ``config.json`` (the whole resolved configuration), ``metrics.jsonl`` and
+``tensorboard/`` (``grove/jobs/run_log.py``). ``WORKDIR/runs/latest`` names the newest run, which
+``grove train --resume`` continues unless told another. The run's checkpoints live under
+``checkpointing.checkpoint_dir/RUN`` (relative to the workdir unless absolute), with a copy of
+``config.json`` beside them so ``grove export`` can rebuild the model from a checkpoint alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from grove.config import GroveConfig
+from grove.workspace import Workspace
+
+__all__ = ["CONFIG_FILE", "RunDirectory", "RunNotFound", "find_run", "new_run"]
+
+CONFIG_FILE = "config.json"
+RUN_FILE = "run.json"
+LATEST = "latest"
+
+
+class RunNotFound(LookupError):
+    """No such run in the workdir; the message lists the runs that exist."""
+
+
+@dataclass(frozen=True)
+class RunDirectory:
+    """One run's id and directories."""
+
+    run_id: str
+    path: Path
+    checkpoints: Path
+
+    def info(self) -> dict[str, Any]:
+        """The contents of ``run.json``."""
+        return dict(json.loads((self.path / RUN_FILE).read_text()))
+
+    def record(self, **values: Any) -> None:
+        """Add ``values`` to ``run.json`` (written whole through a temporary file)."""
+        _write_json(self.path / RUN_FILE, {**self.info(), **values})
+
+
+def _write_json(path: Path, value: Any) -> None:
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(json.dumps(value, indent=2, sort_keys=True) + "\n")
+    os.replace(temporary, path)
+
+
+def _checkpoints(workspace: Workspace, config: GroveConfig, run_id: str) -> Path:
+    root = Path(config.checkpointing.checkpoint_dir).expanduser()
+    return (root if root.is_absolute() else workspace.workdir / root) / run_id
+
+
+def new_run(
+    workspace: Workspace, config: GroveConfig, source: str, run_id: str | None = None
+) -> RunDirectory:
+    """Create the directories of a new run (``run_id`` or a fresh one) and make it the latest."""
+    run_id = run_id or f"run{time.strftime('%Y%m%d')}{uuid.uuid4().hex[:6]}"
+    runs = workspace.workdir / "runs"
+    path = runs / run_id
+    if path.exists():
+        raise FileExistsError(
+            f"run {run_id!r} already exists in {runs}: resume it with --resume, or pick another "
+            "--run name"
+        )
+    path.mkdir(parents=True)
+    run = RunDirectory(run_id, path, _checkpoints(workspace, config, run_id))
+    run.checkpoints.mkdir(parents=True, exist_ok=True)
+    resolved = config.model_dump(mode="json")
+    _write_json(path / CONFIG_FILE, resolved)
+    _write_json(run.checkpoints / CONFIG_FILE, resolved)
+    _write_json(path / RUN_FILE, {"run_id": run_id, "config_source": source})
+    (runs / LATEST).write_text(run_id + "\n")
+    return run
+
+
+def find_run(workspace: Workspace, config: GroveConfig, run_id: str | None = None) -> RunDirectory:
+    """The run ``run_id`` of the workdir (default: the latest one)."""
+    runs = workspace.workdir / "runs"
+    if run_id is None:
+        latest = runs / LATEST
+        if not latest.is_file():
+            raise RunNotFound(
+                f"no run to resume in {workspace.workdir}: start one without --resume"
+            )
+        run_id = latest.read_text().strip()
+    path = runs / run_id
+    if not (path / RUN_FILE).is_file():
+        existing = sorted(p.parent.name for p in runs.glob(f"*/{RUN_FILE}"))
+        raise RunNotFound(
+            f"no run {run_id!r} in {runs}; runs there: {', '.join(existing) or 'none'}"
+        )
+    return RunDirectory(run_id, path, _checkpoints(workspace, config, run_id))
