@@ -325,6 +325,33 @@ def show(
     console.print(f"wrote {html} ({page.calls} calls, {page.rows} rows)")
 
 
+@app.command("report")
+def report(
+    run: Annotated[
+        str, typer.Argument(help="A run id of WORKDIR/runs (or latest), or a run directory.")
+    ],
+    html: Annotated[
+        Path, typer.Option("--html", help="Write the page to this file.", dir_okay=False)
+    ],
+    workdir: WorkdirOption = None,
+    database_url: DatabaseOption = None,
+    blob_url: BlobOption = None,
+) -> None:
+    """Draw a training run's metric curves as one self-contained HTML page (docs/metrics.md)."""
+    from grove.jobs.runs import RunNotFound
+    from grove.tools.report import resolve_run_dir, write_report
+
+    if not html.parent.is_dir():
+        raise typer.BadParameter(f"directory {html.parent} does not exist", param_hint="--html")
+    try:
+        run_dir = resolve_run_dir(_workspace(workdir, database_url, blob_url).workdir, run)
+    except RunNotFound as error:
+        errors.print(f"[bold red]error:[/] {error}", highlight=False)
+        raise typer.Exit(1) from None
+    page = write_report(run_dir, html)
+    console.print(f"wrote {html} ({page.steps} steps, {page.series} series)", highlight=False)
+
+
 @app.command("export")
 def export(
     checkpoint: Annotated[
@@ -363,7 +390,7 @@ def export(
     except (ExportError, ModelLoadError) as error:
         errors.print(f"[bold red]error:[/] {error}", highlight=False)
         raise typer.Exit(1) from None
-    console.print(f"exported {checkpoint} to {out}", highlight=False)
+    console.print(f"exported {checkpoint} to {out}", highlight=False, soft_wrap=True)
 
 
 def main() -> None:
