@@ -45,6 +45,7 @@ __all__ = [
     "ModelLoadError",
     "check_model_directory",
     "load_model",
+    "quiet_transformers",
     "save_embedded_model",
 ]
 
@@ -94,7 +95,7 @@ class LoadedModel:
 
 
 @contextlib.contextmanager
-def _quiet_transformers() -> Iterator[None]:
+def quiet_transformers() -> Iterator[None]:
     """No progress bars while loading or saving (commands print their own one-line result)."""
     enabled = transformers_logging.is_progress_bar_enabled()
     transformers_logging.disable_progress_bar()
@@ -131,7 +132,7 @@ def _file_problems(directory: Path) -> list[str]:
         )
     else:
         try:
-            with _quiet_transformers():
+            with quiet_transformers():
                 AutoConfig.from_pretrained(directory, local_files_only=True)
         except Exception as error:  # transformers raises many types; all mean the same here
             problems.append(f"{config} cannot be read by transformers ({error}); repair it")
@@ -176,7 +177,7 @@ def _tokenizer_problems(
 ) -> tuple[list[str], PreTrainedTokenizerBase | None]:
     """Load the directory's tokenizer and check that the gateway can use it."""
     try:
-        with _quiet_transformers():
+        with quiet_transformers():
             tokenizer = _as_saved(
                 directory, AutoTokenizer.from_pretrained(directory, local_files_only=True)
             )
@@ -272,7 +273,7 @@ def load_model(path: str, *, dtype: str = "float32", seed: int = 0) -> LoadedMod
     if problems or tokenizer is None:
         raise ModelLoadError(path, "; ".join(problems))
     try:
-        with _quiet_transformers():
+        with quiet_transformers():
             model, info = AutoModelForCausalLM.from_pretrained(
                 directory,
                 local_files_only=True,
@@ -305,7 +306,7 @@ def save_embedded_model(out_dir: Path, *, seed: int = 0) -> Path:
     loaded = _load_embedded(torch.float32, seed)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    with _quiet_transformers():
+    with quiet_transformers():
         loaded.model.save_pretrained(out_dir)
         loaded.tokenizer.save_pretrained(out_dir)
     return out_dir
