@@ -346,10 +346,12 @@ def report(
     try:
         run_dir = resolve_run_dir(_workspace(workdir, database_url, blob_url).workdir, run)
     except RunNotFound as error:
-        errors.print(f"[bold red]error:[/] {error}", highlight=False)
+        errors.print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     page = write_report(run_dir, html)
-    console.print(f"wrote {html} ({page.steps} steps, {page.series} series)", highlight=False)
+    console.print(
+        f"wrote {html} ({page.steps} steps, {page.series} series)", highlight=False, soft_wrap=True
+    )
 
 
 @app.command("export")

@@ -56,11 +56,9 @@ class ModelConfig(Section):
 
 
 class EngineConfig(Section):
-    """``engine``: the inference engine behind the gateway, and the gateway's own settings."""
-
-    kind: Literal["embedded"] = EMBEDDED
-    """``embedded``: sampling runs in the training process on the trainer's own weights, so every
-    call after an optimizer step samples the updated policy."""
+    """``engine``: the gateway in front of the embedded engine, which samples in the training
+    process on the trainer's own weights, so every call after an optimizer step samples the
+    updated policy."""
 
     host: str = Field(default="127.0.0.1", min_length=1)
     """Address the gateway listens on."""

@@ -163,31 +163,46 @@ def unsupported_combinations(config: GroveConfig) -> list[str]:
             f"token_capture.selection_policy {capture.selection_policy!r} needs "
             "token_capture.forest_training: true"
         )
-    if capture.forest_training:
-        problems.extend(_forest_training_problems(config))
+    problems.extend(_unimplemented_problems(config))
     problems.extend(_harness_problems(config))
     return problems
 
 
-def _forest_training_problems(config: GroveConfig) -> list[str]:
+def _unimplemented_problems(config: GroveConfig) -> list[str]:
+    """Switches of features Grove does not implement, refused in every mode."""
     capture, grpo, policy = config.token_capture, config.grpo, config.policy
-    problems: list[str] = []
-    if capture.defer_routed_experts_to_policy:
-        problems.append(
-            "token_capture.defer_routed_experts_to_policy must be false with forest training"
+    problems = [
+        f"{name}: true is not supported: {why}"
+        for name, on, why in (
+            (
+                "token_capture.defer_routed_experts_to_policy",
+                capture.defer_routed_experts_to_policy,
+                "routed experts are assembled with each call's capture",
+            ),
+            (
+                "policy.automodel_cfg.enabled",
+                policy.automodel_cfg.enabled,
+                "Grove's learner is its torch trainer",
+            ),
+            (
+                "grpo.calculate_advantages_on_gpu",
+                grpo.calculate_advantages_on_gpu,
+                "advantages are computed per logical rollout on the CPU",
+            ),
+            (
+                "grpo.reward_shaping.enabled",
+                grpo.reward_shaping.enabled,
+                "each logical rollout keeps the one reward its harness gave",
+            ),
         )
-    if policy.automodel_cfg.enabled:
-        problems.append("policy.automodel_cfg.enabled must be false with forest training")
+        if on
+    ]
     vpp = policy.megatron_cfg.virtual_pipeline_model_parallel_size
     if vpp is not None and vpp > 1:
         problems.append(
             f"policy.megatron_cfg.virtual_pipeline_model_parallel_size ({vpp}): interleaved "
-            "Megatron is not supported with forest training"
+            "Megatron is not supported"
         )
-    if grpo.calculate_advantages_on_gpu:
-        problems.append("grpo.calculate_advantages_on_gpu must be false with forest training")
-    if grpo.reward_shaping.enabled:
-        problems.append("grpo.reward_shaping.enabled must be false with forest training")
     return problems
 
 

@@ -226,29 +226,31 @@ def test_unusable_selection_policy_is_refused_before_any_rollout(policy, message
         ),
         (
             _with(FOREST, {"token_capture": {"defer_routed_experts_to_policy": True}}),
-            "token_capture.defer_routed_experts_to_policy must be false with forest training",
+            "token_capture.defer_routed_experts_to_policy: true is not supported: routed experts "
+            "are assembled with each call's capture",
         ),
         (
             _with(FOREST, {"policy": {"automodel_cfg": {"enabled": True}}}),
-            "policy.automodel_cfg.enabled must be false with forest training",
+            "policy.automodel_cfg.enabled: true is not supported: Grove's learner is its torch "
+            "trainer",
         ),
         (
             _with(
                 FOREST,
-                {
-                    "policy": {"megatron_cfg": {"virtual_pipeline_model_parallel_size": 2}}
-                },
+                {"policy": {"megatron_cfg": {"virtual_pipeline_model_parallel_size": 2}}},
             ),
             "policy.megatron_cfg.virtual_pipeline_model_parallel_size (2): interleaved Megatron is "
-            "not supported with forest training",
+            "not supported",
         ),
         (
             _with(FOREST, {"grpo": {"calculate_advantages_on_gpu": True}}),
-            "grpo.calculate_advantages_on_gpu must be false with forest training",
+            "grpo.calculate_advantages_on_gpu: true is not supported: advantages are computed per "
+            "logical rollout on the CPU",
         ),
         (
             _with(FOREST, {"grpo": {"reward_shaping": {"enabled": True}}}),
-            "grpo.reward_shaping.enabled must be false with forest training",
+            "grpo.reward_shaping.enabled: true is not supported: each logical rollout keeps the one "
+            "reward its harness gave",
         ),
         (
             {"policy": {"train_global_batch_size": 32}},
@@ -297,8 +299,10 @@ def test_unsupported_combinations_are_refused_together_in_one_bulleted_error() -
         "- token_capture.enabled: false is not supported: Grove trains only on the exact tokens "
         "it captured\n"
         "- loss_fn.sequence_level_importance_ratios: true is not supported\n"
-        "- token_capture.defer_routed_experts_to_policy must be false with forest training\n"
-        "- grpo.calculate_advantages_on_gpu must be false with forest training"
+        "- token_capture.defer_routed_experts_to_policy: true is not supported: routed experts "
+        "are assembled with each call's capture\n"
+        "- grpo.calculate_advantages_on_gpu: true is not supported: advantages are computed per "
+        "logical rollout on the CPU"
     )
 
 
