@@ -390,7 +390,7 @@ def export(
         else:
             out = export_checkpoint(checkpoint, hf, model_path=model, dtype=dtype or "float32")
     except (ExportError, ModelLoadError) as error:
-        errors.print(f"[bold red]error:[/] {error}", highlight=False)
+        errors.print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     console.print(f"exported {checkpoint} to {out}", highlight=False, soft_wrap=True)
 
