@@ -77,6 +77,8 @@ def test_saved_directory_loads_under_its_directory_name(saved: Path) -> None:
 def test_saved_directory_tokenizes_a_conversation_like_the_embedded_tokenizer(
     saved: Path,
 ) -> None:
+    # "21" is one pre-token for the embedded (GPT-2) pre-tokenizer and two for Qwen2's, which
+    # transformers 5's AutoTokenizer would substitute for a qwen2 directory (docs/export.md).
     embedded = load_model("embedded").tokenizer
     directory = load_model(str(saved)).tokenizer
 
