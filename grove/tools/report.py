@@ -113,7 +113,9 @@ class _Chart:
 
 
 _BLUE, _RED, _TEAL, _ORANGE, _PURPLE = "#4c78a8", "#e45756", "#59a89c", "#f58518", "#b279a2"
-_PREFIX_COLORS = {"reward": _BLUE, "train": _RED, "forest": _TEAL, "roots": _PURPLE}
+# the small charts' colours, by prefix: none of them is a headline colour
+_PREFIX_COLORS = {"train": "#9d755d", "forest": "#72b7b2", "roots": "#d67195"}
+_OTHER_COLOR = "#54a24b"
 
 #: The headline charts, in order: title and the series each draws (``reward/std`` is a band).
 HEADLINE_METRICS: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
@@ -181,7 +183,7 @@ def _charts(series: dict[str, list[Point]]) -> list[_Chart]:
         charts.append(_Chart(title, lines, True))
     drawn = {name for _, names in HEADLINE_METRICS for name in names}
     for name in sorted(set(series) - drawn):
-        color = _PREFIX_COLORS.get(name.split("/")[0], _BLUE)
+        color = _PREFIX_COLORS.get(name.split("/")[0], _OTHER_COLOR)
         charts.append(_Chart(name, [_Line(name, color, series[name])]))
     return charts
 
@@ -370,7 +372,7 @@ _PAGE = Template("""<!DOCTYPE html>
 body { font: 14px/1.45 system-ui, sans-serif; margin: 24px; color: #222; background: #fff; }
 h1 { font-size: 20px; margin: 0 0 4px; } h2 { font-size: 16px; margin: 22px 0 6px; }
 .meta { color: #555; margin: 0; }
-.grid { display: flex; flex-wrap: wrap; gap: 14px; }
+.grid { display: flex; flex-wrap: wrap; align-items: flex-start; gap: 14px; }
 .card { margin: 0; padding: 8px 10px 4px; border: 1px solid #ddd; border-radius: 6px; }
 figcaption { display: flex; flex-wrap: wrap; justify-content: space-between; column-gap: 12px;
   font-size: 13px; }

@@ -7,40 +7,16 @@ the test is skipped with that reason, except under ``CI=true``, where it fails.
 
 from __future__ import annotations
 
-import os
-import shutil
 import struct
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.browser.chromium import PNG_SIGNATURE, run_chromium
 from tests.integration.tools.ledgers import DemoLedger, demo_ledger, written_page
 from tests.integration.tools.page_dom import PageDom
 
 pytestmark = pytest.mark.xdist_group("grove-demo-ledger")
-
-FLAGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-)
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-@pytest.fixture(scope="module")
-def chromium() -> str:
-    """The Chromium binary; skipped without one, a failure under CI=true."""
-    binary = shutil.which("chromium") or shutil.which("chromium-browser")
-    if binary is None:
-        reason = "chromium is not installed: run tests/browser/ensure_chromium.sh"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true needs the browser tests: {reason}")
-        pytest.skip(reason)
-    return binary
 
 
 @pytest.fixture(scope="module")
@@ -54,21 +30,10 @@ def page(demo: DemoLedger, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return written_page(demo, tmp_path_factory.mktemp("browser") / "attempt.html")
 
 
-def _chromium(binary: str, profile: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
-    result = subprocess.run(
-        [binary, *FLAGS, f"--user-data-dir={profile}", *args],
-        capture_output=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr.decode(errors="replace")[-3000:]
-    return result
-
-
 def test_chromium_renders_the_graph_nodes_and_rows_into_the_dom(
     chromium: str, demo: DemoLedger, page: Path, tmp_path: Path
 ):
-    result = _chromium(chromium, tmp_path / "profile", "--dump-dom", page.as_uri())
+    result = run_chromium(chromium, tmp_path / "profile", "--dump-dom", page.as_uri())
     dom = PageDom(result.stdout.decode("utf-8"))
     state = demo.state(demo.showcase_key)
     assert list(dom.nodes) == list(state.calls)
@@ -81,7 +46,7 @@ def test_chromium_renders_the_graph_nodes_and_rows_into_the_dom(
 
 def test_chromium_screenshots_the_page(chromium: str, page: Path, tmp_path: Path):
     shot = tmp_path / "attempt.png"
-    _chromium(
+    run_chromium(
         chromium,
         tmp_path / "profile",
         "--hide-scrollbars",
