@@ -245,7 +245,8 @@ class RolloutSelected(Event):
 
 @_register
 class RolloutFinalized(Event):
-    """The projector's decision for the attempt's logical rollout."""
+    """The projector's decision for the attempt's logical rollout, with the settings it was made
+    under (``forest_training``, ``max_row_tokens``) so that replay re-runs it alike."""
 
     type: ClassVar[str] = "rollout.finalized"
     rollout_id: str
@@ -254,6 +255,12 @@ class RolloutFinalized(Event):
     paths: tuple[tuple[str, ...], ...] = ()
     owned: tuple[tuple[str, ...], ...] = Field(
         default=(), description="per path, the call ids whose generated span it owns"
+    )
+    forest_training: bool = Field(
+        default=True, description="whether a rollout could train as more than one row"
+    )
+    max_row_tokens: int | None = Field(
+        default=None, ge=1, description="the longest row the decision allowed (None: no limit)"
     )
 
 

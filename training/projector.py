@@ -277,7 +277,13 @@ class Projector:
         assert state.opened is not None
         forest, extras = self._forest(state)
         self._decided[state.capture_key] = (forest, extras)
-        self.log.finalize(state.capture_key, finalization_event(state.opened.rollout_id, forest))
+        event = finalization_event(
+            state.opened.rollout_id,
+            forest,
+            forest_training=self.settings.forest_training,
+            max_row_tokens=self.settings.max_row_tokens,
+        )
+        self.log.finalize(state.capture_key, event)
 
     def _reconstruct(self, state: AttemptState) -> FinalizedRollout:
         """The finalized rollout with its rows, checked against the recorded decision."""
@@ -435,15 +441,23 @@ def setting_mask_reason(
     return None
 
 
-def finalization_event(rollout_id: str, forest: Forest) -> RolloutFinalized:
-    """The ``rollout.finalized`` decision for ``forest``: its paths and owned calls, or why
-    it is masked."""
+def finalization_event(
+    rollout_id: str,
+    forest: Forest,
+    *,
+    forest_training: bool = True,
+    max_row_tokens: int | None = None,
+) -> RolloutFinalized:
+    """The ``rollout.finalized`` decision for ``forest``, made under the given settings: its
+    paths and owned calls, or why it is masked."""
     return RolloutFinalized(
         rollout_id=rollout_id,
         trainable=forest.trainable,
         masked_reason=None if forest.trainable else str(forest.masked_reason),
         paths=tuple(tuple(row.call_ids) for row in forest.rows),
         owned=tuple(tuple(row.owned_call_ids) for row in forest.rows),
+        forest_training=forest_training,
+        max_row_tokens=max_row_tokens,
     )
 
 

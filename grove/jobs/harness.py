@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grove.client import GroveClient
+from grove.errors import JobError
 
 __all__ = [
     "Harness",
@@ -31,7 +32,7 @@ __all__ = [
 Harness = Callable[..., Mapping[str, Any]]
 
 
-class HarnessError(RuntimeError):
+class HarnessError(JobError, RuntimeError):
     """The harness could not be used, or failed on a rollout (``rollout_id`` then names it)."""
 
     def __init__(self, message: str, rollout_id: str | None = None) -> None:

@@ -37,6 +37,7 @@ from transformers import (
 from transformers.utils import logging as transformers_logging
 
 from capture.embedded import EMBEDDED_MODEL_NAME, build_model, build_tokenizer
+from grove.errors import JobError
 
 __all__ = [
     "DTYPES",
@@ -68,7 +69,7 @@ _DTYPE_KWARG: Final = (
 _TOKENIZER_FILES: Final = ("tokenizer.json", "tokenizer_config.json")
 
 
-class ModelLoadError(ValueError):
+class ModelLoadError(JobError, ValueError):
     """A model that cannot be loaded: ``path`` as given, ``problem`` says the rule and the fix."""
 
     def __init__(self, path: str, problem: str) -> None:

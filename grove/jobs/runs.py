@@ -19,17 +19,22 @@ from pathlib import Path
 from typing import Any
 
 from grove.config import GroveConfig
+from grove.errors import JobError
 from grove.workspace import Workspace
 
-__all__ = ["CONFIG_FILE", "RunDirectory", "RunNotFound", "find_run", "new_run"]
+__all__ = ["CONFIG_FILE", "RunDirectory", "RunExists", "RunNotFound", "find_run", "new_run"]
 
 CONFIG_FILE = "config.json"
 RUN_FILE = "run.json"
 LATEST = "latest"
 
 
-class RunNotFound(LookupError):
+class RunNotFound(JobError, LookupError):
     """No such run in the workdir; the message lists the runs that exist."""
+
+
+class RunExists(JobError, FileExistsError):
+    """A new run was named like a run the workdir already holds."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +73,7 @@ def new_run(
     runs = workspace.workdir / "runs"
     path = runs / run_id
     if path.exists():
-        raise FileExistsError(
+        raise RunExists(
             f"run {run_id!r} already exists in {runs}: resume it with --resume, or pick another "
             "--run name"
         )

@@ -15,10 +15,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from grove.errors import JobError
+
 __all__ = ["TaskFileError", "load_tasks", "step_tasks", "task_order"]
 
 
-class TaskFileError(ValueError):
+class TaskFileError(JobError, ValueError):
     """The task file cannot be used: ``path``, the 1-based ``line`` (None: the whole file) and
     what is wrong."""
 

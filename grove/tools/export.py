@@ -30,6 +30,7 @@ from typing import Any, Final
 import torch
 from safetensors.torch import load_file
 
+from grove.errors import JobError
 from grove.jobs.models import DTYPES, LoadedModel, load_model, quiet_transformers
 from training.checkpoint import verify_checkpoint
 
@@ -50,7 +51,7 @@ EXPORT_RECORD: Final = "grove_export.json"
 _WEIGHTS: Final = "model.safetensors"
 
 
-class ExportError(ValueError):
+class ExportError(JobError, ValueError):
     """An export refused before anything was written: ``path`` names the file or directory at
     fault, ``problem`` states the rule, got versus expected, and what to do."""
 

@@ -193,7 +193,12 @@ def verify_finalization(
             )
         ]
     try:
-        forest, _ = finalization_forest(state, blobs)
+        forest, _ = finalization_forest(
+            state,
+            blobs,
+            forest_training=recorded.forest_training,
+            max_row_tokens=recorded.max_row_tokens,
+        )
     except TrainingError as error:
         refused = f"recorded trainable={recorded.trainable}; today the forest refuses: {error}"
         return [
@@ -205,7 +210,12 @@ def verify_finalization(
                 (refused,),
             )
         ]
-    today = finalization_event(recorded.rollout_id, forest)
+    today = finalization_event(
+        recorded.rollout_id,
+        forest,
+        forest_training=recorded.forest_training,
+        max_row_tokens=recorded.max_row_tokens,
+    )
     return [
         DecisionCheck.compared(
             "finalization",

@@ -22,12 +22,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
+from typing import Any
 
 from capture.embedded import EMBEDDED_MODEL_NAME, build_tokenizer
 from grove.tools.lineage import AttemptLineage, CallLineage, attempt_events, attempt_lineages
 from ledger.events import AttemptOpened, RolloutFinalized
 from ledger.replay import state_before
-from ledger.store import EventStore
+from ledger.store import EventStore, StoredEvent
 from storage import BlobStore
 from training.errors import TrainingError
 from training.forest import Forest, ForestRow
@@ -370,6 +371,18 @@ def _decoder(opened: AttemptOpened) -> Decode | None:
     return lambda token: tokenizer.decode([token])
 
 
+def _decision_settings(finalized: list[StoredEvent], opened: AttemptOpened) -> dict[str, Any]:
+    """The settings the projector decided the rollout under (recorded with its decision), or
+    before a decision the attempt's own forest mode and no length limit."""
+    decision = finalized[0].decode() if finalized else None
+    if isinstance(decision, RolloutFinalized):
+        return {
+            "forest_training": decision.forest_training,
+            "max_row_tokens": decision.max_row_tokens,
+        }
+    return {"forest_training": opened.forest_mode, "max_row_tokens": None}
+
+
 def write_attempt_page(store: EventStore, blobs: BlobStore, key: str, path: Path) -> AttemptPage:
     """Write the page of the attempt ``key`` names to ``path`` (written last, whole)."""
     capture_key, events = attempt_events(store, key)
@@ -385,7 +398,7 @@ def write_attempt_page(store: EventStore, blobs: BlobStore, key: str, path: Path
         if not finalized:
             note = "not finalized yet: rows as the projector would rebuild them now"
         try:
-            forest, _ = finalization_forest(state, blobs)
+            forest, _ = finalization_forest(state, blobs, **_decision_settings(finalized, opened))
         except TrainingError as error:
             forest, note = None, f"the rows cannot be rebuilt: {error}"
     decode = _decoder(opened)

@@ -205,7 +205,8 @@ def test_the_setting_masks_are_decided_again_from_the_same_inputs(lab: Lab):
     for key in ("g0-r0", "g0-r1"):
         state = lab.capture.log.load(key)
         forest, _ = finalization_forest(state, lab.capture.blobs, **settings)
-        assert finalization_event(state.opened.rollout_id, forest) == state.finalized
+        assert finalization_event(state.opened.rollout_id, forest, **settings) == state.finalized
+        assert (state.finalized.forest_training, state.finalized.max_row_tokens) == (False, 10_000)
     again = lab.project(lab.projector(**settings)).batch_for_step(0)  # as after a restart
     assert again.rebuilt
     assert torch.equal(again.batch.input_ids, first.batch.input_ids)
