@@ -292,13 +292,13 @@ def _svg(chart: _Chart, x_axis: _Axis, width: int, height: int) -> str:
                 f'<path class="band" data-series="{html.escape(chart.band_name or "")}" '
                 f'fill="{chart.lines[0].color}" d="M{upper} L{lower} Z"/>'
             )
-        for line in chart.lines:
-            parts.append(_line_svg(line, x, y, bottom))
+        for index, line in enumerate(chart.lines):  # later lines dashed: equal values overlap
+            parts.append(_line_svg(line, x, y, bottom, dashed=index > 0))
     parts.append("</svg>")
     return "".join(parts)
 
 
-def _line_svg(line: _Line, x: Scale, y: Scale, bottom: float) -> str:
+def _line_svg(line: _Line, x: Scale, y: Scale, bottom: float, *, dashed: bool = False) -> str:
     """A series: its line (broken at nulls), a point per finite value, a mark per null."""
     finite = [(step, v) for step, v in line.points if v is not None]
     name = html.escape(line.name)
@@ -306,7 +306,8 @@ def _line_svg(line: _Line, x: Scale, y: Scale, bottom: float) -> str:
     for segment in _segments(line.points):
         if len(segment) > 1:
             d = " L".join(f"{x(step)},{y(v)}" for step, v in segment)
-            parts.append(f'<path class="line" stroke="{line.color}" d="M{d}"/>')
+            dash = ' stroke-dasharray="6 4"' if dashed else ""
+            parts.append(f'<path class="line" stroke="{line.color}"{dash} d="M{d}"/>')
     for step, value in finite:
         parts.append(
             f'<circle class="pt" cx="{x(step)}" cy="{y(value)}" r="3" fill="{line.color}" '
@@ -372,7 +373,7 @@ _PAGE = Template("""<!DOCTYPE html>
 body { font: 14px/1.45 system-ui, sans-serif; margin: 24px; color: #222; background: #fff; }
 h1 { font-size: 20px; margin: 0 0 4px; } h2 { font-size: 16px; margin: 22px 0 6px; }
 .meta { color: #555; margin: 0; }
-.grid { display: flex; flex-wrap: wrap; align-items: flex-start; gap: 14px; }
+.charts { display: flex; flex-wrap: wrap; align-items: flex-start; gap: 14px; }
 .card { margin: 0; padding: 8px 10px 4px; border: 1px solid #ddd; border-radius: 6px; }
 figcaption { display: flex; flex-wrap: wrap; justify-content: space-between; column-gap: 12px;
   font-size: 13px; }
@@ -401,9 +402,9 @@ svg.chart .pt.hl { r: 5; stroke: #222; }
 <p class="meta">$meta</p>
 <p class="meta">$source</p>
 <h2>Headline</h2>
-<div class="grid">$headline</div>
+<div class="charts">$headline</div>
 <h2>Every other series</h2>
-<div class="grid">$others</div>
+<div class="charts">$others</div>
 <script>
 for (const pt of document.querySelectorAll("svg.chart .pt")) {
   const readout = pt.closest("figure").querySelector(".readout");
