@@ -6,8 +6,9 @@ of each step) and draws, first, four headline charts — the reward (``reward/me
 (``train/max_token_mult_prob_error``), rows per logical rollout (``forest/rows_per_rollout``) and
 what the step dropped (``dropped_prompt_groups``, ``finalize/masked_rollouts``) — then one small
 chart for every other series, by name. Every chart shares the run's step axis and has its title,
-ticks with values on both axes, a point per finite value (hover one for its step and value) and
-the series' last value; ``docs/metrics.md`` says what each name means.
+ticks with values on both axes, a point per finite value (hover one for its step and value; a
+run of more than ``MAX_MARKERS`` steps marks every k-th) and the series' last value.
+``docs/metrics.md`` says what each name means.
 
 A value logged as ``null`` (not a finite number) is a gap: the line breaks there and a short mark
 under the axis shows the step. A step where a series was not logged at all is skipped without a
@@ -32,6 +33,7 @@ from grove.jobs.runs import LATEST, RunNotFound
 
 __all__ = [
     "HEADLINE_METRICS",
+    "MAX_MARKERS",
     "RUNS_DIR",
     "NoMetricsYet",
     "ReportPage",
@@ -242,6 +244,9 @@ def _value(value: float) -> str:
 # --- SVG -----------------------------------------------------------------------------------------
 
 _LEFT, _RIGHT, _TOP, _BOTTOM, _INSET = 70, 14, 10, 30, 6
+#: Points drawn per series at most (a long run's line keeps every value; its markers thin out,
+#: so that a page of thousands of steps stays a few megabytes).
+MAX_MARKERS: Final = 300
 
 
 def _svg(chart: _Chart, x_axis: _Axis, width: int, height: int) -> str:
@@ -299,16 +304,22 @@ def _svg(chart: _Chart, x_axis: _Axis, width: int, height: int) -> str:
 
 
 def _line_svg(line: _Line, x: Scale, y: Scale, bottom: float, *, dashed: bool = False) -> str:
-    """A series: its line (broken at nulls), a point per finite value, a mark per null."""
+    """A series: its line (broken at nulls), a point per finite value (every k-th, and the last,
+    beyond ``MAX_MARKERS``), a mark per null."""
     finite = [(step, v) for step, v in line.points if v is not None]
+    every = math.ceil(len(finite) / MAX_MARKERS) if finite else 1
+    markers = [p for i, p in enumerate(finite) if i % every == 0 or i == len(finite) - 1]
     name = html.escape(line.name)
-    parts = [f'<g class="series" data-series="{name}" data-points="{len(finite)}">']
+    parts = [
+        f'<g class="series" data-series="{name}" data-points="{len(finite)}" '
+        f'data-markers="{len(markers)}">'
+    ]
     for segment in _segments(line.points):
         if len(segment) > 1:
             d = " L".join(f"{x(step)},{y(v)}" for step, v in segment)
             dash = ' stroke-dasharray="6 4"' if dashed else ""
             parts.append(f'<path class="line" stroke="{line.color}"{dash} d="M{d}"/>')
-    for step, value in finite:
+    for step, value in markers:
         parts.append(
             f'<circle class="pt" cx="{x(step)}" cy="{y(value)}" r="3" fill="{line.color}" '
             f'data-step="{step}" data-value="{_value(value)}"><title>{name} · step {step}: '

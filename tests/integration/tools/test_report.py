@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 
 from grove.jobs.run_log import METRICS_FILE, RunLog, read_metrics
-from grove.tools.report import HEADLINE_METRICS, NoMetricsYet, write_report
+from grove.tools import report
+from grove.tools.report import HEADLINE_METRICS, MAX_MARKERS, NoMetricsYet, write_report
+from training.errors import TrainingError
 
 from .grove_cli import run_grove
 from .ledgers import DemoLedger
@@ -80,7 +82,9 @@ class Chart:
     y_labels: list[str] = field(default_factory=list)
     points: dict[str, list[tuple[int, str]]] = field(default_factory=dict)  # (step, value)
     declared: dict[str, int] = field(default_factory=dict)  # data-points of each series
+    markers: dict[str, int] = field(default_factory=dict)  # data-markers of each series
     lines: dict[str, int] = field(default_factory=dict)  # line segments of each series
+    vertices: dict[str, int] = field(default_factory=dict)  # of all its line segments
     nulls: dict[str, int] = field(default_factory=dict)
     bands: list[str] = field(default_factory=list)  # the path data of each band
     empty: str = ""
@@ -119,11 +123,14 @@ class ReportDom(HTMLParser):
         if tag == "g" and "series" in classes:
             self._series = a["data-series"]
             chart.declared[self._series] = int(a["data-points"])
+            chart.markers[self._series] = int(a["data-markers"])
             chart.points[self._series] = []
         elif tag == "circle" and "pt" in classes and self._series is not None:
             chart.points[self._series].append((int(a["data-step"]), a["data-value"]))
         elif tag == "path" and "line" in classes and self._series is not None:
             chart.lines[self._series] = chart.lines.get(self._series, 0) + 1
+            vertices = len(a["d"].split(" L"))
+            chart.vertices[self._series] = chart.vertices.get(self._series, 0) + vertices
         elif tag == "path" and "null" in classes and self._series is not None:
             chart.nulls[self._series] = chart.nulls.get(self._series, 0) + 1
         elif tag == "path" and "band" in classes:
@@ -159,6 +166,20 @@ class ReportDom(HTMLParser):
         """The chart titled ``title``."""
         (chart,) = [c for c in self.charts if c.title == title]
         return chart
+
+
+def test_report_public_surface_is_pinned():
+    assert set(report.__all__) == {
+        "HEADLINE_METRICS",
+        "MAX_MARKERS",
+        "RUNS_DIR",
+        "NoMetricsYet",
+        "ReportPage",
+        "render_report",
+        "resolve_run_dir",
+        "write_report",
+    }
+    assert issubclass(NoMetricsYet, TrainingError) and issubclass(NoMetricsYet, ValueError)
 
 
 @pytest.fixture(scope="module")
@@ -211,6 +232,7 @@ def test_report_draws_a_point_per_finite_value(page: ReportDom):
         for name in chart.series:
             expected = 4 if name in ("train/grad_norm", "roots/history_rewritten") else 5
             assert len(chart.points[name]) == chart.declared[name] == expected, name
+            assert chart.markers[name] == expected, name
 
 
 def test_report_breaks_the_line_at_a_null_value(page: ReportDom):
@@ -266,6 +288,19 @@ def test_report_of_a_one_step_run_draws_one_point_per_series(tmp_path: Path):
         for name in chart.series:
             assert len(chart.points[name]) == 1, name
             assert chart.lines.get(name, 0) == 0
+
+
+def test_report_of_a_long_run_keeps_every_value_in_the_line_and_thins_the_points(tmp_path: Path):
+    with RunLog(tmp_path / "run", tensorboard=False) as log:
+        for step in range(1, 1001):
+            log.log(step, {"reward/mean": step / 1000}, wall_time=float(step))
+    write_report(tmp_path / "run", tmp_path / "report.html")
+    chart = ReportDom((tmp_path / "report.html").read_text(encoding="utf-8")).charts[0]
+    steps = [step for step, _ in chart.points["reward/mean"]]
+    # 1000 points, at most MAX_MARKERS = 300 drawn: every 4th (ceil(1000 / 300)) and the last
+    assert (chart.vertices["reward/mean"], chart.declared["reward/mean"]) == (1000, 1000)
+    assert steps == [*range(1, 1001, 4), 1000]
+    assert chart.markers["reward/mean"] == 251 <= MAX_MARKERS
 
 
 def test_report_says_which_headline_series_the_run_did_not_log(tmp_path: Path):

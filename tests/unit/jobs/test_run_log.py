@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from grove.jobs import run_log
 from grove.jobs.run_log import (
     METRICS_FILE,
     TENSORBOARD_DIR,
@@ -18,6 +19,7 @@ from grove.jobs.run_log import (
     StepRecord,
     read_metrics,
 )
+from training.errors import TrainingError
 
 
 def _scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
@@ -144,3 +146,17 @@ def test_tensorboard_after_resume_shows_the_relogged_values(tmp_path: Path):
     with RunLog(tmp_path) as log:
         log.log(2, {"reward/mean": 20.0}, wall_time=12.0)
     assert _scalars(tmp_path, "reward/mean") == [(1, 1.0), (2, 20.0)]
+
+
+def test_run_log_public_surface_and_errors_are_pinned():
+    assert set(run_log.__all__) == {
+        "METRICS_FILE",
+        "TENSORBOARD_DIR",
+        "MalformedMetricsLine",
+        "RunLog",
+        "RunLogError",
+        "StepRecord",
+        "read_metrics",
+    }
+    assert issubclass(RunLogError, TrainingError) and issubclass(RunLogError, ValueError)
+    assert issubclass(MalformedMetricsLine, RunLogError)
