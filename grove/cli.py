@@ -338,16 +338,11 @@ def report(
     blob_url: BlobOption = None,
 ) -> None:
     """Draw a training run's metric curves as one self-contained HTML page (docs/metrics.md)."""
-    from grove.jobs.runs import RunNotFound
     from grove.tools.report import resolve_run_dir, write_report
 
     if not html.parent.is_dir():
         raise typer.BadParameter(f"directory {html.parent} does not exist", param_hint="--html")
-    try:
-        run_dir = resolve_run_dir(_workspace(workdir, database_url, blob_url).workdir, run)
-    except RunNotFound as error:
-        errors.print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
-        raise typer.Exit(1) from None
+    run_dir = resolve_run_dir(_workspace(workdir, database_url, blob_url).workdir, run)
     page = write_report(run_dir, html)
     console.print(
         f"wrote {html} ({page.steps} steps, {page.series} series)", highlight=False, soft_wrap=True

@@ -33,7 +33,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
 
-from training.errors import TrainingError
+from grove.errors import JobError
 
 if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
@@ -52,8 +52,13 @@ METRICS_FILE: Final = "metrics.jsonl"
 TENSORBOARD_DIR: Final = "tensorboard"
 
 
-class RunLogError(TrainingError, ValueError):
-    """A run's metrics log that cannot be written or read as asked; ``rule`` names the rule."""
+class RunLogError(JobError, ValueError):
+    """A run's metrics log that cannot be written or read as asked; ``rule`` names the rule
+    that was broken (``metric_not_numeric``, ``metrics_line_malformed``, …)."""
+
+    def __init__(self, rule: str, message: str) -> None:
+        self.rule = rule
+        super().__init__(message)
 
 
 class MalformedMetricsLine(RunLogError):

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from grove.errors import JobError
 from grove.jobs.run_log import METRICS_FILE, RunLog, read_metrics
+from grove.jobs.runs import RunNotFound
 from grove.tools import report
 from grove.tools.report import HEADLINE_METRICS, MAX_MARKERS, NoMetricsYet, write_report
-from training.errors import TrainingError
 
 from .grove_cli import run_grove
 from .ledgers import DemoLedger
@@ -179,7 +180,8 @@ def test_report_public_surface_is_pinned():
         "resolve_run_dir",
         "write_report",
     }
-    assert issubclass(NoMetricsYet, TrainingError) and issubclass(NoMetricsYet, ValueError)
+    assert issubclass(NoMetricsYet, JobError) and issubclass(NoMetricsYet, ValueError)
+    assert issubclass(RunNotFound, JobError)
 
 
 @pytest.fixture(scope="module")

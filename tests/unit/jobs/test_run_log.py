@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from grove.errors import GROVE_ERRORS, JobError
 from grove.jobs import run_log
 from grove.jobs.run_log import (
     METRICS_FILE,
@@ -19,7 +20,6 @@ from grove.jobs.run_log import (
     StepRecord,
     read_metrics,
 )
-from training.errors import TrainingError
 
 
 def _scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
@@ -158,5 +158,6 @@ def test_run_log_public_surface_and_errors_are_pinned():
         "StepRecord",
         "read_metrics",
     }
-    assert issubclass(RunLogError, TrainingError) and issubclass(RunLogError, ValueError)
+    assert issubclass(RunLogError, JobError) and issubclass(RunLogError, ValueError)
+    assert JobError in GROVE_ERRORS  # the command line reports it in one line
     assert issubclass(MalformedMetricsLine, RunLogError)
