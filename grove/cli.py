@@ -395,5 +395,5 @@ def main() -> None:
     try:
         app()
     except GROVE_ERRORS as error:
-        errors.print(f"[bold red]error:[/] {error}", highlight=False)
+        errors.print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
         raise SystemExit(1) from None

@@ -96,10 +96,12 @@ class GroveClient:
         rollout_index: int,
         forest_mode: bool = True,
         selection_policy: str = "returned_history",
+        seed: int | None = None,
     ) -> Attempt:
         """Open (idempotently) the attempt ``capture_key`` for rollout ``rollout_index`` of
         ``prompt_group``; a training run groups ``grpo.num_generations_per_prompt`` rollouts of
-        one prompt group and trains them together."""
+        one prompt group and trains them together. ``seed`` seeds the calls that send none
+        (default: derived from ``rollout_id``)."""
         _checked(
             self.http.post(
                 "/attempts",
@@ -110,6 +112,7 @@ class GroveClient:
                     "rollout_index": rollout_index,
                     "forest_mode": forest_mode,
                     "selection_policy": selection_policy,
+                    "seed": seed,
                 },
             )
         )

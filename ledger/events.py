@@ -156,6 +156,9 @@ class AttemptOpened(Event):
     template_fingerprint: str
     forest_mode: bool = True
     selection_policy: str = "returned_history"
+    seed: int | None = Field(
+        default=None, ge=0, description="seeds the attempt's calls that send none (None: derived)"
+    )
 
 
 @_register

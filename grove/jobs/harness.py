@@ -99,6 +99,7 @@ def play_rollout(
         rollout_index=spec.index,
         forest_mode=forest_mode,
         selection_policy=selection_policy,
+        seed=spec.seed,
     )
     client = attempt.openai()
     try:
