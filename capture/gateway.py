@@ -8,11 +8,14 @@ committed before the answer is sent. The attempt endpoints open an attempt, clos
 take the harness's ordinary result (which settles the attempt and records the selection through
 the injected selector), reject a completed response, measure a request and report status.
 
-Refusals are 4xx answers with an OpenAI-style body ``{"error": {"message", "type", "code"}}``.
-Every Grove error class has its status in one table, ``capture.wire.ERROR_STATUS``; refusals
-that only the HTTP layer knows (streaming from the engine, ``n > 1``, provider-managed state,
-an unknown attempt, ...) are raised here with their own codes. Everything that can be refused
-is checked before the call's intent is recorded, so a refused request writes nothing. The
+Request bodies are converted by ``capture/conversion.py``, answered by ``capture/chat_api.py``
+and ``capture/responses_api.py``, and streamed (buffered) by ``capture/streaming.py``. Refusals
+are 4xx answers with an OpenAI-style body ``{"error": {"message", "type", "code", "param"}}``,
+all translated in ``capture/refusals.py``: every Grove error class has its status in one table,
+``capture.wire.ERROR_STATUS``; refusals that only the HTTP layer knows (``n > 1``,
+provider-managed state, an unknown attempt, ...) are raised with their own codes. Everything that
+can be refused is checked before the call's intent is recorded, so a refused request writes
+nothing. The
 exceptions are refusals only the engine can make after the intent (a sampling parameter it
 cannot honour exactly; a prompt too long when ``max_context`` is not given): the lifecycle
 records those as ``call.failed`` (``engine_error``). ``docs/gateway.md`` documents it all.
@@ -26,27 +29,27 @@ the gateway answers 422 with its message.
 from __future__ import annotations
 
 import hmac
-import json
 import threading
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Annotated, Any, Final
 
-from fastapi import APIRouter, Depends, FastAPI, Header, Request, Response
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi import APIRouter, Depends, FastAPI, Header, Response
+from fastapi.responses import StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from capture import errors as capture_errors
-from capture.engine import SamplingParams
+from capture.chat_api import ChatCompletion, ChatCompletionRequest, chat_completion
+from capture.conflicts import opened_differences, selection_differences
+from capture.conversion import ConvertedCall, RequestConverter
 from capture.lifecycle import CallOutcome, CaptureService, ModelCall
-from capture.render import RenderOptions
+from capture.refusals import Refused, install_error_handlers
+from capture.responses_api import ResponseObject, ResponsesRequest, response_object
+from capture.streaming import chat_sse, responses_sse
 from capture.wire import (
     AttemptStatus,
-    ChatCompletion,
-    ChatCompletionRequest,
     ErrorBody,
     HarnessResult,
     HealthStatus,
@@ -55,21 +58,12 @@ from capture.wire import (
     ModelList,
     OpenAttemptRequest,
     RejectRequest,
-    ResponseObject,
-    ResponsesRequest,
     TokenLogprob,
     attempt_status,
-    chat_completion,
-    error_body,
-    error_status,
-    response_events,
-    response_object,
 )
-from ledger import errors as ledger_errors
 from ledger.attempt import AttemptState, CallStatus
 from ledger.events import RolloutSelected
 from ledger.store import validate_stream_id
-from storage import errors as storage_errors
 from storage import staging_key
 
 __all__ = [
@@ -104,50 +98,12 @@ the result cannot select calls. Injected by the application (``grove/jobs/serve.
 
 
 _ANSWERS: Final[dict[int | str, dict[str, Any]]] = {
-    status: {"model": ErrorBody} for status in (400, 401, 404, 409, 422, 500, 502, 503)
+    status: {"model": ErrorBody} for status in (400, 401, 404, 409, 422, 500, 501, 502, 503)
 }
 
 
-class _Refused(Exception):
-    """A refusal only the HTTP layer knows; answered as an OpenAI error body, never raised out."""
-
-    def __init__(self, status: int, code: str, message: str, param: str | None = None) -> None:
-        self.status = status
-        self.code = code
-        self.message = message
-        self.param = param
-        super().__init__(message)
-
-
-def _error_response(status: int, code: str, message: str, param: str | None = None) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    body = error_body(status, code, message, param)
-    return JSONResponse(body.model_dump(), status_code=status, headers=headers)
-
-
-def _validation_message(error: RequestValidationError) -> tuple[str, str | None]:
-    problems = []
-    params = []
-    for item in error.errors():
-        where = ".".join(str(part) for part in item["loc"] if part != "body") or "body"
-        params.append(where)
-        if item["type"] == "extra_forbidden":
-            problems.append(f"{where}: Grove does not accept this field (see docs/gateway.md)")
-        else:
-            problems.append(f"{where}: {item['msg']}")
-    return "Invalid request: " + "; ".join(problems), (params[0] if params else None)
-
-
-@dataclass(frozen=True)
-class _Call:
-    """A request converted for the lifecycle: the model call, and whether max tokens was given."""
-
-    call: ModelCall
-    explicit_max_tokens: bool
-
-
 class _Gateway:
-    """The gateway's behaviour behind the routes: conversion, refusals, attempt bookkeeping."""
+    """The gateway's behaviour behind the routes: refusals, attempt bookkeeping, capture."""
 
     def __init__(
         self,
@@ -164,6 +120,7 @@ class _Gateway:
         self.max_context = max_context
         self.default_max_tokens = default_max_tokens
         self.settle_timeout_s = settle_timeout_s
+        self.converter = RequestConverter(model_name, default_max_tokens, service.renderer)
         self._states: OrderedDict[str, AttemptState] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -188,7 +145,7 @@ class _Gateway:
         """The state of an attempt that was opened; 404 otherwise."""
         state = self.state(capture_key)
         if state.opened is None:
-            raise _Refused(
+            raise Refused(
                 404,
                 "unknown_attempt",
                 f"Unknown attempt {capture_key!r}: open it with POST /v1/attempts first (the "
@@ -199,7 +156,7 @@ class _Gateway:
     def admitting(self, capture_key: str | None, call_id: str | None) -> AttemptState:
         """The state of an attempt that admits a new call ``call_id``; refused otherwise."""
         if not capture_key:
-            raise _Refused(
+            raise Refused(
                 400,
                 "missing_capture_key",
                 f"Every model call names its attempt: send the {CAPTURE_KEY_HEADER} header "
@@ -207,7 +164,7 @@ class _Gateway:
             )
         state = self.opened(capture_key)
         if state.admissions_closed:
-            raise _Refused(
+            raise Refused(
                 409,
                 "attempt_closed",
                 f"Attempt {capture_key!r} admits no more calls: the harness already returned "
@@ -216,7 +173,7 @@ class _Gateway:
         if call_id is not None:
             staging_key(capture_key, call_id)  # the call id names a blob: check it now
             if call_id in state.calls:
-                raise _Refused(
+                raise Refused(
                     409,
                     "call_id_reused",
                     f"Call id {call_id!r} is already recorded in attempt {capture_key!r}; "
@@ -225,8 +182,9 @@ class _Gateway:
         return state
 
     def open(self, request: OpenAttemptRequest) -> AttemptStatus:
-        """Open an attempt (idempotent for the same fields; 409 for different ones)."""
+        """Open an attempt (idempotent for the same fields; 409 naming the fields that differ)."""
         validate_stream_id(request.capture_key)
+        self._refuse_reopening(self.state(request.capture_key), request)
         self.service.open_attempt(
             request.capture_key,
             rollout_id=request.rollout_id,
@@ -248,11 +206,11 @@ class _Gateway:
         """Record that the harness rejected a committed call's response (it will resample)."""
         call = self.opened(capture_key).calls.get(call_id)
         if call is None:
-            raise _Refused(
+            raise Refused(
                 404, "unknown_call", f"Attempt {capture_key!r} has no call {call_id!r} to reject"
             )
         if call.status is not CallStatus.COMMITTED:
-            raise _Refused(
+            raise Refused(
                 409,
                 "call_not_committed",
                 f"Only a completed response can be rejected: call {call_id!r} of attempt "
@@ -268,25 +226,59 @@ class _Gateway:
         whose evidence cannot select calls is refused before anything is written.
         """
         if self.selector is None:
-            raise _Refused(
+            raise Refused(
                 501,
                 "selection_not_configured",
                 "This gateway records capture only: it was started without a selection policy, "
                 "so it cannot record a result (serve it through grove serve)",
             )
         state = self.opened(capture_key)
-        if state.settled is None and not state.pending_call_ids and state.selection is None:
+        if state.selection is not None:
+            self._refuse_second_result(state, result)
+            return attempt_status(state)
+        if state.settled is None and not state.pending_call_ids:
             self._select(state, result)
         settled = self.service.settle(capture_key, self.settle_timeout_s)
         self.service.select(capture_key, self._select(settled, result))
         return attempt_status(self.opened(capture_key))
+
+    def _refuse_reopening(self, state: AttemptState, request: OpenAttemptRequest) -> None:
+        """409 when the attempt is already open with other fields (naming them)."""
+        if state.opened is None:
+            return
+        differences = opened_differences(state.opened, request.model_dump())
+        if differences:
+            raise Refused(
+                409,
+                "conflicting_event",
+                f"Attempt {state.capture_key!r} is already open with other fields: "
+                f"{differences}. Opening again is idempotent only with the same fields; open "
+                "another capture key for another rollout",
+            )
+
+    def _refuse_second_result(self, state: AttemptState, result: dict[str, Any]) -> None:
+        """Posting the recorded result again is idempotent; any other result is a 409."""
+        recorded = state.selection
+        assert recorded is not None and self.selector is not None
+        try:
+            differences = selection_differences(recorded, self.selector(state, result))
+        except ValueError as error:
+            differences = f"this result cannot select calls ({error})"
+        if differences:
+            raise Refused(
+                409,
+                "conflicting_event",
+                f"A result was already recorded for attempt {state.capture_key!r}: "
+                f"{differences}. Posting the same result again is idempotent; a different one "
+                "is refused (the attempt's selection is recorded once)",
+            )
 
     def _select(self, state: AttemptState, result: dict[str, Any]) -> RolloutSelected:
         assert self.selector is not None
         try:
             return self.selector(state, result)
         except ValueError as error:
-            raise _Refused(
+            raise Refused(
                 422,
                 "selection_refused",
                 f"The result of attempt {state.capture_key!r} cannot select its calls: {error}",
@@ -294,104 +286,14 @@ class _Gateway:
 
     # -- model calls -------------------------------------------------------------------------
 
-    def chat_call(self, request: ChatCompletionRequest, call_id: str | None) -> _Call:
-        """The model call a Chat Completions request asks for; refusals raised here."""
-        self._check_model(request.model)
-        if request.n is not None and request.n != 1:
-            raise _Refused(
-                400,
-                "unsupported_n",
-                f"n must be 1, got {request.n}: each choice is its own model call; send "
-                "separate requests",
-                "n",
-            )
-        if request.top_logprobs:
-            raise _Refused(
-                400,
-                "unsupported_top_logprobs",
-                f"top_logprobs must be 0 or absent, got {request.top_logprobs}: the engine "
-                "reports the sampled token's logprob only (logprobs=true)",
-                "top_logprobs",
-            )
-        max_tokens = request.max_tokens
-        if request.max_completion_tokens is not None:
-            if max_tokens is not None and max_tokens != request.max_completion_tokens:
-                raise _Refused(
-                    400,
-                    "conflicting_max_tokens",
-                    f"max_tokens ({max_tokens}) and max_completion_tokens "
-                    f"({request.max_completion_tokens}) disagree; send one of them",
-                    "max_completion_tokens",
-                )
-            max_tokens = request.max_completion_tokens
-        options = RenderOptions(
-            model=self.model_name,
-            tools=None if request.tools is None else tuple(request.tools),
-            tool_choice=request.tool_choice,
-            reasoning_effort=request.reasoning_effort,
-        )
-        items = [message.model_dump(exclude_unset=True) for message in request.messages]
-        sampling = self._sampling(
-            max_tokens, request.temperature, request.top_p, request.seed, request.stop
-        )
-        return _Call(ModelCall(items, options, sampling, call_id), max_tokens is not None)
-
-    def responses_call(self, request: ResponsesRequest, call_id: str | None) -> _Call:
-        """The model call a Responses request asks for; refusals raised here."""
-        self._check_model(request.model)
-        if request.previous_response_id is not None or request.conversation is not None:
-            param = "previous_response_id" if request.previous_response_id else "conversation"
-            raise _Refused(
-                400,
-                "unsupported_provider_state",
-                f"{param} is not supported: Grove keeps no provider-managed conversation state; "
-                "send the whole input (earlier output items included) with every request",
-                param,
-            )
-        if request.background:
-            raise _Refused(
-                400,
-                "unsupported_background",
-                "background responses are not supported: each call is answered when captured",
-                "background",
-            )
-        if request.truncation == "auto":
-            raise _Refused(
-                400,
-                "unsupported_truncation",
-                "truncation='auto' is not supported: prompts are never truncated; shorten the "
-                "input yourself (measure it with POST /v1/attempts/{capture_key}/measure)",
-                "truncation",
-            )
-        items: list[dict[str, Any]] = []
-        if request.instructions is not None:
-            items.append({"role": "system", "content": request.instructions})
-        if isinstance(request.input, str):
-            items.append({"role": "user", "content": request.input})
-        else:
-            items.extend(request.input)
-        effort = (request.reasoning or {}).get("effort")
-        options = RenderOptions(
-            model=self.model_name,
-            tools=None if request.tools is None else tuple(request.tools),
-            tool_choice=request.tool_choice,
-            reasoning_effort=effort if isinstance(effort, str) else None,
-        )
-        sampling = self._sampling(
-            request.max_output_tokens, request.temperature, request.top_p, None, None
-        )
-        return _Call(
-            ModelCall(items, options, sampling, call_id), request.max_output_tokens is not None
-        )
-
-    def generate(self, capture_key: str | None, converted: _Call) -> CallOutcome:
+    def generate(self, capture_key: str | None, converted: ConvertedCall) -> CallOutcome:
         """Capture one model call: checks that write nothing first, then the lifecycle."""
         self.admitting(capture_key, converted.call.call_id)
         assert capture_key is not None
         call = self._fit(capture_key, converted)
         return self.service.generate(capture_key, call)
 
-    def measure(self, capture_key: str, converted: _Call) -> Measurement:
+    def measure(self, capture_key: str, converted: ConvertedCall) -> Measurement:
         """The prompt length and decision the call would get now; writes nothing."""
         self.admitting(capture_key, None)
         measured = self.service.measure(capture_key, converted.call)
@@ -404,61 +306,23 @@ class _Gateway:
         )
 
     def token_logprobs(self, outcome: CallOutcome) -> list[TokenLogprob]:
-        """The content tokens of ``outcome`` in OpenAI's logprob format."""
+        """The generated tokens of ``outcome`` before its stop token, in OpenAI's logprob format:
+        text, the logprob recorded in the blob, and the token's exact bytes."""
         generation = outcome.generation
-        decode = self.service.renderer.decode
+        renderer = self.service.renderer
         count = len(generation.content_token_ids)
-        entries = []
-        for token, logprob in zip(
-            generation.token_ids[:count], generation.logprobs[:count], strict=True
-        ):
-            text = decode([token])
-            entries.append(TokenLogprob(token=text, logprob=logprob, bytes=list(text.encode())))
-        return entries
-
-    def _check_model(self, model: str) -> None:
-        if model != self.model_name:
-            raise _Refused(
-                404,
-                "model_not_found",
-                f"The model {model!r} is not served here; this gateway serves {self.model_name!r}",
-                "model",
+        return [
+            TokenLogprob(
+                token=renderer.decode([token]),
+                logprob=logprob,
+                bytes=list(renderer.token_bytes(token)),
             )
+            for token, logprob in zip(
+                generation.token_ids[:count], generation.logprobs[:count], strict=True
+            )
+        ]
 
-    def _sampling(
-        self,
-        max_tokens: int | None,
-        temperature: float | None,
-        top_p: float | None,
-        seed: int | None,
-        stop: str | list[str] | None,
-    ) -> SamplingParams:
-        return SamplingParams(
-            max_tokens=self.default_max_tokens if max_tokens is None else max_tokens,
-            temperature=1.0 if temperature is None else temperature,
-            top_p=1.0 if top_p is None else top_p,
-            seed=seed,
-            stop_token_ids=self._stop_token_ids(stop),
-        )
-
-    def _stop_token_ids(self, stop: str | list[str] | None) -> tuple[int, ...]:
-        """Stop strings as token ids: each must be exactly one token of the vocabulary."""
-        texts = [stop] if isinstance(stop, str) else (stop or [])
-        ids = []
-        for text in texts:
-            tokens = self.service.renderer.encode(text)
-            if len(tokens) != 1:
-                raise _Refused(
-                    400,
-                    "unsupported_stop",
-                    f"Each stop string must be one token of the model's vocabulary (Grove stops "
-                    f"on token ids, never on text): {text!r} is {len(tokens)} tokens",
-                    "stop",
-                )
-            ids.append(tokens[0])
-        return tuple(ids)
-
-    def _fit(self, capture_key: str, converted: _Call) -> ModelCall:
+    def _fit(self, capture_key: str, converted: ConvertedCall) -> ModelCall:
         """The call with max tokens fitted to the context, or ``PromptTooLongError`` before
         anything is written. Without ``max_context`` the engine checks (after the intent)."""
         call = converted.call
@@ -482,11 +346,6 @@ def _decision_headers(outcome: CallOutcome) -> dict[str, str]:
     if decision.reason is not None:
         headers[ROOT_REASON_HEADER] = decision.reason.value
     return headers
-
-
-def _sse(events: Sequence[Mapping[str, Any]]) -> Iterator[str]:
-    for event in events:
-        yield f"event: {event['type']}\ndata: {json.dumps(event, separators=(',', ':'))}\n\n"
 
 
 CaptureKey = Annotated[
@@ -548,7 +407,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.gateway = gateway
-    _install_error_handlers(app)
+    install_error_handlers(app)
 
     dependencies = [] if auth_token is None else [Depends(_bearer(auth_token))]
     api = APIRouter(prefix="/v1", dependencies=dependencies, responses=_ANSWERS)
@@ -563,27 +422,33 @@ def create_app(
         """The one model this gateway serves."""
         return ModelList(data=[ModelCard(id=model_name)])
 
-    @api.post("/chat/completions", response_model=ChatCompletion)
+    @api.post(
+        "/chat/completions",
+        response_model=ChatCompletion,
+        responses={200: {"content": {"text/event-stream": {}}}},
+    )
     def chat_completions(
         request: ChatCompletionRequest,
         response: Response,
         capture_key: CaptureKey = None,
         call_id: CallId = None,
-    ) -> ChatCompletion:
-        """One model call in OpenAI Chat Completions form (no streaming, ``n`` = 1)."""
+    ) -> Any:
+        """One model call in OpenAI Chat Completions form (``n`` = 1); ``stream=true`` answers
+        with buffered chunks."""
+        converted = gateway.converter.chat_call(request, call_id)
+        outcome = gateway.generate(capture_key, converted)
+        logprobs = gateway.token_logprobs(outcome) if converted.logprobs else None
+        answer = chat_completion(outcome, model_name, logprobs)
+        headers = _decision_headers(outcome)
         if request.stream:
-            raise _Refused(
-                400,
-                "unsupported_stream",
-                "stream=true is not supported on /v1/chat/completions: Grove captures each "
-                "call whole before answering (no incremental streaming from the engine); send "
-                "stream=false, or use /v1/responses, which answers stream=true with buffered SSE",
-                "stream",
+            usage = bool((request.stream_options or {}).get("include_usage"))
+            return StreamingResponse(
+                chat_sse(answer, include_usage=usage),
+                media_type="text/event-stream",
+                headers=headers,
             )
-        outcome = gateway.generate(capture_key, gateway.chat_call(request, call_id))
-        response.headers.update(_decision_headers(outcome))
-        logprobs = gateway.token_logprobs(outcome) if request.logprobs else None
-        return chat_completion(outcome, model_name, logprobs)
+        response.headers.update(headers)
+        return answer
 
     @api.post(
         "/responses",
@@ -597,12 +462,14 @@ def create_app(
         call_id: CallId = None,
     ) -> Any:
         """One model call in OpenAI Responses form; ``stream=true`` answers with buffered SSE."""
-        outcome = gateway.generate(capture_key, gateway.responses_call(request, call_id))
-        answer = response_object(outcome, model_name, request)
+        converted = gateway.converter.responses_call(request, call_id)
+        outcome = gateway.generate(capture_key, converted)
+        logprobs = gateway.token_logprobs(outcome) if converted.logprobs else None
+        answer = response_object(outcome, model_name, request, logprobs)
         headers = _decision_headers(outcome)
         if request.stream:
             return StreamingResponse(
-                _sse(response_events(answer)), media_type="text/event-stream", headers=headers
+                responses_sse(answer), media_type="text/event-stream", headers=headers
             )
         response.headers.update(headers)
         return answer
@@ -638,8 +505,8 @@ def create_app(
     def measure(capture_key: str, request: ChatCompletionRequest | ResponsesRequest) -> Measurement:
         """Prompt tokens and decision for a chat or responses body; writes nothing."""
         if isinstance(request, ChatCompletionRequest):
-            return gateway.measure(capture_key, gateway.chat_call(request, None))
-        return gateway.measure(capture_key, gateway.responses_call(request, None))
+            return gateway.measure(capture_key, gateway.converter.chat_call(request, None))
+        return gateway.measure(capture_key, gateway.converter.responses_call(request, None))
 
     app.include_router(api)
     return app
@@ -652,7 +519,7 @@ def _bearer(token: str) -> Callable[..., None]:
         if credentials is None or not hmac.compare_digest(
             credentials.credentials.encode(), expected
         ):
-            raise _Refused(
+            raise Refused(
                 401,
                 "invalid_api_key",
                 "This gateway needs 'Authorization: Bearer <token>' with its auth token (the "
@@ -660,33 +527,3 @@ def _bearer(token: str) -> Callable[..., None]:
             )
 
     return authorize
-
-
-def _install_error_handlers(app: FastAPI) -> None:
-    async def refused(request: Request, error: Exception) -> JSONResponse:
-        assert isinstance(error, _Refused)
-        return _error_response(error.status, error.code, error.message, error.param)
-
-    async def invalid(request: Request, error: Exception) -> JSONResponse:
-        assert isinstance(error, RequestValidationError)
-        message, param = _validation_message(error)
-        return _error_response(400, "invalid_request", message, param)
-
-    async def grove(request: Request, error: Exception) -> JSONResponse:
-        answer = error_status(error)
-        return _error_response(answer.status, answer.code, str(error))
-
-    async def unexpected(request: Request, error: Exception) -> JSONResponse:
-        return _error_response(
-            500, "internal_error", f"Internal error: {type(error).__name__}: {error}"
-        )
-
-    app.add_exception_handler(_Refused, refused)
-    app.add_exception_handler(RequestValidationError, invalid)
-    for root in (
-        capture_errors.CaptureError,
-        ledger_errors.LedgerError,
-        storage_errors.StorageError,
-    ):
-        app.add_exception_handler(root, grove)
-    app.add_exception_handler(Exception, unexpected)

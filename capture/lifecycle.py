@@ -7,6 +7,11 @@ engine, store the delta blob (before the commit event: the ledger event is the c
 then commit. An engine or storage failure is recorded as ``call.failed`` with its reason code and
 re-raised. ``measure`` runs the same normalization, admission and planning and writes nothing.
 
+The committed output is the generated text parsed into an assistant message (reasoning, and tool
+calls when the request offers tools: ``capture/toolcalls.py``); its fingerprint and the replay
+summary describe that message, so a client that echoes it back continues the call. The splice
+still resumes from the exact generated tokens (``capture/splice.py``, ``RawOutput``).
+
 The service keeps, per attempt, the folded state and the admission index in memory and brings them
 up to date by reading only the events after the version it has, so admitting a call costs the
 same at call 1,000 as at call 10. Parent chains are read from their blobs (digests verified)
@@ -29,7 +34,8 @@ from capture.render import (
     admission_items,
     normalize_messages,
 )
-from capture.splice import PromptPlan, plan_call
+from capture.splice import PromptPlan, RawOutput, plan_call
+from capture.toolcalls import assistant_message, parse_output
 from ledger.admission import AdmissionDecision, AdmissionIndex
 from ledger.attempt import (
     AttemptError,
@@ -88,7 +94,13 @@ class Measurement:
 
 @dataclass(frozen=True)
 class CallOutcome:
-    """A committed call, as the gateway answers the harness."""
+    """A committed call, as the gateway answers the harness.
+
+    ``message`` is the Chat Completions assistant message (``capture.toolcalls``); ``text`` the
+    exact generated text it was parsed from (stop token excluded); ``finish_reason`` the one
+    recorded and answered: ``tool_calls`` when the generation stopped after tool calls, else the
+    engine's ``stop`` or ``length``.
+    """
 
     call_id: str
     response_id: str
@@ -97,11 +109,15 @@ class CallOutcome:
     decision: AdmissionDecision
     prompt_tokens: int
     blob: BlobRef
+    text: str = ""
+    finish_reason: str = "stop"
 
 
-def output_message(text: str) -> dict[str, Any]:
-    """The assistant message a harness sends back for a generation with this text."""
-    return {"role": "assistant", "content": text}
+def output_message(text: str, *, tools: bool = False) -> dict[str, Any]:
+    """The assistant message a harness sends back for a generation with this text: reasoning and,
+    when the request offered ``tools``, tool calls parsed (each given a fresh ``call_…`` id)."""
+    parsed = parse_output(text, tool_calls=tools)
+    return assistant_message(parsed, [f"call_{uuid.uuid4().hex[:24]}" for _ in parsed.tool_calls])
 
 
 @dataclass
@@ -109,6 +125,7 @@ class _AttemptView:
     state: AttemptState
     index: AdmissionIndex
     chains: dict[str, tuple[int, ...]]
+    outputs: dict[str, tuple[RawOutput, ...]]
 
 
 def derived_seed(state: AttemptState, ordinal: int) -> int:
@@ -244,10 +261,17 @@ class CaptureService:
         except StorageError as error:
             self._fail(capture_key, call_id, "storage_error", error)
             raise
-        message = output_message(self._text(generation))
+        text = self._text(generation)
+        message = output_message(text, tools=call.options.tools is not None)
         normalized = normalize_messages([message])
         output_items = admission_items(normalized)
         response_id = f"resp-{uuid.uuid4().hex}"
+        finish_reason = (
+            "tool_calls"
+            if generation.finish_reason == "stop" and message.get("tool_calls")
+            else generation.finish_reason
+        )
+        committed_summary = summary.extended(output_items)
         self.log.commit(
             capture_key,
             CallCommitted(
@@ -266,14 +290,16 @@ class CaptureService:
                     delta.prompt_delta,
                     delta.generated,
                 ),
-                finish_reason=generation.finish_reason,
+                finish_reason=finish_reason,
                 response_id=response_id,
                 output_fingerprint=fingerprint_output(normalized.messages),
-                replay_summary=summary.extended(output_items),
+                replay_summary=committed_summary,
             ),
         )
+        own = RawOutput(committed_summary.item_count - 1, text)
         with self._lock:
             view.chains[call_id] = (*plan.prompt_token_ids, *generation.token_ids)
+            view.outputs[call_id] = (*self._parent_outputs(view, decision.parent_call_id), own)
         return CallOutcome(
             call_id=call_id,
             response_id=response_id,
@@ -282,6 +308,8 @@ class CaptureService:
             decision=decision,
             prompt_tokens=plan.prompt_len,
             blob=blob,
+            text=text,
+            finish_reason=finish_reason,
         )
 
     def fail(self, capture_key: str, call_id: str, reason: str, detail: str = "") -> None:
@@ -314,7 +342,7 @@ class CaptureService:
         """The attempt's state and admission index, updated from the events not yet seen."""
         with self._lock:
             view = self._views.setdefault(
-                capture_key, _AttemptView(AttemptState(capture_key), AdmissionIndex(), {})
+                capture_key, _AttemptView(AttemptState(capture_key), AdmissionIndex(), {}, {})
             )
             stored = self.log.store.read_stream(capture_key, after_version=view.state.version)
             events = [s.decode() for s in stored]
@@ -331,6 +359,7 @@ class CaptureService:
             call.options,
             view.index,
             lambda call_id: self._chain_tokens(view, call_id),
+            lambda call_id: self._parent_outputs(view, call_id),
         )
 
     @staticmethod
@@ -344,17 +373,33 @@ class CaptureService:
     def _chain_tokens(self, view: _AttemptView, call_id: str) -> tuple[int, ...]:
         """The exact tokens of ``call_id``'s chain: every ancestor's delta and generation."""
         cached = view.chains.get(call_id)
-        if cached is not None:
-            return cached
+        if cached is None:
+            self._load_chain(view, call_id)
+            cached = view.chains[call_id]
+        return cached
+
+    def _parent_outputs(self, view: _AttemptView, call_id: str | None) -> tuple[RawOutput, ...]:
+        """The exact output texts of ``call_id``'s chain, root first (none for no call)."""
+        if call_id is None:
+            return ()
+        cached = view.outputs.get(call_id)
+        if cached is None:
+            self._load_chain(view, call_id)
+            cached = view.outputs[call_id]
+        return cached
+
+    def _load_chain(self, view: _AttemptView, call_id: str) -> None:
+        """Read ``call_id``'s chain from its blobs (digests verified) into the view's caches."""
         call = view.state.calls[call_id]
         assert call.committed is not None and call.status is LedgerCallStatus.COMMITTED
-        parent = (
-            () if call.parent_call_id is None else self._chain_tokens(view, call.parent_call_id)
-        )
+        parent = call.parent_call_id
         committed = call.committed
         delta = self.blobs.get_delta(
             BlobRef(committed.blob_key, committed.blob_sha256, committed.blob_bytes)
         )
-        tokens = (*parent, *delta.prompt_delta.tolist(), *delta.generated.tolist())
-        view.chains[call_id] = tokens
-        return tokens
+        generated = delta.generated.tolist()
+        content = generated if committed.finish_reason == "length" else generated[:-1]
+        output = RawOutput(committed.replay_summary.item_count - 1, self.renderer.decode(content))
+        parent_tokens = () if parent is None else self._chain_tokens(view, parent)
+        view.chains[call_id] = (*parent_tokens, *delta.prompt_delta.tolist(), *generated)
+        view.outputs[call_id] = (*self._parent_outputs(view, parent), output)

@@ -16,13 +16,16 @@ assistant tool-call content identified, and the digest of the effective render o
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import jinja2
+from tokenizers import decoders
 from transformers import PreTrainedTokenizerBase
 
 from capture.errors import NormalizationError, RenderError
@@ -41,9 +44,10 @@ __all__ = [
     "replay_summary",
 ]
 
-NORMALIZATION_VERSION: Final = 1
+NORMALIZATION_VERSION: Final = 2
 _ROLES: Final = frozenset({"system", "developer", "user", "assistant", "tool"})
-_DROPPED_ITEM_KEYS: Final = frozenset({"id", "status", "type"})
+_DROPPED_ITEM_KEYS: Final = frozenset({"id", "status", "type", "provider_data"})
+_MESSAGE_ITEM_KEYS: Final = frozenset({"role", "content"})
 _TEXT_PART_TYPES: Final = frozenset({"text", "input_text", "output_text"})
 _ITEM_DIGEST_TAG: Final = f"grove.item.v{NORMALIZATION_VERSION}\n".encode()
 _OPTIONS_DIGEST_TAG: Final = b"grove.render_options.v1\n"
@@ -75,8 +79,10 @@ class NormalizedRequest:
 def normalize_messages(items: Sequence[Mapping[str, Any]]) -> NormalizedRequest:
     """Normalize Chat Completions messages and/or Responses input items (``docs/normalization.md``).
 
-    Drops item ids (kept as echoed ids), statuses and ``None`` values; sorts keys; parses JSON
-    tool-call arguments; joins all-text content parts; maps Responses reasoning, function-call and
+    Drops item ids (kept as echoed ids, with an Agents SDK ``provider_data.response_id``),
+    statuses, client metadata (``provider_data``; everything but role and content of a typed
+    Responses message item) and ``None`` values; sorts keys; parses JSON tool-call arguments;
+    joins all-text content parts; maps Responses reasoning, function-call and
     function-call-output items to assistant and tool messages, folding consecutive assistant
     output items into one assistant message. Idempotent.
     """
@@ -86,11 +92,13 @@ def normalize_messages(items: Sequence[Mapping[str, Any]]) -> NormalizedRequest:
     for index, item in enumerate(items):
         if not isinstance(item, Mapping):
             raise NormalizationError(index, "an item must be a JSON object", item)
-        item_id = item.get("id")
-        ids = (item_id,) if isinstance(item_id, str) and item_id else ()
+        ids = _echoed_ids(item)
         kind = item.get("type")
         if kind in (None, "message"):
-            message = _chat_message(index, item)
+            fields = (
+                item if kind is None else {k: item[k] for k in _MESSAGE_ITEM_KEYS & item.keys()}
+            )
+            message = _chat_message(index, fields)
             output = kind == "message" and message["role"] == ASSISTANT_ROLE
             fold = output and foldable and not {"content", "tool_calls"} & messages[-1].keys()
         elif kind == "reasoning":
@@ -112,7 +120,7 @@ def normalize_messages(items: Sequence[Mapping[str, Any]]) -> NormalizedRequest:
             )
         if fold:
             _fold_into(messages[-1], message)
-            echoed[-1] += ids
+            echoed[-1] += tuple(i for i in ids if i not in echoed[-1])
         else:
             messages.append(message)
             echoed.append(ids)
@@ -237,6 +245,27 @@ class Renderer:
             list(token_ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
         )
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The exact bytes one token stands for, even when it ends inside a multi-byte character
+        (where ``decode([token_id])`` gives U+FFFD): an added token's text as UTF-8; a byte-level
+        BPE token's symbols through the byte decoder; a byte-fallback piece ``<0xNN>`` its byte.
+        Other tokenizers fall back to the UTF-8 of the decoded text."""
+        added = self.tokenizer.added_tokens_decoder.get(token_id)
+        if added is not None:
+            return added.content.encode()
+        piece = self.tokenizer.convert_ids_to_tokens(token_id)
+        if isinstance(piece, str):
+            byte_of = _byte_decoder()
+            backend = getattr(self.tokenizer, "backend_tokenizer", None)
+            if isinstance(getattr(backend, "decoder", None), decoders.ByteLevel) and all(
+                c in byte_of for c in piece
+            ):
+                return bytes(byte_of[c] for c in piece)
+            fallback = _BYTE_FALLBACK.fullmatch(piece)
+            if fallback is not None:
+                return bytes([int(fallback.group(1), 16)])
+        return self.decode([token_id]).encode()
+
     def tool_content_forms_render_identically(
         self, messages: Sequence[Mapping[str, Any]], options: RenderOptions
     ) -> bool:
@@ -261,6 +290,23 @@ def replay_summary(items: Sequence[AdmissionItem], render_options_digest: str) -
         render_options_digest=render_options_digest,
     )
     return empty.extended(items)
+
+
+_BYTE_FALLBACK: Final = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+@functools.cache
+def _byte_decoder() -> dict[str, int]:
+    """Byte-level BPE's symbol-to-byte table (the inverse of GPT-2's ``bytes_to_unicode``):
+    printable bytes stand for themselves, the others for code points from U+0100 on."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    table = {chr(b): b for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            table[chr(256 + extra)] = b
+            extra += 1
+    return table
 
 
 _CANONICAL_JSON: Final = json.JSONEncoder(
@@ -290,6 +336,18 @@ def _tool_content_canonical(message: Mapping[str, Any]) -> Mapping[str, Any]:
     if _null_or_empty_tool_content(message):
         return {k: v for k, v in message.items() if k != "content"}
     return message
+
+
+def _echoed_ids(item: Mapping[str, Any]) -> tuple[str, ...]:
+    """The provider ids an item carries: its ``id``, and the response id an OpenAI Agents SDK
+    item keeps in ``provider_data`` (the completion that produced it)."""
+    provider = item.get("provider_data")
+    found = [item.get("id"), provider.get("response_id") if isinstance(provider, Mapping) else None]
+    ids: list[str] = []
+    for candidate in found:
+        if isinstance(candidate, str) and candidate and candidate not in ids:
+            ids.append(candidate)
+    return tuple(ids)
 
 
 def _fold_into(previous: dict[str, Any], message: Mapping[str, Any]) -> None:

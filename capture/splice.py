@@ -19,12 +19,21 @@ rules", step 2):
 A candidate that fails either becomes a root, with the check's name as the recorded reason; the
 suffix is then the whole rendered request. Checks compare decoded text only: the parent's tokens
 are reused as they are even where their text would tokenize differently today.
+
+Every call of the chain is represented by its exact generated text, not by the template's rendering
+of the message the client echoed (``RawOutput``). The two differ when the gateway parsed the text
+into reasoning or tool calls (``capture/toolcalls.py``) and the template writes them back with
+other spacing or key order. So check 2 compares the chain's text with the prefix rendered with
+each chain output as plain assistant content, and the suffix is whatever that rendering writes
+after the parent's last token (the end of turn) followed by the real rendering of the new items.
+Where no output was parsed the two renderings are one and the same.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from capture.errors import SpliceError
 from capture.render import (
@@ -44,7 +53,20 @@ from ledger.admission import (
     locate_boundary,
 )
 
-__all__ = ["PromptPlan", "plan_call", "plan_prompt"]
+__all__ = ["PromptPlan", "RawOutput", "plan_call", "plan_prompt"]
+
+
+@dataclass(frozen=True)
+class RawOutput:
+    """A chain call's exact generated text (stop token excluded) and the index of the item that
+    holds its output in any request continuing it (its replay summary's ``item_count - 1``).
+
+    Producer: the lifecycle (from the call's blob and ``call.committed``); consumer: the
+    boundary check, which renders that item as plain assistant content ``text``.
+    """
+
+    item_index: int
+    text: str
 
 
 @dataclass(frozen=True)
@@ -81,14 +103,16 @@ def plan_call(
     options: RenderOptions,
     index: AdmissionIndex,
     parent_tokens: Callable[[str], Sequence[int]],
+    parent_outputs: Callable[[str], Sequence[RawOutput]] | None = None,
 ) -> PromptPlan:
     """Everything before inference for one request: admission, then the splice. Writes nothing.
 
     ``index`` holds the attempt's calls; ``parent_tokens(call_id)`` returns a call's exact chain
-    tokens (its ancestors' and its own stored deltas) and is asked only for the chosen parent.
-    The null/empty tool-content proof is rendered only when admission needs it. Intend and
-    measure both call this, so they reach the same decision. Raises ``AdmissionError`` (assistant
-    prefill, empty suffix, ambiguous parent) before anything is generated.
+    tokens (its ancestors' and its own stored deltas) and ``parent_outputs(call_id)`` the raw
+    outputs of the calls of that chain (none when not given); both are asked only for the chosen
+    parent. The null/empty tool-content proof is rendered only when admission needs it. Intend
+    and measure both call this, so they reach the same decision. Raises ``AdmissionError``
+    (assistant prefill, empty suffix, ambiguous parent) before anything is generated.
     """
     items = admission_items(request)
     options_digest = renderer.options_digest(options)
@@ -112,6 +136,7 @@ def plan_call(
         decision,
         None if parent is None else parent_tokens(parent),
         replay_summary(items, options_digest),
+        () if parent is None or parent_outputs is None else parent_outputs(parent),
     )
 
 
@@ -121,14 +146,16 @@ def plan_prompt(
     options: RenderOptions,
     decision: AdmissionDecision,
     parent_token_ids: Sequence[int] | None = None,
+    raw_outputs: Sequence[RawOutput] = (),
 ) -> PromptPlan:
     """Plan a call's prompt from an admission decision: splice, or root with a recorded reason.
 
     ``parent_token_ids`` is the parent chain's exact tokens (prompt plus generated, from its
-    blobs), required for a continuation and refused for a root. Writes nothing.
+    blobs), required for a continuation and refused for a root; ``raw_outputs`` the exact texts
+    of that chain's outputs. Writes nothing.
     """
     summary = replay_summary(admission_items(request), renderer.options_digest(options))
-    return _plan(renderer, request, options, decision, parent_token_ids, summary)
+    return _plan(renderer, request, options, decision, parent_token_ids, summary, raw_outputs)
 
 
 def _plan(
@@ -138,6 +165,7 @@ def _plan(
     decision: AdmissionDecision,
     parent_token_ids: Sequence[int] | None,
     summary: ReplaySummary,
+    raw_outputs: Sequence[RawOutput] = (),
 ) -> PromptPlan:
     if decision.boundary.item_count != len(request.messages):
         raise SpliceError(
@@ -162,10 +190,12 @@ def _plan(
         rooted = decision.rooted(RootReason.TEMPLATE_NOT_APPEND_COMPATIBLE)
         return _root(renderer, options, rooted, full_text, summary)
     chain_text = renderer.decode(parent_token_ids)
-    if not prefix_text.startswith(chain_text):
+    exact_text = _exact_prefix_text(renderer, prefix, options, prefix_text, raw_outputs)
+    trailer = exact_text[len(chain_text) :]
+    if not exact_text.startswith(chain_text) or not prefix_text.endswith(trailer):
         rooted = decision.rooted(RootReason.RENDERED_HISTORY_DIFFERS)
         return _root(renderer, options, rooted, full_text, summary)
-    suffix = renderer.encode(full_text[len(chain_text) :])
+    suffix = renderer.encode(trailer + full_text[len(prefix_text) :])
     return PromptPlan(
         decision=decision,
         prompt_token_ids=(*parent_token_ids, *suffix),
@@ -183,3 +213,26 @@ def _root(
 ) -> PromptPlan:
     tokens = renderer.encode(full_text, add_special_tokens=options.add_special_tokens)
     return PromptPlan(decision, tuple(tokens), prev_len=0, request_summary=summary)
+
+
+def _exact_prefix_text(
+    renderer: Renderer,
+    prefix: Sequence[Mapping[str, Any]],
+    options: RenderOptions,
+    prefix_text: str,
+    raw_outputs: Sequence[RawOutput],
+) -> str:
+    """The prefix rendered with every chain output as its exact text (plain assistant content);
+    ``prefix_text`` itself when no echoed output differs from that form."""
+    messages = list(prefix)
+    changed = False
+    for output in raw_outputs:
+        index = output.item_index
+        if 0 <= index < len(messages) and messages[index].get("role") == "assistant":
+            raw = {"content": output.text, "role": "assistant"}
+            if messages[index] != raw:
+                messages[index] = raw
+                changed = True
+    if not changed:
+        return prefix_text
+    return renderer.render(messages, options, add_generation_prompt=False)

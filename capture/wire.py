@@ -1,33 +1,25 @@
-"""The gateway's wire records: OpenAI-compatible requests and responses, and the attempt API.
+"""The gateway's shared wire records: errors, the attempt API, and the token logprob.
 
-Producer of the request models: a harness (any OpenAI-compatible client, e.g. the official
-``openai`` package); consumer: ``capture/gateway.py``, which turns them into a
-``capture.lifecycle.ModelCall`` and answers with the response models built here from the
-``CallOutcome``. Every model is explicit (unknown request fields are refused, not ignored) so the
-served OpenAPI schema says exactly what Grove accepts.
+The model-call bodies live with their API: ``capture/chat_api.py`` (Chat Completions) and
+``capture/responses_api.py`` (Responses); ``capture/streaming.py`` sends their answers as
+server-sent events. Producer of the request models: a harness (any OpenAI-compatible client);
+consumer: ``capture/gateway.py``. Every request model is explicit (unknown fields are refused,
+not ignored), so the served OpenAPI schema says exactly what Grove accepts.
 
-Errors are answered on the wire as OpenAI does, ``{"error": {"message", "type", "code"}}``;
-:data:`ERROR_STATUS` is the one table that gives every Grove error class its HTTP status and
-Grove's stable code.
-
-Where Grove departs from OpenAI: ``ChatCompletion.id``, ``ResponseObject.id`` and the id of the
-Responses output message are all the call's response id, so a client that echoes an output item
-back names the call it came from (admission breaks ties with it, ``docs/normalization.md``);
-logprobs are those of the content tokens as sampled (never top alternatives); streaming is
-buffered (``response_events``: the whole text arrives in one delta).
+Errors are answered on the wire as OpenAI does, ``{"error": {"message", "type", "code",
+"param"}}``; :data:`ERROR_STATUS` is the one table that gives every Grove error class its HTTP
+status and Grove's stable code (``capture/refusals.py`` answers with it).
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from capture import errors as capture_errors
-from capture.lifecycle import CallOutcome
 from ledger import admission
 from ledger import errors as ledger_errors
 from ledger.attempt import AttemptError, AttemptState, CallStatus
@@ -39,52 +31,44 @@ __all__ = [
     "AttemptCall",
     "AttemptSelection",
     "AttemptStatus",
-    "ChatCompletion",
-    "ChatCompletionRequest",
-    "ChatMessage",
-    "ChoiceLogprobs",
-    "CompletionChoice",
-    "CompletionMessage",
-    "CompletionUsage",
     "ErrorBody",
     "ErrorDetail",
     "ErrorStatus",
     "HarnessResult",
     "HealthStatus",
+    "JSONObject",
     "Measurement",
     "ModelCard",
     "ModelList",
     "OpenAttemptRequest",
-    "OutputMessage",
-    "OutputText",
     "RejectRequest",
-    "ResponseObject",
-    "ResponseUsage",
-    "ResponsesRequest",
     "TokenLogprob",
+    "WireReply",
+    "WireRequest",
     "attempt_status",
-    "chat_completion",
     "error_body",
     "error_status",
-    "response_events",
-    "response_object",
 ]
 
 JSONObject = dict[str, Any]
 
 
-class _Request(BaseModel):
+class WireRequest(BaseModel):
+    """A request body: unknown fields are refused, never silently ignored."""
+
     model_config = ConfigDict(extra="forbid")
 
 
-class _Reply(BaseModel):
+class WireReply(BaseModel):
+    """An answer body: frozen once built."""
+
     model_config = ConfigDict(frozen=True)
 
 
 # -- errors ----------------------------------------------------------------------------------
 
 
-class ErrorDetail(_Reply):
+class ErrorDetail(WireReply):
     """Why a request was refused: a message that says what to do, OpenAI's ``type``, Grove's
     stable ``code`` (``docs/gateway.md`` lists them) and the offending request field if any."""
 
@@ -94,7 +78,7 @@ class ErrorDetail(_Reply):
     param: str | None = None
 
 
-class ErrorBody(_Reply):
+class ErrorBody(WireReply):
     """Every 4xx and 5xx answer of the gateway: ``{"error": {...}}``, as OpenAI sends it."""
 
     error: ErrorDetail
@@ -162,6 +146,7 @@ ERROR_TYPES: Final = {
     400: "invalid_request_error",
     401: "authentication_error",
     404: "not_found_error",
+    405: "invalid_request_error",
     409: "conflict_error",
     422: "invalid_request_error",
     501: "not_implemented_error",
@@ -184,56 +169,16 @@ def error_body(status: int, code: str, message: str, param: str | None = None) -
     return ErrorBody(error=ErrorDetail(message=message, type=kind, code=code, param=param))
 
 
-# -- chat completions ------------------------------------------------------------------------
+# -- shared by the model-call answers -----------------------------------------------------
 
 
-class ChatMessage(BaseModel):
-    """One Chat Completions message; fields beyond these pass through to normalization."""
+class TokenLogprob(WireReply):
+    """One generated token as sampled: its text, log-probability and exact bytes.
 
-    model_config = ConfigDict(extra="allow")
-
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[JSONObject] | None = None
-
-
-class ChatCompletionRequest(_Request):
-    """``POST /v1/chat/completions``. ``max_tokens`` and ``max_completion_tokens`` are synonyms.
-
-    Sampling bounds are checked by ``capture.engine.SamplingParams`` (one place); ``stop``
-    strings must each be one token of the model's vocabulary; ``n`` must be 1, ``stream`` false
-    and ``top_logprobs`` 0 or absent (the engine reports the sampled token's logprob only).
-    ``user`` is accepted and ignored.
+    ``bytes`` are the token's own bytes (byte-level BPE: the token's symbols through the byte
+    decoder), so joining them in order gives the UTF-8 of the generated text even where a token
+    ends inside a multi-byte character (its ``token`` text then holds U+FFFD).
     """
-
-    model: str
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    n: int | None = None
-    stream: bool | None = None
-    stream_options: JSONObject | None = None
-    tools: list[JSONObject] | None = None
-    tool_choice: str | JSONObject | None = None
-    parallel_tool_calls: bool | None = None
-    logprobs: bool | None = None
-    top_logprobs: int | None = None
-    reasoning_effort: str | None = None
-    user: str | None = None
-
-
-class CompletionMessage(_Reply):
-    """The assistant message of a completion: the generated text, stop token excluded."""
-
-    role: Literal["assistant"] = "assistant"
-    content: str
-
-
-class TokenLogprob(_Reply):
-    """One content token as sampled: its text, log-probability and UTF-8 bytes."""
 
     token: str
     logprob: float
@@ -241,127 +186,10 @@ class TokenLogprob(_Reply):
     top_logprobs: list[JSONObject] = Field(default_factory=list)
 
 
-class ChoiceLogprobs(_Reply):
-    """Logprobs of the content tokens, in order (the stop token is not content)."""
-
-    content: list[TokenLogprob]
-
-
-class CompletionChoice(_Reply):
-    """The one choice of a completion (``n`` is always 1)."""
-
-    index: int = 0
-    message: CompletionMessage
-    finish_reason: Literal["stop", "length"]
-    logprobs: ChoiceLogprobs | None = None
-
-
-class CompletionUsage(_Reply):
-    """Token counts: the planned prompt (spliced or rendered) and the generated tokens."""
-
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-
-
-class ChatCompletion(_Reply):
-    """``POST /v1/chat/completions`` answer; ``id`` is the call's response id."""
-
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    usage: CompletionUsage
-
-
-# -- responses -------------------------------------------------------------------------------
-
-
-class ResponsesRequest(_Request):
-    """``POST /v1/responses``, the subset Grove serves.
-
-    ``input`` is a string (one user message) or a list of Responses input items or chat
-    messages; ``instructions`` becomes a leading system message. ``stream`` true answers with
-    buffered server-sent events. Refused: ``previous_response_id`` and ``conversation``
-    (provider-managed state: send the whole input), ``background``, and ``truncation="auto"``
-    (prompts are never truncated).
-    """
-
-    model: str
-    input: str | list[JSONObject]
-    instructions: str | None = None
-    max_output_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    stream: bool | None = None
-    previous_response_id: str | None = None
-    conversation: str | JSONObject | None = None
-    background: bool | None = None
-    truncation: Literal["auto", "disabled"] | None = None
-    tools: list[JSONObject] | None = None
-    tool_choice: str | JSONObject | None = None
-    parallel_tool_calls: bool | None = None
-    reasoning: JSONObject | None = None
-    store: bool | None = None
-
-
-class OutputText(_Reply):
-    """The text part of the output message."""
-
-    type: Literal["output_text"] = "output_text"
-    text: str
-    annotations: list[JSONObject] = Field(default_factory=list)
-
-
-class OutputMessage(_Reply):
-    """The one output item: the assistant message, whose ``id`` is the call's response id."""
-
-    type: Literal["message"] = "message"
-    id: str
-    status: Literal["in_progress", "completed", "incomplete"]
-    role: Literal["assistant"] = "assistant"
-    content: list[OutputText]
-
-
-class ResponseUsage(_Reply):
-    """Token counts in the Responses API's names."""
-
-    input_tokens: int
-    output_tokens: int
-    total_tokens: int
-    input_tokens_details: dict[str, int] = Field(default_factory=lambda: {"cached_tokens": 0})
-    output_tokens_details: dict[str, int] = Field(default_factory=lambda: {"reasoning_tokens": 0})
-
-
-class ResponseObject(_Reply):
-    """``POST /v1/responses`` answer; ``id`` is the call's response id. ``status`` is
-    ``incomplete`` (reason ``max_output_tokens``) when the generation hit its token limit."""
-
-    id: str
-    object: Literal["response"] = "response"
-    created_at: float
-    status: Literal["in_progress", "completed", "incomplete"]
-    model: str
-    output: list[OutputMessage]
-    usage: ResponseUsage | None = None
-    instructions: str | None = None
-    max_output_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    tools: list[JSONObject] = Field(default_factory=list)
-    tool_choice: str | JSONObject = "auto"
-    parallel_tool_calls: bool = True
-    previous_response_id: None = None
-    error: None = None
-    incomplete_details: dict[str, str] | None = None
-    metadata: dict[str, str] = Field(default_factory=dict)
-
-
 # -- attempts --------------------------------------------------------------------------------
 
 
-class OpenAttemptRequest(_Request):
+class OpenAttemptRequest(WireRequest):
     """``POST /v1/attempts``: start one execution of the harness for one logical rollout."""
 
     capture_key: str = Field(description="names the attempt's event stream and blob partition")
@@ -395,13 +223,13 @@ class HarnessResult(BaseModel):
     terminal_response_id: str | None = None
 
 
-class RejectRequest(_Request):
+class RejectRequest(WireRequest):
     """``POST /v1/attempts/{capture_key}/calls/{call_id}/reject``: why the harness rejected it."""
 
     detail: str = ""
 
 
-class AttemptCall(_Reply):
+class AttemptCall(WireReply):
     """One call of an attempt: where it stands, its parent and the admission decision."""
 
     call_id: str
@@ -417,7 +245,7 @@ class AttemptCall(_Reply):
     late: bool = False
 
 
-class AttemptSelection(_Reply):
+class AttemptSelection(WireReply):
     """The recorded ``rollout.selected``: policy, ordered call ids, scored response, reward."""
 
     policy: str
@@ -426,7 +254,7 @@ class AttemptSelection(_Reply):
     reward: float
 
 
-class AttemptStatus(_Reply):
+class AttemptStatus(WireReply):
     """``GET /v1/attempts/{capture_key}``: the attempt as the ledger knows it now."""
 
     capture_key: str
@@ -444,7 +272,7 @@ class AttemptStatus(_Reply):
     selection: AttemptSelection | None
 
 
-class Measurement(_Reply):
+class Measurement(WireReply):
     """``POST /v1/attempts/{capture_key}/measure``: what the call would get; nothing written.
 
     ``reason`` is the root reason (None for a continuation), ``parent_call_id`` the parent of a
@@ -457,7 +285,7 @@ class Measurement(_Reply):
     reason: str | None
 
 
-class ModelCard(_Reply):
+class ModelCard(WireReply):
     """The one model the gateway serves."""
 
     id: str
@@ -466,14 +294,14 @@ class ModelCard(_Reply):
     owned_by: str = "grove"
 
 
-class ModelList(_Reply):
+class ModelList(WireReply):
     """``GET /v1/models``."""
 
     object: Literal["list"] = "list"
     data: list[ModelCard]
 
 
-class HealthStatus(_Reply):
+class HealthStatus(WireReply):
     """``GET /health``."""
 
     status: Literal["ok"] = "ok"
@@ -481,97 +309,6 @@ class HealthStatus(_Reply):
 
 
 # -- builders (pure) -------------------------------------------------------------------------
-
-
-def chat_completion(
-    outcome: CallOutcome, model: str, logprobs: Sequence[TokenLogprob] | None
-) -> ChatCompletion:
-    """The ChatCompletion answering ``outcome``; ``logprobs`` when the client asked for them."""
-    generation = outcome.generation
-    completion = len(generation.token_ids)
-    return ChatCompletion(
-        id=outcome.response_id,
-        created=int(time.time()),
-        model=model,
-        choices=[
-            CompletionChoice(
-                message=CompletionMessage(content=outcome.message["content"]),
-                finish_reason=generation.finish_reason,
-                logprobs=None if logprobs is None else ChoiceLogprobs(content=list(logprobs)),
-            )
-        ],
-        usage=CompletionUsage(
-            prompt_tokens=outcome.prompt_tokens,
-            completion_tokens=completion,
-            total_tokens=outcome.prompt_tokens + completion,
-        ),
-    )
-
-
-def response_object(outcome: CallOutcome, model: str, request: ResponsesRequest) -> ResponseObject:
-    """The Response answering ``outcome``: one output message whose id is the response id."""
-    generation = outcome.generation
-    complete = generation.finish_reason == "stop"
-    status: Literal["completed", "incomplete"] = "completed" if complete else "incomplete"
-    completion = len(generation.token_ids)
-    return ResponseObject(
-        id=outcome.response_id,
-        created_at=time.time(),
-        status=status,
-        model=model,
-        output=[
-            OutputMessage(
-                id=outcome.response_id,
-                status=status,
-                content=[OutputText(text=outcome.message["content"])],
-            )
-        ],
-        usage=ResponseUsage(
-            input_tokens=outcome.prompt_tokens,
-            output_tokens=completion,
-            total_tokens=outcome.prompt_tokens + completion,
-        ),
-        instructions=request.instructions,
-        max_output_tokens=request.max_output_tokens,
-        temperature=request.temperature,
-        top_p=request.top_p,
-        tools=request.tools or [],
-        tool_choice=request.tool_choice or "auto",
-        parallel_tool_calls=request.parallel_tool_calls is not False,
-        incomplete_details=None if complete else {"reason": "max_output_tokens"},
-    )
-
-
-def response_events(response: ResponseObject) -> list[JSONObject]:
-    """The standard Responses stream events for a finished response, in order, numbered.
-
-    Buffered: generation is over before the first event, so the text arrives as one delta.
-    The sequence is what the ``openai`` client's stream iteration and its accumulating
-    ``responses.stream`` helper expect: created, in_progress, output_item.added,
-    content_part.added, output_text.delta, output_text.done, content_part.done,
-    output_item.done, completed. The last event is ``response.completed`` even when the
-    response's status is ``incomplete`` (OpenAI sends ``response.incomplete`` there, which the
-    client's ``responses.stream`` helper does not accept as an end).
-    """
-    item = response.output[0]
-    part = item.content[0]
-    started = response.model_copy(update={"status": "in_progress", "output": [], "usage": None})
-    opened = item.model_copy(update={"status": "in_progress", "content": []})
-    empty = part.model_copy(update={"text": ""})
-    where = {"item_id": item.id, "output_index": 0}
-    at = {**where, "content_index": 0}
-    events: list[JSONObject] = [
-        {"type": "response.created", "response": started.model_dump()},
-        {"type": "response.in_progress", "response": started.model_dump()},
-        {"type": "response.output_item.added", "output_index": 0, "item": opened.model_dump()},
-        {"type": "response.content_part.added", **at, "part": empty.model_dump()},
-        {"type": "response.output_text.delta", **at, "delta": part.text, "logprobs": []},
-        {"type": "response.output_text.done", **at, "text": part.text, "logprobs": []},
-        {"type": "response.content_part.done", **at, "part": part.model_dump()},
-        {"type": "response.output_item.done", "output_index": 0, "item": item.model_dump()},
-        {"type": "response.completed", "response": response.model_dump()},
-    ]
-    return [{**event, "sequence_number": number} for number, event in enumerate(events)]
 
 
 def attempt_status(state: AttemptState) -> AttemptStatus:

@@ -5,7 +5,10 @@
 - ``local_gateway``: SQLite and a local blob directory, for refusals, attempts and auth, whose
   behaviour does not depend on the backend;
 - ``serve_gateway``: a factory for a gateway with other ``create_app`` options (auth, no
-  selector), on SQLite and local blobs.
+  selector), on SQLite and local blobs;
+- ``scripted_gateway`` (every backend) and ``local_scripted_gateway`` (SQLite, local blobs): a
+  gateway whose engine answers with scripted text (``ScriptedEngine``), for the flows a random
+  tiny model almost never produces by itself (tool calls, reasoning, multi-byte text).
 
 Each gateway serves ``MODEL`` with the embedded engine (one per session; its calls are
 serialized) and the application's selector (``grove.jobs.serve.LedgerSelector``). Clients are the
@@ -15,7 +18,8 @@ official ``openai`` client with retries off, naming the attempt in ``default_hea
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from functools import cache
@@ -27,6 +31,7 @@ import pytest
 from openai import OpenAI
 
 from capture.embedded import EmbeddedEngine, build_tokenizer
+from capture.engine import Engine, Generation, SamplingParams
 from capture.gateway import CAPTURE_KEY_HEADER, create_app
 from capture.lifecycle import CaptureService
 from capture.render import Renderer
@@ -50,6 +55,35 @@ def engine() -> EmbeddedEngine:
     return EmbeddedEngine.build(tokenizer(), seed=11)
 
 
+class ScriptedEngine:
+    """An engine that answers each call with the next scripted text, exactly: the text's tokens
+    (the embedded tokenizer) and the end-of-turn token, each with logprob -0.5; cut at
+    ``max_tokens`` (finish ``length``) like a real engine. With the script empty it samples from
+    the embedded engine. ``prompts`` keeps the exact prompt of every call served."""
+
+    def __init__(self, fallback: EmbeddedEngine) -> None:
+        self.fallback = fallback
+        self.script: deque[str] = deque()
+        self.prompts: list[list[int]] = []
+
+    def say(self, *texts: str) -> None:
+        """Queue the texts of the next calls, in order."""
+        self.script.extend(texts)
+
+    def check(self, prompt_token_ids: Sequence[int], sampling: SamplingParams) -> None:
+        self.fallback.check(prompt_token_ids, sampling)
+
+    def generate(self, prompt_token_ids: Sequence[int], sampling: SamplingParams) -> Generation:
+        self.prompts.append(list(prompt_token_ids))
+        if not self.script:
+            return self.fallback.generate(prompt_token_ids, sampling)
+        text = self.script.popleft()
+        tokens = [*tokenizer().encode(text, add_special_tokens=False), tokenizer().eos_token_id]
+        finish = "stop" if len(tokens) <= sampling.max_tokens else "length"
+        tokens = tokens[: sampling.max_tokens]
+        return Generation(tuple(tokens), (-0.5,) * len(tokens), finish)
+
+
 @dataclass
 class Gateway:
     """A running gateway, its capture service (to inspect the ledger and blobs) and clients."""
@@ -57,6 +91,12 @@ class Gateway:
     base_url: str
     service: CaptureService
     http: httpx.Client
+
+    @property
+    def engine(self) -> ScriptedEngine:
+        """The scripted engine of a scripted gateway."""
+        assert isinstance(self.service.engine, ScriptedEngine)
+        return self.service.engine
 
     def client(self, capture_key: str | None = "att-1", **options: Any) -> OpenAI:
         """The official client, naming ``capture_key`` in its default headers."""
@@ -104,13 +144,18 @@ class Gateway:
 
 
 @contextmanager
-def serve(database_url: str, blob_url: str, **options: Any) -> Iterator[Gateway]:
-    """A gateway over ``database_url`` and ``blob_url`` served on 127.0.0.1 in a thread."""
+def serve(
+    database_url: str, blob_url: str, serving: Engine | None = None, **options: Any
+) -> Iterator[Gateway]:
+    """A gateway over ``database_url`` and ``blob_url`` served on 127.0.0.1 in a thread, with
+    ``serving`` as its engine (default: the shared embedded engine)."""
     migrate.upgrade(database_url)
     store = EventStore.open(database_url)
     blobs = open_blob_store(blob_url)
     renderer = Renderer(tokenizer())
-    service = CaptureService(AttemptLog(store), blobs, renderer, engine(), model_fingerprint=MODEL)
+    service = CaptureService(
+        AttemptLog(store), blobs, renderer, serving or engine(), model_fingerprint=MODEL
+    )
     options.setdefault("selector", LedgerSelector())
     options.setdefault("max_context", CONTEXT)
     app = create_app(service, model_name=MODEL, on_shutdown=store.close, **options)
@@ -143,3 +188,19 @@ def serve_gateway(tmp_path: Path) -> Iterator[Callable[..., Gateway]]:
 def local_gateway(serve_gateway: Callable[..., Gateway]) -> Gateway:
     """A gateway on SQLite and local blobs with the default options."""
     return serve_gateway()
+
+
+@pytest.fixture
+def scripted_gateway(database_url: str, blob_url: str) -> Iterator[Gateway]:
+    """A scripted gateway (``ScriptedEngine``) on one ledger database and one blob backend."""
+    with serve(database_url, blob_url, ScriptedEngine(engine())) as running:
+        yield running
+
+
+@pytest.fixture
+def local_scripted_gateway(tmp_path: Path) -> Iterator[Gateway]:
+    """A scripted gateway (``ScriptedEngine``) on SQLite and local blobs."""
+    with serve(
+        f"sqlite:///{tmp_path / 'ledger.db'}", str(tmp_path / "blobs"), ScriptedEngine(engine())
+    ) as running:
+        yield running

@@ -37,7 +37,10 @@ def test_opening_an_attempt_again_with_other_fields_is_a_conflict(local_gateway:
         {"capture_key": "att-1", "rollout_id": "other", "prompt_group": "g0", "rollout_index": 0},
     )
     assert answer.status_code == 409
-    assert answer.json()["error"]["code"] == "conflicting_event"
+    error = answer.json()["error"]
+    assert error["code"] == "conflicting_event"
+    assert "rollout_id: got 'other', recorded 'r-att-1'" in error["message"]
+    assert "Event id" not in error["message"]
     assert local_gateway.written() == before
 
 
@@ -170,7 +173,13 @@ def test_posting_the_same_result_again_is_idempotent_and_another_is_a_conflict(
     assert post(local_gateway, "/att-1/result", result).status_code == 200
     conflict = post(local_gateway, "/att-1/result", {**result, "reward": 0.0})
     assert conflict.status_code == 409
-    assert conflict.json()["error"]["code"] == "conflicting_event"
+    error = conflict.json()["error"]
+    assert error["code"] == "conflicting_event"
+    assert "A result was already recorded for attempt 'att-1'" in error["message"]
+    assert "reward: got 0.0, recorded 1.0" in error["message"]
+    unselectable = post(local_gateway, "/att-1/result", {"reward": 1.0, "output": []})
+    assert unselectable.status_code == 409
+    assert "already recorded" in unselectable.json()["error"]["message"]
     assert local_gateway.written() == events
 
 

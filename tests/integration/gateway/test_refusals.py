@@ -18,6 +18,9 @@ from capture.gateway import CALL_ID_HEADER
 from .conftest import CONTEXT, MODEL, Gateway
 from .test_completions import USER, ask, observe, reply
 
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+RESPONSES_TOOL = {"type": "function", "name": "f", "parameters": {"type": "object"}}
+
 
 def chat(gateway: Gateway, capture_key: str | None = "att-1", **options: Any) -> Any:
     options.setdefault("messages", [USER])
@@ -48,9 +51,6 @@ class Refusal:
 
 
 REFUSALS = {
-    "chat_stream": Refusal(
-        lambda g: chat(g, stream=True), 400, "unsupported_stream", "buffered SSE"
-    ),
     "n_above_one": Refusal(lambda g: chat(g, n=2), 400, "unsupported_n", "n must be 1, got 2"),
     "previous_response_id": Refusal(
         lambda g: respond(g, previous_response_id="resp-earlier"),
@@ -131,6 +131,33 @@ REFUSALS = {
         "frequency_penalty: Grove does not accept this field",
     ),
     "empty_input": Refusal(lambda g: respond(g, input=[]), 400, "empty_request", "got 0 items"),
+    "tool_choice_required": Refusal(
+        lambda g: chat(g, tools=[TOOL], tool_choice="required"),
+        400,
+        "unsupported_tool_choice",
+        "cannot force a tool call",
+    ),
+    "tool_choice_named": Refusal(
+        lambda g: respond(g, tools=[RESPONSES_TOOL], tool_choice={"type": "function", "name": "f"}),
+        400,
+        "unsupported_tool_choice",
+        "never approximates one",
+    ),
+    "hosted_tool": Refusal(
+        lambda g: respond(g, tools=[{"type": "web_search"}]),
+        400,
+        "unsupported_tool",
+        "'web_search': Grove serves function tools only",
+    ),
+    "include_encrypted_reasoning": Refusal(
+        lambda g: respond(g, include=["reasoning.encrypted_content"]),
+        400,
+        "unsupported_include",
+        "'reasoning.encrypted_content' cannot be provided",
+    ),
+    "responses_top_logprobs": Refusal(
+        lambda g: respond(g, top_logprobs=3), 400, "unsupported_top_logprobs", "logprob only"
+    ),
 }
 
 

@@ -14,9 +14,59 @@ TOOL_CALL = {
 }
 
 
-def test_normalization_version_is_one() -> None:
-    assert NORMALIZATION_VERSION == 1
-    assert normalize_messages([{"role": "user", "content": "hi"}]).normalization_version == 1
+def test_normalization_version_is_two() -> None:
+    assert NORMALIZATION_VERSION == 2
+    assert normalize_messages([{"role": "user", "content": "hi"}]).normalization_version == 2
+
+
+def test_client_metadata_on_items_is_dropped_and_its_response_id_echoed() -> None:
+    # The OpenAI Agents SDK keeps provider_data on the items of its sessions.
+    provider = {"model": "m", "response_id": "resp-1"}
+    request = normalize_messages(
+        [
+            {"role": "user", "content": "hi", "provider_data": provider},
+            {
+                "type": "message",
+                "id": "__fake_id__",
+                "role": "assistant",
+                "status": "completed",
+                "phase": "final_answer",
+                "provider_data": provider,
+                "content": [
+                    {"type": "output_text", "text": "4", "annotations": [], "logprobs": []}
+                ],
+            },
+        ]
+    )
+    assert request.messages == (
+        {"content": "hi", "role": "user"},
+        {"content": "4", "role": "assistant"},
+    )
+    assert request.echoed_ids == (("resp-1",), ("__fake_id__", "resp-1"))
+
+
+def test_folded_output_items_echo_each_id_once() -> None:
+    request = normalize_messages(
+        [
+            {"type": "reasoning", "id": "resp-1", "summary": [], "content": []},
+            {
+                "type": "function_call",
+                "id": "resp-1",
+                "call_id": "c1",
+                "name": "f",
+                "arguments": "{}",
+            },
+            {
+                "type": "function_call",
+                "id": "resp-1",
+                "call_id": "c2",
+                "name": "g",
+                "arguments": "{}",
+            },
+        ]
+    )
+    assert len(request.messages) == 1
+    assert request.echoed_ids == (("resp-1",),)
 
 
 def test_item_ids_and_statuses_are_dropped_and_kept_as_echoed_ids() -> None:
