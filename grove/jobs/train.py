@@ -24,27 +24,23 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy
 import torch
+from fastapi import FastAPI
 from rich.console import Console
 
-from capture.embedded import EmbeddedEngine
-from grove.client import GroveClient
 from grove.config import EXTERNAL, GroveConfig
-from grove.jobs.harness import RolloutSpec, play_rollout, rollout_seed
+from grove.jobs.engines import PolicyEngine, open_policy_engine
 from grove.jobs.models import LoadedModel, load_model
-from grove.jobs.preflight import Preflight, preflight
+from grove.jobs.preflight import preflight
 from grove.jobs.progress import StepProgress
+from grove.jobs.rollouts import StepPlayer
 from grove.jobs.run_log import RunLog
 from grove.jobs.runs import RunDirectory, find_run, new_run
 from grove.jobs.serve import ServerThread, build_gateway
-from grove.jobs.tasks import step_tasks, task_order
 from grove.jobs.training_run import StepSummary, TrainingRun
 from grove.workspace import Workspace
 from ledger.attempt import AttemptLog
@@ -89,9 +85,10 @@ def run_training(
     """Train (or resume) up to ``steps`` optimizer steps (default ``grpo.max_num_steps``)."""
     checked = preflight(config, source)
     target = steps if steps is not None else config.grpo.max_num_steps
-    run = find_run(workspace, config, run_id) if resume else new_run(
-        workspace, config, source, run_id
-    )  # fmt: skip
+    if resume:
+        run = find_run(workspace, config, run_id)
+    else:
+        run = new_run(workspace, config, source, run_id)
     _seed_everything(config.seed)
     loaded = load_model(config.model.path, dtype=config.model.dtype, seed=config.seed)
     store = EventStore.open(workspace.database_url)
@@ -101,14 +98,29 @@ def run_training(
             restored = training.resume()
             if restored is not None and console is not None:
                 console.print(f"resumed run {run.run_id} at step {training.step} ({restored})")
-        with _gateway(config, workspace, loaded) as server, RunLog(
-            run.path, tensorboard=config.logging.tensorboard
-        ) as log:  # fmt: skip
-            base_url = f"{server.base_url}/v1"
-            run.record(gateway=base_url, model=loaded.name)
-            if console is not None:
-                console.print(f"run {run.run_id}: gateway {base_url}, model {loaded.name}")
-            history = _train(config, checked, training, run, store, base_url, log, target, console)
+        policy = open_policy_engine(config, loaded, step=training.step)
+        try:
+            app = _gateway(config, workspace, loaded, policy)
+            with ServerThread(app, host=config.engine.host, port=config.engine.port) as server:
+                base_url = f"{server.base_url}/v1"
+                run.record(gateway=base_url, model=loaded.name)
+                if console is not None:
+                    console.print(f"run {run.run_id}: gateway {base_url}, model {loaded.name}")
+                player = None
+                if checked.harness is not None:
+                    player = StepPlayer(
+                        config,
+                        checked.harness,
+                        checked.tasks,
+                        run_id=run.run_id,
+                        store=store,
+                        base_url=base_url,
+                    )
+                loop = _Loop(config, training, policy, player, store)
+                with RunLog(run.path, tensorboard=config.logging.tensorboard) as log:
+                    history = loop.run(target, log, console)
+        finally:
+            policy.close()
     finally:
         store.close()
     return _summarize(history, training, run.run_id)
@@ -146,122 +158,54 @@ def _pad_token_id(loaded: LoadedModel) -> int:
     return int(pad)
 
 
-@contextmanager
 def _gateway(
-    config: GroveConfig, workspace: Workspace, loaded: LoadedModel
-) -> Iterator[ServerThread]:
-    """The gateway on the policy's own weights, served in a thread for the run's duration."""
-    tokenizer = loaded.tokenizer
-    engine = EmbeddedEngine(loaded.model, stop_token_ids=[tokenizer.eos_token_id], seed=config.seed)
-    context = int(loaded.model.config.max_position_embeddings)
-    app = build_gateway(
+    config: GroveConfig, workspace: Workspace, loaded: LoadedModel, policy: PolicyEngine
+) -> FastAPI:
+    """The gateway on the run's engine."""
+    return build_gateway(
         workspace,
-        engine=engine,
-        tokenizer=tokenizer,
+        engine=policy.engine,
+        tokenizer=loaded.tokenizer,
         model_name=loaded.name,
         auth_token=config.engine.auth_token,
-        max_context=min(context, config.policy.max_total_sequence_length),
+        max_context=min(policy.context_length, config.policy.max_total_sequence_length),
         default_max_tokens=config.engine.default_max_tokens,
         settle_timeout_s=config.token_capture.pending_call_timeout_s,
     )
-    with ServerThread(app, host=config.engine.host, port=config.engine.port) as server:
-        yield server
 
 
-def _train(
-    config: GroveConfig,
-    checked: Preflight,
-    training: TrainingRun,
-    run: RunDirectory,
-    store: EventStore,
-    base_url: str,
-    log: RunLog,
-    target: int,
-    console: Console | None,
-) -> list[StepSummary]:
-    """Steps until ``target``; each step's rollouts, then its optimizer step and metrics."""
-    history: list[StepSummary] = []
-    per_step = config.grpo.num_prompts_per_step * config.grpo.num_generations_per_prompt
-    play = _player(config, checked, run, store, base_url)
-    with StepProgress(console, total_rollouts=(target - training.step) * per_step) as progress:
-        while training.step < target:
-            if play is not None and not play(training.step, progress.advance):
-                progress.note(f"the task file is used up after {training.step} steps")
-                break
-            published = _next_batch(training, play is None, progress)
-            summary = training.train(published)
-            log.log(summary.step, {**summary.metrics, **_root_counts(store, published)})
-            history.append(summary)
-            progress.step_done(summary)
-    return history
+@dataclass
+class _Loop:
+    """The step loop: rollouts (played, or awaited from external agents), the optimizer step,
+    the new weights published to the engine, the metrics logged."""
 
+    config: GroveConfig
+    training: TrainingRun
+    policy: PolicyEngine
+    player: StepPlayer | None
+    store: EventStore
 
-def _player(
-    config: GroveConfig, checked: Preflight, run: RunDirectory, store: EventStore, base_url: str
-) -> Callable[[int, Callable[[], None]], bool] | None:
-    """For an in-process harness, a function that plays a step's rollouts (False when the task
-    file is used up); None for external agents."""
-    harness = checked.harness
-    if harness is None:
-        return None
-    groups, per_group = config.grpo.num_prompts_per_step, config.grpo.num_generations_per_prompt
-    data = config.data
-    order = task_order(len(checked.tasks), shuffle=data.shuffle, seed=data.shuffle_seed,
-                       epochs=data.epochs)  # fmt: skip
-    log = AttemptLog(store)
-    token = config.engine.auth_token or "grove"
-
-    def play(step: int, advance: Callable[[], None]) -> bool:
-        tasks = step_tasks(order, step, groups)
-        if tasks is None:
-            return False
-        specs = []
-        for g, task in enumerate(tasks):
-            group = f"{run.run_id}-s{step}-g{g}"
-            for r in range(per_group):
-                rollout_id = f"{group}-r{r}"
-                key = _fresh_key(log, rollout_id)
-                if key is None:  # a resumed run: this rollout already completed
-                    advance()
-                    continue
-                seed = rollout_seed(config.seed, step, g, r)
-                specs.append(RolloutSpec(key, rollout_id, group, r, checked.tasks[task], seed))
-        with GroveClient(base_url, api_key=token) as grove, ThreadPoolExecutor(
-            config.harness.concurrency
-        ) as pool:  # fmt: skip
-            futures = [
-                pool.submit(
-                    play_rollout,
-                    grove,
-                    harness,
-                    spec,
-                    config.harness.options,
-                    forest_mode=config.token_capture.forest_training,
-                    selection_policy=config.token_capture.selection_policy,
-                )
-                for spec in specs
-            ]
-            for future in futures:
-                future.result()
-                advance()
-        return True
-
-    return play
-
-
-def _fresh_key(log: AttemptLog, rollout_id: str) -> str | None:
-    """The capture key to play ``rollout_id`` under, or None when an attempt already completed it.
-
-    An attempt left open by an interrupted run is abandoned; the next key is ``…-aN``.
-    """
-    for attempt in range(100):
-        key = rollout_id if attempt == 0 else f"{rollout_id}-a{attempt}"
-        state = log.load(key)
-        if state.opened is None:
-            return key
-        if state.selection is not None:
-            return None
-    raise RuntimeError(f"rollout {rollout_id} was abandoned 100 times")
+    def run(self, target: int, log: RunLog, console: Console | None) -> list[StepSummary]:
+        """Steps until ``target`` (or until the task file is used up)."""
+        training = self.training
+        grpo = self.config.grpo
+        per_step = grpo.num_prompts_per_step * grpo.num_generations_per_prompt
+        total = max(target - training.step, 0) * per_step
+        history: list[StepSummary] = []
+        with StepProgress(console, total_rollouts=total) as progress:
+            while training.step < target:
+                if self.player is not None and not self.player.play(
+                    training.step, progress.advance
+                ):
+                    progress.note(f"the task file is used up after {training.step} steps")
+                    break
+                published = _next_batch(training, self.player is None, progress)
+                summary = training.train(published)
+                self.policy.publish(summary.step)
+                log.log(summary.step, {**summary.metrics, **_root_counts(self.store, published)})
+                history.append(summary)
+                progress.step_done(summary)
+        return history
 
 
 def _next_batch(training: TrainingRun, external: bool, progress: StepProgress) -> PublishedBatch:
