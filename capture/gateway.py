@@ -191,6 +191,7 @@ class _Gateway:
             prompt_group=request.prompt_group,
             rollout_index=request.rollout_index,
             policy_version=request.policy_version,
+            seed=request.seed,
             forest_mode=request.forest_mode,
             selection_policy=request.selection_policy,
         )

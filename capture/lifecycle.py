@@ -129,15 +129,20 @@ class _AttemptView:
 
 
 def derived_seed(state: AttemptState, ordinal: int) -> int:
-    """The sampling seed of a call that names none: a digest of the attempt's rollout id and the
-    call's position in the attempt (``docs/gateway.md``, "Sampling").
+    """The sampling seed of a call that names none: a digest of the attempt's seed (or, when it
+    was opened without one, its rollout id) and the call's position in the attempt
+    (``docs/gateway.md``, "Sampling").
 
     A rollout played again under a new capture key (a resumed run replays the rollouts of an
     interrupted step) therefore samples the same tokens from the same weights, and the result
     does not depend on how the engine interleaves concurrent attempts.
     """
-    rollout_id = state.opened.rollout_id if state.opened is not None else state.capture_key
-    digest = hashlib.sha256(f"grove-seed/{rollout_id}/{ordinal}".encode()).digest()
+    opened = state.opened
+    if opened is None:
+        origin: object = state.capture_key
+    else:
+        origin = opened.rollout_id if opened.seed is None else opened.seed
+    digest = hashlib.sha256(f"grove-seed/{origin}/{ordinal}".encode()).digest()
     return int.from_bytes(digest[:8], "big") >> 1  # a non-negative int64
 
 
@@ -174,6 +179,7 @@ class CaptureService:
         forest_mode: bool = True,
         selection_policy: str = "returned_history",
         template_fingerprint: str | None = None,
+        seed: int | None = None,
     ) -> None:
         """Start an attempt (idempotent for the same fields)."""
         template = (
@@ -191,6 +197,7 @@ class CaptureService:
                 template_fingerprint=template,
                 forest_mode=forest_mode,
                 selection_policy=selection_policy,
+                seed=seed,
             )
         )
 

@@ -202,6 +202,12 @@ class OpenAttemptRequest(WireRequest):
         default="returned_history",
         description="returned_history, all_captured or module:function (training.selection)",
     )
+    seed: int | None = Field(
+        default=None,
+        ge=0,
+        le=2**63 - 1,
+        description="seeds the calls that send no seed (default: derived from the rollout id)",
+    )
 
 
 class HarnessResult(BaseModel):
