@@ -185,6 +185,7 @@ class TrainingRun:
             )
         started = time.perf_counter()
         outcomes, decisions = self._outcomes(published)
+        self._check_drop_budget(published.step, decisions)
         advantages = compute_advantages(outcomes, self.advantages)
         report = self.trainer.train_step(step_batch(published.batch, advantages))
         metrics = {
@@ -203,6 +204,23 @@ class TrainingRun:
         }
         checkpoint = self._checkpoint(published)
         return _summary(published, outcomes, decisions, report, checkpoint, metrics)
+
+    def _check_drop_budget(self, step: int, decisions: list[GroupDecision]) -> None:
+        """Stop training when dropped prompt groups leave the step fewer logical rollouts than
+        ``async_rl.rollout_failure.min_step_batch_fraction`` allows (a step that retains no
+        group never reaches the optimizer)."""
+        kept = sum(d.rollouts for d in decisions if d.kept)
+        floor = self.trainer.min_step_rollouts
+        if kept >= floor:
+            return
+        dropped = ", ".join(f"{d.group_id} ({d.reason})" for d in decisions if not d.kept)
+        raise BatchError(
+            "min_step_batch_fraction",
+            f"step {step}: dropped prompt groups {dropped} leave {kept} of "
+            f"{self.trainer.global_batch_rollouts} logical rollouts, below the floor of {floor} "
+            "(async_rl.rollout_failure.min_step_batch_fraction): training stops. Lower the "
+            "fraction to tolerate drops, or see why the rollouts were masked (grove lineage)",
+        )
 
     def _outcomes(
         self, published: PublishedBatch
