@@ -50,9 +50,10 @@ class TokenCaptureConfig(Section):
     """``returned_history``, ``all_captured`` or a custom ``module:function`` taking
     ``(records, result)``; resolved during validation. Non-default policies need forest training."""
 
-    min_valid_fraction_per_group: float | None = Field(default=None, ge=0.0, le=1.0)
+    min_valid_fraction_per_group: float | None = Field(default=None, gt=0.0, le=1.0)
     """Discard a prompt group whose fraction of verified logical rollouts is below this; ``None``
-    disables the filter. Each rollout counts once, whatever its row count."""
+    disables the filter (0 would too, so it is refused: write ``null``). Each rollout counts
+    once, whatever its row count."""
 
     defer_routed_experts_to_policy: bool = False
     """Deferred routed-expert assembly by the policy; not supported with forest training."""
