@@ -136,60 +136,59 @@ def test_seq_logprob_error_threshold_excludes_a_rollout_the_trainer_disagrees_wi
     assert (trusted["forest/masked_rows"], trusted["train/retained_tokens"]) == (0.0, 12.0)
 
 
+TWO_GROUPS = {
+    "grpo": {"num_prompts_per_step": 2, "num_generations_per_prompt": 2},
+    "policy": {"train_global_batch_size": 4},
+}
+"""A step of two prompt groups, ``a`` and ``b``, of two rollouts each."""
+
+
+def _two_group_step(directory: Path, *overrides: dict) -> dict[str, float]:
+    """One step of groups ``a`` (both rollouts verified) and ``b`` (rollout ``b0`` masked)."""
+    training = training_run(directory, TWO_GROUPS, *overrides)
+    mine = own_logprobs(training.model)
+    rollouts = [rollout("a0", 1.0, mine, group="a"), rollout("a1", 0.0, mine, group="a")]
+    rollouts += [rollout("b0", 1.0, mine, group="b", masked=True)]
+    rollouts += [rollout("b1", 0.0, mine, group="b")]
+    return training.train(published(training, rollouts)).metrics
+
+
 def test_min_valid_fraction_per_group_drops_a_group_with_too_few_verified_rollouts(
     tmp_path: Path,
 ) -> None:
     def dropped(directory: Path, fraction: float | None) -> float:
-        training = training_run(
-            directory, {"token_capture": {"min_valid_fraction_per_group": fraction}}
+        metrics = _two_group_step(
+            directory,
+            {"token_capture": {"min_valid_fraction_per_group": fraction}},
+            {"async_rl": {"rollout_failure": {"min_step_batch_fraction": 0.5}}},
         )
-        mine = own_logprobs(training.model)
-        rollouts = [rollout("r0", 1.0, mine, masked=True)]  # 3 of 4 verified: 0.75
-        rollouts += [rollout(f"r{i}", float(i), mine) for i in (1, 2, 3)]
-        return training.train(published(training, rollouts)).metrics["dropped_prompt_groups"]
+        return metrics["dropped_prompt_groups"]
 
+    # group b has 1 of 2 rollouts verified: 0.5
     assert dropped(tmp_path / "strict", 1.0) == 1.0
-    assert dropped(tmp_path / "three-quarters", 0.75) == 0.0
+    assert dropped(tmp_path / "half", 0.5) == 0.0
     assert dropped(tmp_path / "off", None) == 0.0
 
 
 def test_min_step_batch_fraction_stops_a_step_that_retains_too_few_prompt_groups(
     tmp_path: Path,
 ) -> None:
-    two_groups = {
-        "grpo": {"num_prompts_per_step": 2, "num_generations_per_prompt": 2},
-        "policy": {"train_global_batch_size": 4},
-        "token_capture": {"min_valid_fraction_per_group": 1.0},
-    }
+    drops_b = {"token_capture": {"min_valid_fraction_per_group": 1.0}}
 
     def step(directory: Path, fraction: float) -> dict[str, float]:
-        training = training_run(
-            directory,
-            two_groups,
-            {"async_rl": {"rollout_failure": {"min_step_batch_fraction": fraction}}},
-        )
-        mine = own_logprobs(training.model)
-        rollouts = [rollout("a0", 1.0, mine, group="a"), rollout("a1", 0.0, mine, group="a")]
-        # group b has a masked rollout: min_valid_fraction_per_group drops it
-        rollouts += [rollout("b0", 1.0, mine, group="b", masked=True)]
-        rollouts += [rollout("b1", 0.0, mine, group="b")]
-        return training.train(published(training, rollouts)).metrics
+        failure = {"async_rl": {"rollout_failure": {"min_step_batch_fraction": fraction}}}
+        return _two_group_step(directory, drops_b, failure)
 
-    # the step keeps 1 of its 2 groups: a fraction of 0.5 allows it
+    # dropping group b leaves 2 of 4 logical rollouts: enough for 0.5, below 1.0's floor of 4
     assert step(tmp_path / "half", 0.5)["dropped_prompt_groups"] == 1.0
-    try:
-        metrics = step(tmp_path / "all", 1.0)
-    except BatchError as error:
-        assert error.rule == "min_step_batch_fraction"
-    else:
-        pytest.fail(
-            "async_rl.rollout_failure.min_step_batch_fraction has no effect on a grove train "
-            f"step: with 1.0 a step that dropped {metrics['dropped_prompt_groups']:.0f} of its 2 "
-            "prompt groups still trained. TrainingRun passes the fraction to the Trainer, which "
-            "compares it with the batch's logical rollouts, and a published batch always holds "
-            "grpo.num_prompts_per_step whole groups; groups dropped by the step's decisions are "
-            "never subtracted"
-        )
+    with pytest.raises(BatchError) as stopped:
+        step(tmp_path / "all", 1.0)
+    assert stopped.value.rule == "min_step_batch_fraction"
+    assert stopped.value.detail.startswith(
+        "step 0: dropped prompt groups b (below_min_valid_fraction) leave 2 of 4 logical "
+        "rollouts, below the floor of 4 (async_rl.rollout_failure.min_step_batch_fraction): "
+        "training stops."
+    )
 
 
 # -- loss ----------------------------------------------------------------------------------------

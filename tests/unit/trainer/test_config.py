@@ -1,4 +1,5 @@
-"""Configuration: keys, bounds, the renamed key, policy resolution, combination rules, the pin."""
+"""Configuration: keys, bounds, the renamed key, policy resolution, combination rules (what each
+key changes: tests/unit/config/test_key_effects.py)."""
 
 from __future__ import annotations
 
@@ -8,58 +9,9 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from grove.config import ConfigurationError, GroveConfig, config_field_paths, load_config
+from grove.config import ConfigurationError, GroveConfig, load_config
 
 POLICIES = "tests.unit.trainer.selection_policies"
-
-# Every known field. A new field turns this test red until it is triaged against the combination
-# rules in grove/config.py (review item AI-2 of seed 002): add it here AND to a rule, or here with
-# a note that it was reviewed and is safe in forest mode.
-KNOWN_FIELDS = frozenset(
-    {
-        "seed",
-        "token_capture.enabled",
-        "token_capture.forest_training",
-        "token_capture.selection_policy",
-        "token_capture.min_valid_fraction_per_group",
-        "token_capture.defer_routed_experts_to_policy",
-        "token_capture.pending_call_timeout_s",  # reviewed: capture lifecycle, mode-independent
-        "grpo.num_prompts_per_step",
-        "grpo.num_generations_per_prompt",
-        "grpo.max_num_steps",  # reviewed: safe
-        "grpo.normalize_rewards",  # reviewed: per logical rollout, safe
-        "grpo.use_leave_one_out_baseline",  # reviewed: per logical rollout, safe
-        "grpo.advantage_clip_low",
-        "grpo.advantage_clip_high",
-        "grpo.seq_logprob_error_threshold",
-        "grpo.masked_reward_policy",
-        "grpo.overlong_filtering",
-        "grpo.calculate_advantages_on_gpu",
-        "grpo.reward_shaping.enabled",
-        "loss_fn.ratio_clip_min",  # reviewed: token-level, safe
-        "loss_fn.ratio_clip_max",  # reviewed: token-level, safe
-        "loss_fn.token_level_loss",
-        "loss_fn.sequence_level_importance_ratios",
-        "policy.train_global_batch_size",
-        "policy.train_micro_batch_size",
-        "policy.logprob_micro_batch_size",
-        "policy.data_parallel_size",
-        "policy.learning_rate",  # reviewed: safe
-        "policy.weight_decay",  # reviewed: safe
-        "policy.max_grad_norm",  # reviewed: safe
-        "policy.lr_warmup_rollouts",  # reviewed: counts logical rollouts
-        "policy.max_total_sequence_length",  # reviewed: per row, safe
-        "policy.megatron_cfg.enabled",
-        "policy.megatron_cfg.virtual_pipeline_model_parallel_size",
-        "policy.automodel_cfg.enabled",
-        "policy.sequence_packing.enabled",
-        "policy.dynamic_batching.enabled",
-        "async_rl.rollout_failure.min_step_batch_fraction",
-        "checkpointing.enabled",  # reviewed: safe
-        "checkpointing.checkpoint_dir",  # reviewed: safe
-        "checkpointing.save_period",  # reviewed: safe
-    }
-)
 
 FOREST = {"token_capture": {"enabled": True, "forest_training": True}}
 
@@ -76,10 +28,6 @@ def _problems(data: dict) -> tuple[str, ...]:
     with pytest.raises(ConfigurationError) as caught:
         load_config(data)
     return caught.value.problems
-
-
-def test_known_configuration_fields_are_pinned() -> None:
-    assert config_field_paths() == KNOWN_FIELDS
 
 
 def _sections(model: type[BaseModel]) -> list[type[BaseModel]]:
@@ -249,8 +197,8 @@ def test_unusable_selection_policy_is_refused_before_any_rollout(policy, message
         ),
         (
             _with(FOREST, {"grpo": {"reward_shaping": {"enabled": True}}}),
-            "grpo.reward_shaping.enabled: true is not supported: each logical rollout keeps the one "
-            "reward its harness gave",
+            "grpo.reward_shaping.enabled: true is not supported: each logical rollout keeps the "
+            "one reward its harness gave",
         ),
         (
             {"policy": {"train_global_batch_size": 32}},

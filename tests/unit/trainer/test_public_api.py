@@ -19,8 +19,22 @@ from training.megatron import MegatronUnavailable
 
 PUBLIC = {
     "grove.config": {
+        "EMBEDDED",
+        "EXTERNAL",
+        "RUN_CONTROL_FIELDS",
+        "AsyncRLConfig",
+        "CheckpointingConfig",
         "ConfigurationError",
+        "DataConfig",
+        "EngineConfig",
+        "GRPOConfig",
         "GroveConfig",
+        "HarnessConfig",
+        "LoggingConfig",
+        "LossConfig",
+        "ModelConfig",
+        "PolicyConfig",
+        "TokenCaptureConfig",
         "config_field_paths",
         "load_config",
         "unsupported_combinations",

@@ -1,0 +1,143 @@
+"""Every configuration key has a test that shows its effect: ``EFFECTS`` maps each key to it.
+
+The rule (``docs/train.md``, "Configuration reference"): every key is read by the code that runs
+and has a test that shows what changing it changes; a key that nothing reads does not exist. A
+new key turns ``test_every_configuration_key_has_a_behavioural_test`` red until it is mapped
+here to a test that changes it and shows what happens:
+
+- ``test_run_keys``: a tiny ``grove train`` run (``run_training``) with the key changed;
+- ``test_learner_keys``: a training step of ``TrainingRun`` built from the configuration;
+- ``test_refused_keys``: keys whose only supported value is their default; their effect is the
+  refusal of any other value when the configuration is loaded.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+
+from grove.config import config_field_paths
+from tests.unit.config import test_learner_keys as learner
+from tests.unit.config import test_refused_keys as refused
+from tests.unit.config import test_run_keys as run
+
+EFFECTS: dict[str, Callable[..., None]] = {
+    # the run
+    "seed": run.test_seed_seeds_every_rollout,
+    "model.path": run.test_model_path_is_the_policy_the_gateway_serves_and_trains,
+    "model.dtype": run.test_model_dtype_is_the_dtype_the_policy_trains_in,
+    "engine.host": run.test_engine_host_is_the_address_the_gateway_listens_on,
+    "engine.port": run.test_engine_port_is_the_port_the_gateway_listens_on,
+    "engine.auth_token": (
+        run.test_engine_auth_token_guards_the_gateway_and_is_handed_to_the_harness
+    ),
+    "engine.default_max_tokens": run.test_engine_default_max_tokens_bounds_a_call_that_names_none,
+    "harness.target": run.test_harness_target_is_the_function_that_plays_each_rollout,
+    "harness.concurrency": run.test_harness_concurrency_plays_that_many_rollouts_at_once,
+    "harness.options": run.test_harness_options_are_the_harness_keyword_arguments,
+    "data.path": run.test_data_path_is_the_task_file_the_harness_plays,
+    "data.shuffle": run.test_data_shuffle_off_plays_the_tasks_in_file_order,
+    "data.shuffle_seed": run.test_data_shuffle_seed_draws_another_task_order,
+    "data.epochs": run.test_data_epochs_play_the_task_file_again_before_the_run_stops,
+    "logging.tensorboard": run.test_logging_tensorboard_off_writes_no_event_files,
+    "grpo.max_num_steps": run.test_max_num_steps_stops_the_run,
+    "grpo.num_prompts_per_step": run.test_num_prompts_per_step_plays_that_many_tasks_per_step,
+    "grpo.num_generations_per_prompt": (
+        run.test_num_generations_per_prompt_plays_each_task_that_many_times
+    ),
+    "checkpointing.enabled": run.test_checkpointing_disabled_writes_no_checkpoint,
+    "checkpointing.checkpoint_dir": run.test_checkpoint_dir_is_where_the_run_checkpoints_go,
+    "checkpointing.save_period": run.test_save_period_checkpoints_every_nth_step,
+    "token_capture.pending_call_timeout_s": (
+        run.test_pending_call_timeout_masks_a_rollout_whose_call_outlives_it
+    ),
+    "token_capture.selection_policy": run.test_selection_policy_chooses_the_calls_that_train,
+    "token_capture.forest_training": (
+        run.test_forest_training_trains_a_rewritten_rollout_instead_of_masking_it
+    ),
+    "policy.max_total_sequence_length": (
+        run.test_max_total_sequence_length_masks_an_over_long_rollout_and_caps_the_gateway_context
+    ),
+    "policy.data_parallel_size": (
+        run.test_data_parallel_size_pads_each_step_to_its_execution_row_multiple
+    ),
+    # the learner
+    "grpo.normalize_rewards": learner.test_normalize_rewards_divides_advantages_by_the_group_std,
+    "grpo.use_leave_one_out_baseline": learner.test_leave_one_out_baseline_changes_advantages,
+    "grpo.advantage_clip_high": learner.test_advantage_clip_high_caps_each_rollouts_advantage,
+    "grpo.advantage_clip_low": learner.test_advantage_clip_low_floors_each_rollouts_advantage,
+    "grpo.masked_reward_policy": (
+        learner.test_masked_reward_policy_include_keeps_a_filtered_rollouts_reward_in_the_baseline
+    ),
+    "grpo.overlong_filtering": (
+        learner.test_overlong_filtering_excludes_a_rollout_that_hit_the_length_limit
+    ),
+    "grpo.seq_logprob_error_threshold": (
+        learner.test_seq_logprob_error_threshold_excludes_a_rollout_the_trainer_disagrees_with
+    ),
+    "token_capture.min_valid_fraction_per_group": (
+        learner.test_min_valid_fraction_per_group_drops_a_group_with_too_few_verified_rollouts
+    ),
+    "async_rl.rollout_failure.min_step_batch_fraction": (
+        learner.test_min_step_batch_fraction_stops_a_step_that_retains_too_few_prompt_groups
+    ),
+    "loss_fn.ratio_clip_max": learner.test_ratio_clip_max_caps_the_ratio_of_a_positive_advantage,
+    "loss_fn.ratio_clip_min": learner.test_ratio_clip_min_floors_the_ratio_of_a_negative_advantage,
+    "policy.learning_rate": learner.test_learning_rate_is_the_size_of_the_first_adam_step,
+    "policy.weight_decay": (
+        learner.test_weight_decay_shrinks_every_weight_on_a_step_without_gradient
+    ),
+    "policy.max_grad_norm": learner.test_max_grad_norm_clips_the_gradient_the_optimizer_applies,
+    "policy.lr_warmup_rollouts": (
+        learner.test_lr_warmup_rollouts_ramps_the_learning_rate_over_logical_rollouts
+    ),
+    "policy.train_micro_batch_size": (
+        learner.test_train_micro_batch_size_is_the_rows_of_each_forward_pass
+    ),
+    "policy.logprob_micro_batch_size": (
+        learner.test_logprob_micro_batch_size_is_the_rows_of_each_recompute_pass
+    ),
+    "policy.train_global_batch_size": (
+        learner.test_train_global_batch_size_is_the_logical_rollouts_of_every_step
+    ),
+    # refused unless left at their default
+    "token_capture.enabled": refused.test_token_capture_disabled_is_refused,
+    "token_capture.defer_routed_experts_to_policy": (
+        refused.test_deferred_routed_experts_are_refused
+    ),
+    "grpo.calculate_advantages_on_gpu": refused.test_advantages_on_the_gpu_are_refused,
+    "grpo.reward_shaping.enabled": refused.test_reward_shaping_is_refused,
+    "loss_fn.token_level_loss": refused.test_sequence_level_loss_is_refused,
+    "loss_fn.sequence_level_importance_ratios": (
+        refused.test_sequence_level_importance_ratios_are_refused
+    ),
+    "policy.megatron_cfg.enabled": refused.test_megatron_learner_is_refused,
+    "policy.megatron_cfg.virtual_pipeline_model_parallel_size": (
+        refused.test_interleaved_pipeline_stages_are_refused
+    ),
+    "policy.automodel_cfg.enabled": refused.test_automodel_learner_is_refused,
+    "policy.sequence_packing.enabled": refused.test_sequence_packing_is_refused,
+    "policy.dynamic_batching.enabled": refused.test_dynamic_batching_is_refused,
+}
+"""Each configuration key and the test that shows what changing it changes."""
+
+
+def test_every_configuration_key_has_a_behavioural_test() -> None:
+    keys = config_field_paths()
+    untested = sorted(keys - set(EFFECTS))
+    gone = sorted(set(EFFECTS) - keys)
+    assert not untested, (
+        f"keys without a test of their effect: {untested}; write one that changes the key and "
+        "shows what happens (or remove the key if nothing reads it), and map it in EFFECTS"
+    )
+    assert not gone, f"EFFECTS maps keys the configuration no longer has: {gone}"
+
+
+def test_each_key_has_its_own_collected_test() -> None:
+    modules = {learner.__name__, refused.__name__, run.__name__}
+    for key, effect in EFFECTS.items():
+        module = inspect.getmodule(effect)
+        assert module is not None and module.__name__ in modules, key
+        assert effect.__name__.startswith("test_"), key
+        assert getattr(module, effect.__name__) is effect, key  # collected by pytest
+    assert len(set(EFFECTS.values())) == len(EFFECTS), "one test per key"
