@@ -7,7 +7,7 @@ digests it (``ledger/admission.py``), and replay summaries chain its digests. Tw
 differ only in what normalization drops (item ids, statuses, ``None`` values, key order, the
 spelling of tool-call arguments) therefore render, digest and admit identically.
 
-A call's *replay summary* (seed ``000``, "Measurement and lifecycle") is what a later request is
+A call's *replay summary* (``docs/normalization.md``, "Replay summary") is what a later request is
 matched against without keeping the messages: normalization version, item count (its request plus
 its own output), the source digest chained over those items, the same chain with null and empty
 assistant tool-call content identified, and the digest of the effective render options.

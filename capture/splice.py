@@ -3,8 +3,7 @@
 A continuation's prompt is its parent chain's exact tokens — every ancestor's prompt delta and
 generated tokens, as stored, never re-tokenized — followed by the tokens of the rendered suffix.
 That is sound only where the template extends the parent's history by appending, so admission's
-candidate must pass two textual checks first (seed ``000``, "Detailed ownership and validation
-rules", step 2):
+candidate must pass two textual checks first (``docs/normalization.md``, "The splice"):
 
 1. ``template_not_append_compatible``: the template's rendering of the request's prefix (up to and
    including the parent's assistant message, no generation prompt) must be a prefix of its

@@ -17,7 +17,7 @@ from capture.render import (
     normalize_messages,
     replay_summary,
 )
-from capture.splice import PromptPlan, plan_call, plan_prompt
+from capture.splice import PromptPlan, RawOutput, plan_call, plan_prompt
 from ledger.admission import (
     AdmissionDecision,
     AdmissionIndex,
@@ -199,6 +199,37 @@ def test_output_that_does_not_reproduce_the_generated_text_roots_as_rendered_his
         RootReason.RENDERED_HISTORY_DIFFERS,
         "c1",
     )
+
+
+def test_a_parsed_output_continues_from_its_exact_text_where_the_template_renders_it_otherwise(
+    renderer: Renderer, options: RenderOptions
+) -> None:
+    # Written name first with a space; the template renders the parsed call arguments first.
+    text = '<think>check</think><tool_call> {"name": "weather", "arguments": {}}</tool_call>'
+    output = {"role": "assistant", "reasoning_content": "check", "tool_calls": [TOOL_CALL]}
+    parent = answered_root(renderer, options, text, output)
+    request = normalize_messages([*parent.request, parent.output, TOOL_RESULT])
+    decision = decide_for(renderer, options, request, parent.index)
+    rendered = plan_prompt(renderer, request, options, decision, parent.chain)
+    assert rendered.decision.reason is RootReason.RENDERED_HISTORY_DIFFERS
+    exact = plan_prompt(renderer, request, options, decision, parent.chain, [RawOutput(2, text)])
+    assert (exact.decision.kind, exact.prev_len) == (DecisionKind.CONTINUATION, len(parent.chain))
+    assert exact.prompt_token_ids[: exact.prev_len] == parent.chain
+    assert renderer.decode(exact.delta_token_ids) == (
+        "\n<|im_start|>tool\nsunny<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+def test_an_output_equal_to_its_exact_text_renders_the_prefix_once(
+    renderer: Renderer, options: RenderOptions
+) -> None:
+    parent = answered_root(renderer, options, "Sunny.")
+    request = normalize_messages([*parent.request, parent.output, FOLLOW_UP])
+    decision = decide_for(renderer, options, request, parent.index)
+    with_raw = plan_prompt(
+        renderer, request, options, decision, parent.chain, [RawOutput(2, "Sunny.")]
+    )
+    assert with_raw == plan_prompt(renderer, request, options, decision, parent.chain)
 
 
 def test_continuation_without_parent_tokens_raises_splice_error(
