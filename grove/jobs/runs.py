@@ -22,10 +22,21 @@ from grove.config import GroveConfig
 from grove.errors import JobError
 from grove.workspace import Workspace
 
-__all__ = ["CONFIG_FILE", "RunDirectory", "RunExists", "RunNotFound", "find_run", "new_run"]
+__all__ = [
+    "CONFIG_FILE",
+    "LATEST",
+    "RUNS_DIR",
+    "RunDirectory",
+    "RunExists",
+    "RunNotFound",
+    "find_run",
+    "new_run",
+    "run_path",
+]
 
 CONFIG_FILE = "config.json"
 RUN_FILE = "run.json"
+RUNS_DIR = "runs"
 LATEST = "latest"
 
 
@@ -70,7 +81,7 @@ def new_run(
 ) -> RunDirectory:
     """Create the directories of a new run (``run_id`` or a fresh one) and make it the latest."""
     run_id = run_id or f"run{time.strftime('%Y%m%d')}{uuid.uuid4().hex[:6]}"
-    runs = workspace.workdir / "runs"
+    runs = workspace.workdir / RUNS_DIR
     path = runs / run_id
     if path.exists():
         raise RunExists(
@@ -88,15 +99,14 @@ def new_run(
     return run
 
 
-def find_run(workspace: Workspace, config: GroveConfig, run_id: str | None = None) -> RunDirectory:
-    """The run ``run_id`` of the workdir (default: the latest one)."""
-    runs = workspace.workdir / "runs"
-    if run_id is None:
+def run_path(workdir: Path, run_id: str | None = None) -> Path:
+    """``WORKDIR/runs/RUN`` of ``run_id`` (None or ``latest``: the newest run); ``RunNotFound``
+    lists the runs there are."""
+    runs = workdir / RUNS_DIR
+    if run_id is None or run_id == LATEST:
         latest = runs / LATEST
         if not latest.is_file():
-            raise RunNotFound(
-                f"no run to resume in {workspace.workdir}: start one without --resume"
-            )
+            raise RunNotFound(f"there are no runs in {runs} yet (each `grove train` writes one)")
         run_id = latest.read_text().strip()
     path = runs / run_id
     if not (path / RUN_FILE).is_file():
@@ -104,4 +114,10 @@ def find_run(workspace: Workspace, config: GroveConfig, run_id: str | None = Non
         raise RunNotFound(
             f"no run {run_id!r} in {runs}; runs there: {', '.join(existing) or 'none'}"
         )
-    return RunDirectory(run_id, path, _checkpoints(workspace, config, run_id))
+    return path
+
+
+def find_run(workspace: Workspace, config: GroveConfig, run_id: str | None = None) -> RunDirectory:
+    """The run ``run_id`` of the workdir (default: the latest one), to resume."""
+    path = run_path(workspace.workdir, run_id)
+    return RunDirectory(path.name, path, _checkpoints(workspace, config, path.name))

@@ -29,7 +29,7 @@ from string import Template
 from typing import Final
 
 from grove.jobs.run_log import METRICS_FILE, RunLogError, StepRecord, read_metrics
-from grove.jobs.runs import LATEST, RunNotFound
+from grove.jobs.runs import RUNS_DIR, run_path
 
 __all__ = [
     "HEADLINE_METRICS",
@@ -42,7 +42,6 @@ __all__ = [
     "write_report",
 ]
 
-RUNS_DIR: Final = "runs"
 
 Point = tuple[int, float | None]  # (step, value); None: logged, but not a finite number
 Scale = Callable[[float], float]  # a step or a value to an SVG coordinate
@@ -73,26 +72,12 @@ class ReportPage:
 
 
 def resolve_run_dir(workdir: Path, run: str) -> Path:
-    """The directory of ``run``: ``workdir/runs/RUN`` for a run id (``latest``: the newest run),
-    else ``run`` as the path of a run directory; ``RunNotFound`` lists the runs there are."""
-    runs_dir = workdir / RUNS_DIR
-    if run == LATEST and (runs_dir / LATEST).is_file():
-        run = (runs_dir / LATEST).read_text(encoding="utf-8").strip()
-    if run and (runs_dir / run).is_dir():
-        return runs_dir / run
+    """The directory of ``run``: the path of a run directory, else ``workdir/runs/RUN`` for a run
+    id (``latest``: the newest run); ``RunNotFound`` lists the runs there are."""
     path = Path(run).expanduser()
-    if run and path.is_dir():
+    if run and path.is_dir() and (path / METRICS_FILE).exists():
         return path
-    existing = sorted(p.name for p in runs_dir.iterdir() if p.is_dir()) if runs_dir.is_dir() else []
-    known = (
-        f"runs in {runs_dir}: {', '.join(existing)}"
-        if existing
-        else f"there are no runs in {runs_dir} yet (each `grove train` writes one there)"
-    )
-    raise RunNotFound(
-        f"No run {run!r}: neither {runs_dir / run} nor {path} is a run directory; {known}. "
-        "Give one of those run ids, or the path of a run directory"
-    )
+    return run_path(workdir, run)
 
 
 # --- what is drawn -------------------------------------------------------------------------------

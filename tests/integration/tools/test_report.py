@@ -7,6 +7,7 @@ leaves; ``tests/browser`` loads it in headless Chromium.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
@@ -60,8 +61,16 @@ SAMPLE_SERIES = sorted([*sample_metrics(2)])
 RESUMED_REWARDS = {4: 0.45, 5: 0.55}
 
 
+def _mark_run(run_dir: Path) -> Path:
+    """Make ``run_dir`` a run directory, as ``grove train`` does (its ``run.json``)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "run.json").write_text(json.dumps({"run_id": run_dir.name}))
+    return run_dir
+
+
 def write_sample_run(run_dir: Path) -> Path:
     """Log the sample run: steps 1-5, then a resume from step 3's checkpoint re-logs 4 and 5."""
+    _mark_run(run_dir)
     with RunLog(run_dir) as log:
         for step in range(1, 6):
             log.log(step, sample_metrics(step), wall_time=1000.0 + 10 * step)
@@ -340,20 +349,18 @@ def test_cli_report_takes_the_path_of_a_run_directory(sample_run: Path, tmp_path
 
 def test_cli_report_of_an_unknown_run_lists_the_runs(tmp_path: Path):
     for run in ("run-b", "run-a"):
-        (tmp_path / "runs" / run).mkdir(parents=True)
+        _mark_run(tmp_path / "runs" / run)
     outcome = run_grove(
         "report", "run-c", "--html", str(tmp_path / "r.html"), "--workdir", str(tmp_path)
     )
     assert outcome.code == 1
     assert outcome.stderr == (
-        f"error: No run 'run-c': neither {tmp_path}/runs/run-c nor run-c is a run directory; "
-        f"runs in {tmp_path}/runs: run-a, run-b. Give one of those run ids, or the path of a run "
-        "directory\n"
+        f"error: no run 'run-c' in {tmp_path}/runs; runs there: run-a, run-b\n"
     )
 
 
 def test_cli_report_of_a_run_without_metrics_fails_with_the_reason(tmp_path: Path):
-    (tmp_path / "runs" / "fresh").mkdir(parents=True)
+    _mark_run(tmp_path / "runs" / "fresh")
     outcome = run_grove(
         "report", "fresh", "--html", str(tmp_path / "r.html"), "--workdir", str(tmp_path)
     )
