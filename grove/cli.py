@@ -53,6 +53,20 @@ BlobOption = Annotated[
 ]
 
 
+def _existing_parent(html: Path) -> Path:
+    if not html.parent.is_dir():
+        raise typer.BadParameter(f"directory {html.parent} does not exist", param_hint="--html")
+    return html
+
+
+HtmlOption = Annotated[
+    Path,
+    typer.Option(
+        "--html", help="Write the page to this file.", dir_okay=False, callback=_existing_parent
+    ),
+]
+
+
 def _workspace(workdir: Path | None, database_url: str | None, blob_url: str | None) -> Workspace:
     return Workspace.resolve(workdir, database_url, blob_url)
 
@@ -306,9 +320,7 @@ def replay(
 @app.command("show")
 def show(
     capture_key: Annotated[str, typer.Argument(help="The attempt's capture key (or rollout id).")],
-    html: Annotated[
-        Path, typer.Option("--html", help="Write the page to this file.", dir_okay=False)
-    ],
+    html: HtmlOption,
     workdir: WorkdirOption = None,
     database_url: DatabaseOption = None,
     blob_url: BlobOption = None,
@@ -317,8 +329,6 @@ def show(
     from grove.tools.show import write_attempt_page
     from storage import open_blob_store
 
-    if not html.parent.is_dir():
-        raise typer.BadParameter(f"directory {html.parent} does not exist", param_hint="--html")
     ws = _workspace(workdir, database_url, blob_url)
     with _ledger(ws) as store:
         page = write_attempt_page(store, open_blob_store(ws.blob_url), capture_key, html)
@@ -330,9 +340,7 @@ def report(
     run: Annotated[
         str, typer.Argument(help="A run id of WORKDIR/runs (or latest), or a run directory.")
     ],
-    html: Annotated[
-        Path, typer.Option("--html", help="Write the page to this file.", dir_okay=False)
-    ],
+    html: HtmlOption,
     workdir: WorkdirOption = None,
     database_url: DatabaseOption = None,
     blob_url: BlobOption = None,
@@ -340,8 +348,6 @@ def report(
     """Draw a training run's metric curves as one self-contained HTML page (docs/metrics.md)."""
     from grove.tools.report import resolve_run_dir, write_report
 
-    if not html.parent.is_dir():
-        raise typer.BadParameter(f"directory {html.parent} does not exist", param_hint="--html")
     run_dir = resolve_run_dir(_workspace(workdir, database_url, blob_url).workdir, run)
     page = write_report(run_dir, html)
     console.print(
