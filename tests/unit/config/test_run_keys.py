@@ -23,7 +23,7 @@ from grove.jobs.models import EMBEDDED, load_model, save_embedded_model
 from grove.jobs.tasks import task_order
 from grove.jobs.training_run import TrainingRun
 from ledger.attempt import AttemptLog
-from tests.unit.config.runs import TASKS, Run, tiny_configuration, train, write_tasks
+from tests.unit.config.runs import TASKS, Run, train, write_tasks
 from training.forest import MaskReason
 from training.projector import finalization_forest
 
@@ -337,11 +337,8 @@ def test_max_total_sequence_length_masks_an_over_long_rollout_and_caps_the_gatew
         state = AttemptLog(store).load("keys-s0-g0-r0")
         reasons = []
         for limit in (16, 17):
-            data = tiny_configuration(tmp_path, "play")
-            data["policy"]["max_total_sequence_length"] = limit
-            training = TrainingRun(
-                store, blobs, load_model(EMBEDDED).model, load_config(data), tmp_path / "c"
-            )
+            config = load_config({"policy": {"max_total_sequence_length": limit}})
+            training = TrainingRun(store, blobs, load_model(EMBEDDED).model, config, tmp_path)
             settings = training.projector.settings
             forest, _ = finalization_forest(
                 state,
