@@ -1,0 +1,29 @@
+"""Smoke test of ``bench/gateway.py``: its core runs end to end on SQLite with a few calls and
+reports every figure. Values are not checked: tests never assert timings."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+
+@pytest.mark.slow
+def test_gateway_bench_reports_every_figure_for_sqlite_at_each_concurrency() -> None:
+    bench = importlib.import_module("bench.gateway")  # bench/ is a directory of scripts
+    workload = bench.Workload(
+        calls=2, attempts={1: 1, 2: 1}, rounds=1, profile_attempts={1: 1}, warmup_attempts=1
+    )
+
+    report = bench.run_benchmark(workload, backends=("sqlite+local",))
+
+    assert report["headline_backend"] == "sqlite+local"
+    for name in bench.AIMS:
+        assert name in report
+        for clients in ("1", "2"):
+            figures = report["backends"]["sqlite+local"][clients]
+            assert name in figures and name in figures["aims_met"]
+    stages = report["stages_ms_per_call"]["sqlite+local"]["1"]
+    for stage in ("server request", "intent append", "commit append", "blob put"):
+        assert stage in stages
+    assert "server request" in report["stages_ms_per_call"]["plain"]["1"]
