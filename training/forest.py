@@ -55,9 +55,11 @@ class MaskReason(StrEnum):
     """Why a logical rollout is masked (never trains): the closed set, in checking priority.
 
     ``build_forest`` decides the first six; ``training.selection.completion_mask_reason`` the
-    capture-completion ones; the projector ``blob_invalid`` and ``ledger_contradiction``, and,
-    from its settings, ``forest_training_disabled`` and ``row_too_long`` (checked last, on a
-    forest that is otherwise trainable). Each value is a plain string.
+    capture-completion ones (``selected_call_incomplete``, ``capture_pending``,
+    ``capture_failed``, and the selected-call ones too); the projector ``blob_invalid``,
+    ``ledger_contradiction`` and ``no_trainable_tokens``, and, from its settings,
+    ``forest_training_disabled`` and ``row_too_long`` (checked last, on a forest that is
+    otherwise trainable). Each value is a plain string (``docs/forest.md``, "Failures and drops").
     """
 
     EMPTY_SELECTION = "empty_selection"
@@ -73,15 +75,26 @@ class MaskReason(StrEnum):
     ``finalize/selection_not_closed_rollouts``."""
     TERMINAL_NOT_SELECTED = "terminal_not_selected"
     """The scored terminal call is not among the selected calls."""
+    SELECTED_CALL_INCOMPLETE = "selected_call_incomplete"
+    """A selected call stopped for a finish reason other than ``stop``, ``length`` or
+    ``tool_calls`` (e.g. ``content_filter``): its generation is incomplete. ``all_captured``
+    keeps such a call selected only when it has children or is the scored one."""
     CAPTURE_PENDING = "capture_pending"
-    """A call of the attempt is still pending after the attempt settled."""
+    """A call of the attempt is still pending after the attempt settled (a commit recorded after
+    settling counts as pending)."""
     CAPTURE_FAILED = "capture_failed"
-    """A committed call carries a capture failure that is not the exempt cancellation."""
+    """A call outside the selection failed or recorded a failure: a partial history never
+    trains. Exempt: ``request_finished_without_staged_coordinates`` on a call that committed, and
+    a rejected response (``rejected_by_harness``), which is not a failure."""
     BLOB_INVALID = "blob_invalid"
-    """A selected call's blob is missing or corrupt, or its routes or media do not fit."""
+    """A selected call's blob is missing or corrupt, or its routes or media do not fit its row
+    (``training.errors.RowError``)."""
     LEDGER_CONTRADICTION = "ledger_contradiction"
     """The attempt's events break the lifecycle rules (``AttemptState.contradictions``: written
     around ``AttemptLog``, e.g. a call committed twice or never intended)."""
+    NO_TRAINABLE_TOKENS = "no_trainable_tokens"
+    """The forest's rows own no generated token (every selected generation is empty): nothing
+    would train, and an empty rollout never takes part as if it had."""
     FOREST_TRAINING_DISABLED = "forest_training_disabled"
     """The selected forest has more than one path (its context was rewritten, or it branched)
     and forest training is off: enable ``token_capture.forest_training`` to train rewritten

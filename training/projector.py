@@ -4,10 +4,13 @@ It reads the ledger with the gap-free reader and, for each attempt that is settl
 selection, reconstructs its forest from the calls' delta blobs (sizes and digests verified, each
 row checked against the calls' recorded chain digests) and records ``rollout.finalized``:
 trainable with its paths and owned calls, or masked with a reason (capture incomplete, a failed
-or pending selected call, a missing or corrupt blob, selection not closed, ...). Two settings
-can mask an otherwise trainable rollout as well: with ``forest_training`` off, a forest of more
-than one path (``forest_training_disabled``); with ``max_row_tokens``, a forest with a longer
-row (``row_too_long``). The whole rollout is masked in both cases, never part of its history.
+or pending call, a missing or corrupt blob, routes or media that do not fit a row, no owned
+generated token, selection not closed, ...; ``docs/forest.md``, "Failures and drops"). Rows are
+built as tensors before the decision is recorded, so a ``RowError`` masks its rollout rather
+than escaping ``poll`` or ``batch_for_step``. Two settings can mask an otherwise trainable
+rollout as well: with ``forest_training`` off, a forest of more than one path
+(``forest_training_disabled``); with ``max_row_tokens``, a forest with a longer row
+(``row_too_long``). The whole rollout is masked in every case, never part of its history.
 
 Complete prompt groups (every logical rollout of the group finalized) are published in order of
 completion, ``groups_per_step`` groups per optimizer step, as ``batch.published`` on the training
@@ -32,10 +35,10 @@ from ledger.store import EventStore, StoredEvent
 from storage import BlobRef, BlobStore, UnusableBlobError, row_chain_digests
 from training.advantages import RolloutOutcome
 from training.batch import LogicalRollout, TrainingBatch, assemble_batch
-from training.errors import BatchError
+from training.errors import BatchError, RowError
 from training.forest import MASK_REASONS, CallRecord, Forest, MaskReason, build_forest
-from training.rows import CallExtras, rollout_rows
-from training.selection import REJECTED_BY_HARNESS, CapturedCall, completion_mask_reason
+from training.rows import CallExtras, RowTensors, rollout_rows
+from training.selection import CapturedCall, completion_mask_reason
 
 __all__ = [
     "FinalizedRollout",
@@ -118,17 +121,14 @@ def captured_calls(state: AttemptState) -> list[CapturedCall]:
     """The attempt's calls as selection policies see them, in intent order.
 
     A commit recorded after the attempt settled (late) counts as pending: it never trains. A
-    committed call the harness rejected (``rejected_by_harness``) counts as failed: its output
-    never entered the accepted history, so no policy may select it.
+    committed call the harness rejected stays committed with ``failure_reason``
+    ``rejected_by_harness`` (``CapturedCall.rejected``): a rejection is not a failure, so
+    ``all_captured`` keeps it as an abandoned retry, while ``returned_history`` never matches it.
     """
     records = []
     for call in state.calls.values():
         committed = call.committed
-        status = call.status.value
-        if call.late:
-            status = CallStatus.PENDING.value
-        elif call.failure is not None and call.failure.reason == REJECTED_BY_HARNESS:
-            status = CallStatus.FAILED.value
+        status = CallStatus.PENDING.value if call.late else call.status.value
         records.append(
             CapturedCall(
                 call_id=call.call_id,
@@ -166,8 +166,9 @@ class Projector:
         self.settings = settings
         self.log = AttemptLog(store)
         self._progress = _Progress()
-        # Forests decided in this process, kept until their finalized event is read back.
-        self._decided: dict[str, tuple[Forest, dict[str, CallExtras]]] = {}
+        # Forests decided in this process, with their rows, kept until their finalized event is
+        # read back.
+        self._decided: dict[str, _Decision] = {}
 
     @property
     def position(self) -> LedgerPosition:
@@ -265,8 +266,8 @@ class Projector:
 
     # -- finalization ------------------------------------------------------------------------
 
-    def _forest(self, state: AttemptState) -> tuple[Forest, dict[str, CallExtras]]:
-        return finalization_forest(
+    def _decide(self, state: AttemptState) -> _Decision:
+        return _decide(
             state,
             self.blobs,
             forest_training=self.settings.forest_training,
@@ -275,8 +276,9 @@ class Projector:
 
     def _record_finalization(self, state: AttemptState) -> None:
         assert state.opened is not None
-        forest, extras = self._forest(state)
-        self._decided[state.capture_key] = (forest, extras)
+        decision = self._decide(state)
+        self._decided[state.capture_key] = decision
+        forest = decision.forest
         event = finalization_event(
             state.opened.rollout_id,
             forest,
@@ -289,8 +291,8 @@ class Projector:
         """The finalized rollout with its rows, checked against the recorded decision."""
         assert state.opened is not None and state.selection is not None
         assert state.finalized is not None
-        decided = self._decided.pop(state.capture_key, None)
-        forest, extras = decided or self._forest(state)
+        decision = self._decided.pop(state.capture_key, None) or self._decide(state)
+        forest, rows = decision.forest, decision.rows
         recorded = state.finalized
         paths = tuple(tuple(row.call_ids) for row in forest.rows)
         if (recorded.trainable, recorded.paths) != (forest.trainable, paths):
@@ -298,7 +300,7 @@ class Projector:
             # never train on it. A recorded reason stays when today's forest would train.
             kept = recorded.masked_reason if recorded.masked_reason in MASK_REASONS else None
             forest = _masked(forest, forest.masked_reason or kept or MaskReason.BLOB_INVALID)
-        rows = tuple(rollout_rows(forest, extras)) if forest.trainable else ()
+            rows = ()
         return FinalizedRollout(
             capture_key=state.capture_key,
             rollout_id=state.opened.rollout_id,
@@ -375,6 +377,16 @@ def _masked(forest: Forest, reason: str) -> Forest:
     return Forest([], [], MaskReason(reason), forest.selected, forest.terminal, forest.truncated)
 
 
+@dataclass(frozen=True, eq=False)
+class _Decision:
+    """A finalization decision with what training needs of it: the forest (masked or not), its
+    calls' extras and, when it trains, its rows as tensors."""
+
+    forest: Forest
+    extras: dict[str, CallExtras]
+    rows: tuple[RowTensors, ...]
+
+
 def finalization_forest(
     state: AttemptState,
     blobs: BlobStore,
@@ -390,7 +402,24 @@ def finalization_forest(
     projector records ``rollout.finalized`` from it; ``grove replay --verify`` and ``grove show``
     call it on the attempt's state as it stood when that decision was recorded, with the
     projector's ``forest_training`` and ``max_row_tokens``: the decision depends on nothing else.
+    The checks, in order: the ledger's lifecycle (``ledger_contradiction``), capture completion
+    (``completion_mask_reason``, then calls still pending when the attempt settled), the blobs,
+    the forest's own rules, the recorded chain digests, the rows as tensors (a ``RowError``:
+    ``blob_invalid``), at least one owned generated token (``no_trainable_tokens``), then the
+    settings (``setting_mask_reason``).
     """
+    decision = _decide(state, blobs, forest_training=forest_training, max_row_tokens=max_row_tokens)
+    return decision.forest, decision.extras
+
+
+def _decide(
+    state: AttemptState,
+    blobs: BlobStore,
+    *,
+    forest_training: bool,
+    max_row_tokens: int | None,
+) -> _Decision:
+    """``finalization_forest``'s decision, with the rows of a trainable forest as tensors."""
     assert state.selection is not None
     selection = state.selection
     selected = list(selection.call_ids)
@@ -411,18 +440,23 @@ def finalization_forest(
     )
     records, extras, blob_mask = _records(state, selected, blobs)
     forest = build_forest(records, selected, terminal=terminal)
-    mask = (
-        mask
-        or blob_mask
-        or forest.masked_reason
-        or _chain_mismatch(state, forest)
-        or setting_mask_reason(
-            forest, forest_training=forest_training, max_row_tokens=max_row_tokens
-        )
+    mask = mask or blob_mask or forest.masked_reason or _chain_mismatch(state, forest)
+    rows: tuple[RowTensors, ...] = ()
+    if mask is None:
+        try:
+            rows = tuple(rollout_rows(forest, extras))
+        except RowError as error:
+            mask = MaskReason(error.mask_reason)
+    if mask is None and not any(1 in row.loss_mask for row in forest.rows):
+        mask = MaskReason.NO_TRAINABLE_TOKENS
+    mask = mask or setting_mask_reason(
+        forest, forest_training=forest_training, max_row_tokens=max_row_tokens
     )
-    if mask is not None and forest.masked_reason != mask:
-        forest = _masked(forest, mask)
-    return forest, extras
+    if mask is not None:
+        if forest.masked_reason != mask:
+            forest = _masked(forest, mask)
+        rows = ()
+    return _Decision(forest, extras, rows)
 
 
 def setting_mask_reason(

@@ -7,11 +7,13 @@ call's token tensors, rows are concatenated from them rather than converted from
 Python lists (the same values, several times faster).
 
 - Routed experts: a call's ``routes`` has one ``top_k`` entry per delta token (its prompt delta,
-  then its generated tokens), as the codec stores them. The engine samples a call's final
-  generated token but never runs it through the model, so that token has no observed route: rows
-  carry ``ROUTE_MISSING_SENTINEL`` there — in particular at every path's last token — and
-  Megatron's router replay falls back to routing it itself (seed ``002_…``, review of
-  ``nemo_gym.py:1364``). Every other token keeps its captured route.
+  then its generated tokens), as the codec stores them. Within a path, a call's final generated
+  token is run through the model again when its continuation is prefilled, so its route is
+  observed and the row keeps the route the call's blob stores there. Only a path's final token
+  — a trace boundary: the endpoint's last token, which nothing ever ran — has no observed
+  route: the row carries ``ROUTE_MISSING_SENTINEL`` there, and the learner's router replay
+  routes that token itself (``docs/forest.md``, "Around the forest"). Every other token keeps
+  its captured route.
 - Media: every row carries the media of every call on its path, with its span moved to row
   coordinates, since each row is a separate attention context. A media item is ``owned`` by the
   first row that contains its call (the loss-ownership rule); a rewrite's new root stores its
@@ -41,8 +43,8 @@ __all__ = [
 ]
 
 ROUTE_MISSING_SENTINEL: Final = -1
-_NUMPY: Final = {torch.int64: numpy.int64, torch.float32: numpy.float32}
 """Routed-expert id meaning "no observed route": the learner routes the token itself."""
+_NUMPY: Final = {torch.int64: numpy.int64, torch.float32: numpy.float32}
 
 
 @dataclass(frozen=True, eq=False)
@@ -121,8 +123,8 @@ def rollout_rows(
     """The forest's rows as tensors, in row order (empty for a masked forest).
 
     ``extras`` maps call ids to their routes and media; calls without an entry have neither.
-    Raises ``RowError`` when routes or media do not fit their call's tokens; the projector then
-    masks the rollout with ``blob_invalid``.
+    Raises ``RowError`` when routes or media do not fit their call's tokens; the projector
+    decides this before it records the rollout's finalization and masks it ``blob_invalid``.
     """
     extras = extras or {}
     return [row_tensors(row, extras) for row in forest.rows]
@@ -214,7 +216,7 @@ def _tensor(values: list[int] | list[float], dtype: torch.dtype) -> torch.Tensor
 def _row_routes(
     segments: Sequence[RowSegment], extras: Mapping[str, CallExtras]
 ) -> torch.Tensor | None:
-    """Concatenated per-call routes, with the sentinel at each call's final generated token."""
+    """Concatenated per-call routes, with the sentinel at the path's final token only."""
     routes = [extras[s.call_id].routes if s.call_id in extras else None for s in segments]
     if all(r is None for r in routes):
         return None
@@ -250,9 +252,8 @@ def _row_routes(
             )
         pieces.append(call_routes.to(torch.int32))
     row_routes = torch.cat(pieces)  # (T, top_k)
-    for segment in segments:
-        if segment.end > segment.generated_start:
-            row_routes[segment.end - 1] = ROUTE_MISSING_SENTINEL
+    if row_routes.shape[0]:
+        row_routes[-1] = ROUTE_MISSING_SENTINEL  # the trace boundary: never run, no route
     return row_routes
 
 

@@ -3,22 +3,28 @@
 Capture records what ran, not what the harness accepted. A selection policy reads the attempt's
 captured calls (``CapturedCall``) and the harness's ordinary result dictionary and returns
 ``(selected_records, terminal_response_id)``; order matters, since it sets path priority in the
-forest. Built-in policies, after the seed (``000_…``, "Configuration and supported scope"):
+forest. Built-in policies (``docs/forest.md``, "Where ``selected`` comes from"):
 
 - ``returned_history`` (default): the calls whose whole generations appear in the returned
   history, matched by response identity and content fingerprint, in returned order. Missing,
   contradictory, duplicated or ambiguous evidence raises ``SelectionError``; nothing falls back to
-  choosing a graph leaf.
-- ``all_captured``: every captured call in capture order, except unscored leaves that failed, are
-  pending, or stopped incomplete for a reason other than length (e.g. ``content_filter``). It
-  still needs an attributable terminal (``terminal_response_id`` or the returned response's
-  identity or content); capture order is not a terminal witness.
+  choosing a graph leaf. A response the harness rejected never matches: its output never entered
+  the history.
+- ``all_captured``: every captured call in capture order — abandoned retries (rejected
+  responses) and independent branches included — except unscored leaves that failed, are
+  pending, or stopped incomplete for a reason other than length (e.g. ``content_filter``). Such
+  a call that has children or is the scored one stays selected, so the completion check masks
+  the rollout. It still needs an attributable terminal (``terminal_response_id`` or the returned
+  response's identity or content); capture order is not a terminal witness.
 - ``module:function``: a custom synchronous function with the same signature, resolved by
   ``resolve_selection_policy`` while the configuration is validated.
 
 ``select_rollout`` runs a policy, checks its result against the policy contract (a nonempty list
-of unique, unchanged records from this capture, and a terminal response id among them), and adds
-the capture-completion check (``completion_mask_reason``).
+of unique, unchanged records from this capture, and a terminal response id among them that the
+harness did not reject), and adds the capture-completion check (``completion_mask_reason``): a
+partial history never trains, so any failure in the attempt masks the rollout, except a
+rejection (the harness resampled a complete response) and one cancellation case
+(``docs/forest.md``, "Failures and drops").
 
 The result dictionary (``result``) is the harness's ordinary output. Accepted keys:
 
@@ -76,15 +82,12 @@ __all__ = [
 ]
 
 REQUEST_FINISHED_WITHOUT_STAGED_COORDINATES: Final = "request_finished_without_staged_coordinates"
+"""A cancellation recorded after the call's capture committed: the one failure that does not mask
+the rollout, when the call is unselected and no call of the attempt is pending."""
 REJECTED_BY_HARNESS: Final = "rejected_by_harness"
-"""The harness rejected a completed response and resampled (seed ``000``, ``select_response``): the
-capture is complete, the call is simply not accepted. Like the cancellation above, it masks nothing
-while the call stays unselected."""
-_UNSELECTED_HARMLESS: Final = frozenset(
-    {REQUEST_FINISHED_WITHOUT_STAGED_COORDINATES, REJECTED_BY_HARNESS}
-)
-"""A cancellation after the capture committed: it does not mask the rollout when the call is not
-selected and no call is pending. Any other capture-failure reason masks."""
+"""The harness rejected a committed, complete response and resampled: a rejection, not a failure.
+The call stays committed; it never masks its rollout, ``returned_history`` never matches it, and
+``all_captured`` selects it as an abandoned retry."""
 
 COMPLETE_FINISH_REASONS: Final = frozenset({"stop", "tool_calls"}) | LENGTH_FINISH_REASONS
 """Finish reasons of a complete (or length-limited, still eligible) generation; any other one,
@@ -122,7 +125,8 @@ class CapturedCall:
     ``pending``; for committed calls ``response_id`` (the served response id),
     ``output_fingerprint`` (``fingerprint_output`` of the output items the gateway returned for
     it) and ``finish_reason``; ``failure_reason`` (the reason code of a ``call.failed`` event,
-    also on a committed call that later recorded a failure). ``None`` means "not recorded".
+    also on a committed call that later recorded a failure, such as a rejected response, which
+    stays ``committed``). ``None`` means "not recorded".
     """
 
     call_id: str
@@ -146,6 +150,11 @@ class CapturedCall:
                 f"got {self.status!r}",
                 call_id=self.call_id,
             )
+
+    @property
+    def rejected(self) -> bool:
+        """Whether the harness rejected this committed, complete response and resampled."""
+        return self.status == "committed" and self.failure_reason == REJECTED_BY_HARNESS
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,7 +190,8 @@ def is_generated_item(item: Mapping[str, Any]) -> bool:
 
 
 class _CaptureIndex:
-    """Committed calls of one attempt, looked up by response id and output fingerprint."""
+    """Committed calls of one attempt, looked up by response id and output fingerprint; rejected
+    responses are indexed by id (so evidence naming one is refused by name), never by content."""
 
     def __init__(self, records: Sequence[CapturedCall]) -> None:
         self.by_call: dict[str, CapturedCall] = {}
@@ -218,10 +228,29 @@ class _CaptureIndex:
                     response_id=record.response_id,
                 )
             self.by_response[record.response_id] = record
-            self.by_fingerprint.setdefault(record.output_fingerprint, []).append(record)
+            if not record.rejected:
+                self.by_fingerprint.setdefault(record.output_fingerprint, []).append(record)
 
     def call_for_response(self, response_id: str) -> CapturedCall | None:
-        return self.by_response.get(response_id)
+        """The committed call that served ``response_id`` (None if none did); raises when the
+        harness rejected it, since a rejected response is never accepted or scored."""
+        call = self.by_response.get(response_id)
+        if call is not None:
+            _refuse_rejected(call)
+        return call
+
+
+def _refuse_rejected(call: CapturedCall) -> None:
+    """Raise ``contradictory_evidence`` when the result names a response the harness rejected."""
+    if call.rejected:
+        raise SelectionError(
+            SelectionRule.CONTRADICTORY_EVIDENCE,
+            f"the result names response {call.response_id!r} of call {call.call_id!r}, which the "
+            "harness rejected; a rejected response never enters the returned history and is "
+            "never the scored one",
+            call_id=call.call_id,
+            response_id=call.response_id,
+        )
 
 
 def returned_history(
@@ -257,8 +286,9 @@ def returned_history(
 def all_captured(
     records: Sequence[CapturedCall], result: Mapping[str, Any]
 ) -> tuple[list[CapturedCall], str | None]:
-    """Every captured call in capture order, except unscored leaves that failed, are pending, or
-    stopped incomplete for a non-length reason; and the attributable scored response id."""
+    """Every captured call in capture order (rejected responses included: abandoned retries),
+    except unscored leaves that failed, are pending, or stopped incomplete for a non-length
+    reason; and the attributable scored response id."""
     index = _CaptureIndex(records)
     terminal = _attributed_terminal(index, result)
     parents = {record.parent_id for record in records}
@@ -378,6 +408,12 @@ def select_rollout(
         raise _policy_error(
             name, f"terminal_response_id {terminal!r} is not served by a selected record"
         )
+    if terminal_calls[0].rejected:
+        raise _policy_error(
+            name,
+            f"terminal_response_id {terminal!r} was rejected by the harness; the scored response "
+            "is an accepted one",
+        )
     return RolloutSelection(
         policy=name,
         call_ids=tuple(call_ids),
@@ -391,32 +427,58 @@ def select_rollout(
 def completion_mask_reason(
     records: Sequence[CapturedCall], selected_call_ids: Sequence[str]
 ) -> MaskReason | None:
-    """Whether the attempt's capture is complete enough to train the selection.
+    """Whether the attempt's capture is complete enough to train the selection (None), else why
+    not: a partial history never trains (``docs/forest.md``, "Failures and drops").
 
-    In priority order: a selected call without a record; a selected call still pending; a selected
-    call that failed or carries a failure; any call still pending; a committed call with a
-    recorded failure other than ``request_finished_without_staged_coordinates`` or
-    ``rejected_by_harness`` (those do not mask when the call is unselected and nothing is pending).
-    A plain failed call outside the selection (an abandoned request) masks nothing.
+    In priority order: a selected call without a record (``selected_call_missing``); a selected
+    call still pending (``selected_call_pending``); a selected call that failed or carries a
+    failure other than a rejection (``selected_call_failed``); a selected committed call that
+    stopped for a finish reason outside ``COMPLETE_FINISH_REASONS``, e.g. ``content_filter``
+    (``selected_call_incomplete``); any call still pending (``capture_pending``); any failure
+    outside the selection (``capture_failed``), except the one cancellation,
+    ``request_finished_without_staged_coordinates`` recorded on a call that committed (nothing is
+    pending by then). A rejected response (``rejected_by_harness`` on a committed call) is not a
+    failure: selected or not, it masks nothing.
     """
     by_id = {record.call_id: record for record in records}
     selected = [by_id.get(call_id) for call_id in selected_call_ids]
     if any(record is None for record in selected):
         return MaskReason.SELECTED_CALL_MISSING
-    if any(record.status == "pending" for record in selected):
+    present = [record for record in selected if record is not None]
+    if any(record.status == "pending" for record in present):
         return MaskReason.SELECTED_CALL_PENDING
-    if any(record.status == "failed" or record.failure_reason is not None for record in selected):
+    if any(_failed(record) for record in present):
         return MaskReason.SELECTED_CALL_FAILED
+    if any(
+        record.finish_reason is not None and record.finish_reason not in COMPLETE_FINISH_REASONS
+        for record in present
+    ):
+        return MaskReason.SELECTED_CALL_INCOMPLETE
     if any(record.status == "pending" for record in records):
         return MaskReason.CAPTURE_PENDING
+    chosen = set(selected_call_ids)
     if any(
-        record.status == "committed"
-        and record.failure_reason is not None
-        and record.failure_reason not in _UNSELECTED_HARMLESS
+        _failed(record) and not _exempt_cancellation(record)
         for record in records
+        if record.call_id not in chosen
     ):
         return MaskReason.CAPTURE_FAILED
     return None
+
+
+def _failed(record: CapturedCall) -> bool:
+    """A failed call, or a committed one that recorded a failure; a rejection is not one."""
+    if record.status == "failed":
+        return True
+    return record.failure_reason is not None and not record.rejected
+
+
+def _exempt_cancellation(record: CapturedCall) -> bool:
+    """The cancellation that does not mask: recorded after the call's capture committed."""
+    return (
+        record.status == "committed"
+        and record.failure_reason == REQUEST_FINISHED_WITHOUT_STAGED_COORDINATES
+    )
 
 
 def _policy_name(policy: SelectionPolicy) -> str:
@@ -695,6 +757,7 @@ def _resolve_references(index: _CaptureIndex, references: list[Any]) -> list[Cap
                 f"{by_response.response_id!r} of call {by_response.call_id!r}",
                 item_index=position,
             )
+        _refuse_rejected(call)
         selected.append(call)
     return selected
 

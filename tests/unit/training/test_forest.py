@@ -221,10 +221,12 @@ def test_strict_mode_raises_forest_error_naming_call_and_rule(case: MaskCase) ->
 
 def test_mask_reasons_cover_every_case_above_plus_the_capture_blob_and_setting_reasons() -> None:
     assert {case[0] for case in MASK_CASES} | {
+        MaskReason.SELECTED_CALL_INCOMPLETE,
         MaskReason.CAPTURE_PENDING,
         MaskReason.CAPTURE_FAILED,
         MaskReason.BLOB_INVALID,
         MaskReason.LEDGER_CONTRADICTION,
+        MaskReason.NO_TRAINABLE_TOKENS,
         MaskReason.FOREST_TRAINING_DISABLED,
         MaskReason.ROW_TOO_LONG,
     } == MASK_REASONS
@@ -239,10 +241,12 @@ def test_mask_reasons_are_plain_strings() -> None:
         "selected_call_failed",
         "selection_not_closed",
         "terminal_not_selected",
+        "selected_call_incomplete",
         "capture_pending",
         "capture_failed",
         "blob_invalid",
         "ledger_contradiction",
+        "no_trainable_tokens",
         "forest_training_disabled",
         "row_too_long",
     } == MASK_REASONS

@@ -80,7 +80,7 @@ def call(call_id: str, parent: str | None, prompt: list[int], generated: list[in
 
 
 def compaction_example() -> tuple[list[CallRecord], list[str]]:
-    """The seed's walkthrough: rewrite before call 3, call 4 rejected, retry call 5 accepted."""
+    """The docs/forest.md walkthrough: rewrite before call 3, call 4 rejected, retry 5 accepted."""
     calls = [
         call("c1", None, [1, 2, 3], [10, 11]),
         call("c2", "c1", [4, 5], [12, 13]),

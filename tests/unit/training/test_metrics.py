@@ -33,7 +33,7 @@ from training.rows import rollout_rows
 
 
 def compaction_calls() -> list[CallRecord]:
-    """The seed's walkthrough: c3 is a rewrite root, c4 rejected, c5 the accepted retry."""
+    """docs/forest.md's walkthrough: c3 is a rewrite root, c4 rejected, c5 the accepted retry."""
     return [
         CallRecord("c1", None, [1, 2, 3], [10, 11], [-0.1, -0.2]),
         CallRecord("c2", "c1", [4, 5], [12, 13], [-0.3, -0.4]),

@@ -20,7 +20,7 @@ def routes(*values: int) -> torch.Tensor:
 
 
 def chain_with_rewrite() -> list[CallRecord]:
-    """a -> b, then a rewrite root c (the seed's image example: A, then A + B, then only B)."""
+    """a -> b, then a rewrite root c (as with media: A, then A + B, then only B)."""
     return [
         CallRecord("a", None, [1, 2], [3], [-0.5]),
         CallRecord("b", "a", [4, 5], [6, 7], [-0.25, -0.75]),
@@ -49,7 +49,9 @@ def test_masked_forest_has_no_rows() -> None:
     assert rollout_rows(forest) == []
 
 
-def test_each_calls_final_generated_token_gets_the_missing_route_sentinel() -> None:
+def test_missing_route_sentinel_goes_only_at_a_paths_final_token() -> None:
+    # a's final generated token (3) is prefilled again by its continuation b, so its captured
+    # route stays; only each path's last token (b's 7, c's 11) was never run: the sentinel
     extras = {
         "a": CallExtras(routes=routes(10, 20, 30)),
         "b": CallExtras(routes=routes(40, 50, 60, 70)),
@@ -64,17 +66,17 @@ def test_each_calls_final_generated_token_gets_the_missing_route_sentinel() -> N
     assert first.routes.tolist() == [
         [10, 11],
         [20, 21],
-        [s, s],
+        [30, 31],  # a's final generated token, inside the path: its captured route
         [40, 41],
         [50, 51],
         [60, 61],
-        [s, s],
+        [s, s],  # the trace boundary
     ]
     # the new root keeps its own prefill routes; only its final token is unknown
     assert second.routes.tolist() == [[80, 81], [90, 91], [100, 101], [s, s]]
 
 
-def test_every_paths_last_token_is_the_sentinel_on_branches() -> None:
+def test_missing_route_sentinel_on_branches_marks_each_paths_end_not_the_shared_ancestor() -> None:
     calls = [
         CallRecord("a", None, [1], [2], [-1.0]),
         CallRecord("b", "a", [3], [4], [-1.0]),
@@ -84,17 +86,20 @@ def test_every_paths_last_token_is_the_sentinel_on_branches() -> None:
 
     rows = rollout_rows(build_forest(calls, ["a", "b", "c"]), extras)
 
-    assert [row.routes[-1].tolist() for row in rows] == [[-1, -1], [-1, -1]]  # type: ignore[index]
+    assert [row.routes.tolist() for row in rows] == [  # type: ignore[union-attr]
+        [[0, 1], [0, 1], [1, 2], [-1, -1]],
+        [[0, 1], [0, 1], [2, 3], [-1, -1]],
+    ]
 
 
-def test_call_without_generated_tokens_keeps_its_prompt_routes() -> None:
+def test_missing_route_sentinel_goes_at_a_paths_last_token_even_when_it_is_a_prompt_token() -> None:
     calls = [CallRecord("a", None, [1, 2], [3], [-1.0]), CallRecord("b", "a", [4], [], [])]
     extras = {"a": CallExtras(routes=routes(1, 2, 3)), "b": CallExtras(routes=routes(4))}
 
     (row,) = rollout_rows(build_forest(calls, ["a", "b"]), extras)
 
     assert row.routes is not None
-    assert row.routes.tolist() == [[1, 2], [2, 3], [-1, -1], [4, 5]]
+    assert row.routes.tolist() == [[1, 2], [2, 3], [3, 4], [-1, -1]]
 
 
 def test_routes_on_only_some_calls_of_a_row_raise() -> None:

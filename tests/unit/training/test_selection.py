@@ -12,6 +12,7 @@ import pytest
 from training.errors import SelectionError, SelectionPolicyError
 from training.forest import MaskReason
 from training.selection import (
+    REJECTED_BY_HARNESS,
     REQUEST_FINISHED_WITHOUT_STAGED_COORDINATES,
     CapturedCall,
     SelectionRule,
@@ -62,6 +63,11 @@ def committed(
     )
 
 
+def rejected(call_id: str, parent: str | None, items: list[dict[str, Any]]) -> CapturedCall:
+    """A committed, complete response that the harness rejected before resampling."""
+    return committed(call_id, parent, items, failure_reason=REJECTED_BY_HARNESS)
+
+
 def failed(call_id: str, parent: str | None, reason: str = "engine_error") -> CapturedCall:
     return CapturedCall(call_id=call_id, parent_id=parent, status="failed", failure_reason=reason)
 
@@ -80,7 +86,7 @@ OUTPUTS = {
 
 
 def compaction_capture() -> list[CapturedCall]:
-    """The seed's walkthrough: rewrite before c3, c4 rejected, retry c5 accepted."""
+    """docs/forest.md's walkthrough: rewrite before c3, c4 rejected, retry c5 accepted."""
     return [
         committed("c1", None, OUTPUTS["c1"]),
         committed("c2", "c1", OUTPUTS["c2"]),
@@ -88,6 +94,13 @@ def compaction_capture() -> list[CapturedCall]:
         committed("c4", "c3", OUTPUTS["c4"]),
         committed("c5", "c3", OUTPUTS["c5"]),
     ]
+
+
+def rejected_capture() -> list[CapturedCall]:
+    """The same walkthrough with c4's rejection recorded, as the gateway records it."""
+    records = compaction_capture()
+    records[3] = rejected("c4", "c3", OUTPUTS["c4"])
+    return records
 
 
 def returned(*call_ids: str) -> list[dict[str, Any]]:
@@ -204,6 +217,37 @@ def test_failed_and_pending_calls_are_never_matched() -> None:
     with pytest.raises(SelectionError, match=r"missing_evidence"):
         returned_history(records, {"output": [say("bye")]})
     assert names(returned_history(records, {"output": [say("hi")]})[0]) == ["c"]
+
+
+def test_returned_history_never_matches_a_rejected_response_by_content() -> None:
+    # the retry c5 generated the same text as the rejected c4: only c5 can be the returned one
+    records = [
+        committed("c3", None, OUTPUTS["c3"]),
+        rejected("c4", "c3", OUTPUTS["c5"]),
+        committed("c5", "c3", OUTPUTS["c5"]),
+    ]
+
+    selected, terminal = returned_history(records, {"output": [*OUTPUTS["c3"], *OUTPUTS["c5"]]})
+
+    assert (names(selected), terminal) == (["c3", "c5"], "resp-c5")
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        {"output": [say("bad answer", response_id="resp-c4")]},
+        {"responses": [{"id": "resp-c4", "output": OUTPUTS["c4"]}]},
+        {"model_calls": ["c4"]},
+        {"model_calls": [{"response_id": "resp-c4"}]},
+    ],
+)
+def test_returned_history_naming_a_rejected_response_raises_contradictory(
+    result: dict[str, Any],
+) -> None:
+    with pytest.raises(SelectionError, match=r"contradictory_evidence.*'c4'.*rejected") as raised:
+        returned_history(rejected_capture(), result)
+
+    assert raised.value.call_id == "c4"
 
 
 def test_responses_shape_matches_by_native_response_id() -> None:
@@ -360,6 +404,23 @@ def test_all_captured_selects_abandoned_retries_and_branches_in_capture_order() 
     assert terminal == "resp-c5"
 
 
+def test_all_captured_keeps_rejected_resamples_as_abandoned_retries() -> None:
+    selection = select_rollout(
+        "all_captured",
+        rejected_capture(),
+        {"output": returned("c1", "c2", "c3", "c5"), "reward": 1},
+    )
+
+    assert selection.call_ids == ("c1", "c2", "c3", "c4", "c5")
+    assert selection.terminal_call_id == "c5"
+    assert selection.mask_reason is None  # a rejection is not a failure
+
+
+def test_all_captured_never_scores_a_rejected_response() -> None:
+    with pytest.raises(SelectionError, match=r"contradictory_evidence.*'c4'.*rejected"):
+        all_captured(rejected_capture(), {"terminal_response_id": "resp-c4"})
+
+
 def test_all_captured_excludes_unscored_failed_pending_and_filtered_leaves() -> None:
     records = [
         committed("a", None, [say("a")]),
@@ -385,6 +446,49 @@ def test_all_captured_keeps_an_incomplete_call_that_has_children_or_is_scored() 
 
     assert names(selected) == ["a", "b"]
     assert terminal == "resp-b"
+
+
+def test_all_captured_scored_content_filter_call_masks_the_rollout() -> None:
+    records = [
+        committed("a", None, [say("a")]),
+        committed("b", "a", [say("b")], finish_reason="content_filter"),
+    ]
+
+    selection = select_rollout(
+        "all_captured", records, {"terminal_response_id": "resp-b", "reward": 1}
+    )
+
+    assert selection.call_ids == ("a", "b")
+    assert selection.mask_reason == MaskReason.SELECTED_CALL_INCOMPLETE
+
+
+def test_all_captured_content_filter_call_with_children_masks_the_rollout() -> None:
+    records = [
+        committed("a", None, [say("a")], finish_reason="content_filter"),
+        committed("b", "a", [say("b")]),
+    ]
+
+    selection = select_rollout(
+        "all_captured", records, {"terminal_response_id": "resp-b", "reward": 1}
+    )
+
+    assert selection.call_ids == ("a", "b")
+    assert selection.mask_reason == MaskReason.SELECTED_CALL_INCOMPLETE
+
+
+def test_all_captured_unscored_content_filter_leaf_is_excluded_and_masks_nothing() -> None:
+    records = [
+        committed("a", None, [say("a")]),
+        committed("b", "a", [say("b")], finish_reason="content_filter"),
+        committed("c", "a", [say("c")]),
+    ]
+
+    selection = select_rollout(
+        "all_captured", records, {"terminal_response_id": "resp-c", "reward": 1}
+    )
+
+    assert selection.call_ids == ("a", "c")
+    assert selection.mask_reason is None
 
 
 def test_all_captured_finds_terminal_by_content_of_the_last_returned_generation() -> None:
@@ -523,6 +627,7 @@ def test_select_rollout_requires_a_mapping_result() -> None:
 
 RESULT = {"reward": 0.5}
 RECORDS = compaction_capture()
+REJECTED_RECORDS = rejected_capture()
 
 
 @pytest.mark.parametrize(
@@ -541,11 +646,15 @@ RECORDS = compaction_capture()
             lambda records, result: ([records[0]], "resp-c2"),
             "'resp-c2' is not served by a selected record",
         ),
+        (
+            lambda records, result: ([records[2], records[3]], "resp-c4"),
+            "'resp-c4' was rejected by the harness",
+        ),
     ],
 )
 def test_custom_policy_result_that_breaks_the_contract_raises(policy: Any, message: str) -> None:
     with pytest.raises(SelectionError, match=rf"invalid_policy_result.*{message}"):
-        select_rollout(policy, RECORDS, RESULT)
+        select_rollout(policy, REJECTED_RECORDS, RESULT)
 
 
 def test_custom_policy_selects_and_orders_freely() -> None:
@@ -666,8 +775,48 @@ def test_complete_capture_masks_nothing() -> None:
     assert completion(committed("a", None, [say("a")])) is None
 
 
-def test_unselected_plain_failure_masks_nothing() -> None:
-    assert completion(committed("a", None, [say("a")]), failed("b", "a")) is None
+def test_failed_call_outside_the_selection_masks_the_rollout() -> None:
+    # a partial history never trains: the abandoned request may have held accepted work
+    assert completion(committed("a", None, [say("a")]), failed("b", "a")) == (
+        MaskReason.CAPTURE_FAILED
+    )
+
+
+@pytest.mark.parametrize(
+    "reason", [REQUEST_FINISHED_WITHOUT_STAGED_COORDINATES, REJECTED_BY_HARNESS, "storage_error"]
+)
+def test_failure_outside_the_selection_on_a_call_that_never_committed_masks_whatever_the_reason(
+    reason: str,
+) -> None:
+    assert completion(committed("a", None, []), failed("b", "a", reason)) == (
+        MaskReason.CAPTURE_FAILED
+    )
+
+
+def test_rejected_resample_outside_the_selection_masks_nothing() -> None:
+    assert completion(committed("a", None, []), rejected("b", None, [say("b")])) is None
+
+
+def test_rejected_resample_inside_the_selection_masks_nothing() -> None:
+    records = rejected_capture()
+
+    assert completion_mask_reason(records, ["c1", "c2", "c3", "c4", "c5"]) is None
+
+
+def test_selected_call_stopped_for_content_filter_masks_incomplete() -> None:
+    record = committed("a", None, [say("a")], finish_reason="content_filter")
+
+    assert completion(record) == MaskReason.SELECTED_CALL_INCOMPLETE
+
+
+@pytest.mark.parametrize("finish_reason", ["stop", "length", "tool_calls", None])
+def test_selected_call_that_stopped_complete_or_for_length_masks_nothing(
+    finish_reason: str | None,
+) -> None:
+    record = committed("a", None, [say("a")], finish_reason="stop")
+    record = dataclasses.replace(record, finish_reason=finish_reason)
+
+    assert completion(record) is None
 
 
 def test_selected_call_without_record_masks_missing() -> None:
@@ -695,7 +844,7 @@ def test_unselected_pending_call_masks_capture_pending() -> None:
     assert completion(committed("a", None, []), pending("b", "a")) == MaskReason.CAPTURE_PENDING
 
 
-def test_exempt_cancellation_outside_selection_masks_nothing() -> None:
+def test_exempt_cancellation_on_a_committed_call_outside_the_selection_masks_nothing() -> None:
     cancelled = committed("b", "a", [], failure_reason=REQUEST_FINISHED_WITHOUT_STAGED_COORDINATES)
 
     assert completion(committed("a", None, []), cancelled) is None
@@ -710,7 +859,7 @@ def test_exempt_cancellation_with_a_pending_call_still_masks() -> None:
     )
 
 
-def test_other_capture_failure_on_a_committed_call_masks_capture_failed() -> None:
+def test_other_failure_on_a_committed_call_outside_the_selection_masks_capture_failed() -> None:
     broken = committed("b", "a", [], failure_reason="storage_error")
 
     assert completion(committed("a", None, []), broken) == MaskReason.CAPTURE_FAILED
