@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Final
 
 import torch
@@ -159,17 +160,30 @@ class EmbeddedEngine:
     Deterministic: a call with ``sampling.seed`` set draws from a generator seeded with it; a
     call without one draws from the engine's own stream, seeded at construction, so the same
     sequence of calls gives the same generations. Calls are serialized by a lock.
+
+    ``policy_version`` counts the optimizer steps in the model's weights; each generation
+    reports the value it read under the lock. Whoever changes the weights does so, and sets the
+    version, inside :meth:`updating`, which holds the same lock: no generation sees half an
+    update, and none straddles one.
     """
 
     name: Final = "embedded"
 
     def __init__(
-        self, model: Qwen2ForCausalLM, *, stop_token_ids: Iterable[int], seed: int = 0
+        self,
+        model: Qwen2ForCausalLM,
+        *,
+        stop_token_ids: Iterable[int],
+        seed: int = 0,
+        policy_version: int = 0,
     ) -> None:
         self.model = model
+        self.policy_version = policy_version
         self.stop_token_ids = frozenset(stop_token_ids)
         self._generator = torch.Generator().manual_seed(seed)
-        self._lock = threading.Lock()
+        # Reentrant: a training step holds it across the optimizer step and the publish, which
+        # takes it again to set the version.
+        self._lock = threading.RLock()
 
     @classmethod
     def build(
@@ -179,11 +193,19 @@ class EmbeddedEngine:
         model = build_model(tokenizer, seed=model_seed)
         return cls(model, stop_token_ids=[tokenizer.eos_token_id], seed=seed)
 
+    @contextmanager
+    def updating(self) -> Iterator[None]:
+        """Hold off generation while the weights (and ``policy_version``) change: a generation
+        in progress finishes first, and the next one starts after the block exits."""
+        with self._lock:
+            yield
+
     def generate(self, prompt_token_ids: Sequence[int], sampling: SamplingParams) -> Generation:
         """Sample up to ``max_tokens`` tokens after the prompt, stopping at a stop token."""
         self.check(prompt_token_ids, sampling)
         stops = self.stop_token_ids | set(sampling.stop_token_ids)
         with self._lock, torch.inference_mode():
+            version = self.policy_version
             generator = (
                 self._generator
                 if sampling.seed is None
@@ -205,7 +227,12 @@ class EmbeddedEngine:
                     finish = "stop"
                     break
                 inputs = torch.tensor([[token]], dtype=torch.long)  # (1, 1)
-        return Generation(token_ids=tuple(tokens), logprobs=tuple(logprobs), finish_reason=finish)
+        return Generation(
+            token_ids=tuple(tokens),
+            logprobs=tuple(logprobs),
+            finish_reason=finish,
+            policy_version=version,
+        )
 
     def check(self, prompt_token_ids: Sequence[int], sampling: SamplingParams) -> None:
         """Raise the refusal ``generate`` would give, before anything is recorded."""

@@ -57,12 +57,15 @@ class Generation:
     ``finish_reason`` is ``"stop"``); ``logprobs[i]`` is the sampling log-probability of
     ``token_ids[i]``; ``routes``, when the engine reports routed experts, holds one tuple of expert
     ids per generated token, else None. All three have the same length, at least 1.
+    ``policy_version`` is the number of optimizer steps in the weights that sampled it (0: the
+    initial weights); None when the engine does not know.
     """
 
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
     finish_reason: FinishReason
     routes: tuple[tuple[int, ...], ...] | None = None
+    policy_version: int | None = None
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -78,6 +81,10 @@ class Generation:
         if self.finish_reason not in FINISH_REASONS:
             raise InvalidGenerationError(
                 f"finish_reason is one of {sorted(FINISH_REASONS)}", self.finish_reason
+            )
+        if self.policy_version is not None and self.policy_version < 0:
+            raise InvalidGenerationError(
+                "policy_version is None or an integer >= 0", self.policy_version
             )
 
     @property
