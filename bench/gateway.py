@@ -134,12 +134,13 @@ ROUTE: Final = contextvars.ContextVar[str]("bench_route", default="other")
 
 
 class StageClock:
-    """Wall time of the server's request path by stage, per route kind (``call``: a chat
+    """Wall and CPU time of the server's request path by stage, per route kind (``call``: a chat
     completion; ``attempt``: opening an attempt or posting its result).
 
-    ``wrap(name, function)`` times a stage: inclusive time and own time (minus nested stages, on a
-    stack per thread), so own times add up. ``nested=False`` times a detail: inclusive only,
-    invisible to the stack. Off until ``enabled``; then the wrappers cost one flag test.
+    ``wrap(name, function)`` times a stage: its inclusive wall time, and its own wall and thread
+    CPU time (minus nested stages, on a stack per thread), so own times add up. ``nested=False``
+    times a detail: inclusive wall time only, invisible to the stack. Off until ``enabled``; then
+    the wrappers cost one flag test. ``take`` also reports the process's CPU time, always.
     """
 
     def __init__(self) -> None:
@@ -147,15 +148,18 @@ class StageClock:
         self._lock = threading.Lock()
         self._totals: dict[tuple[str, str], list[Any]] = {}
         self._local = threading.local()
+        self._cpu = time.process_time()
 
-    def add(self, name: str, inclusive: float, own: float | None) -> None:
-        """Record one timing of ``name`` under the current route kind."""
+    def add(self, name: str, wall: float, own: tuple[float, float] | None = None) -> None:
+        """Record one timing of ``name`` under the current route kind: inclusive wall time, and
+        for a stage its own (wall, CPU) time."""
         with self._lock:
-            total = self._totals.setdefault((ROUTE.get(), name), [0, 0.0, None])
+            total = self._totals.setdefault((ROUTE.get(), name), [0, 0.0, None, None])
             total[0] += 1
-            total[1] += inclusive
+            total[1] += wall
             if own is not None:
-                total[2] = (total[2] or 0.0) + own
+                total[2] = (total[2] or 0.0) + own[0]
+                total[3] = (total[3] or 0.0) + own[1]
 
     def wrap(self, name: str, function: Callable[..., Any], *, nested: bool = True) -> Any:
         """``function`` timed as stage (or detail) ``name`` while the clock is enabled."""
@@ -164,20 +168,22 @@ class StageClock:
         def timed(*args: Any, **kwargs: Any) -> Any:
             if not self.enabled:
                 return function(*args, **kwargs)
-            stack: list[float] = self._local.__dict__.setdefault("stack", [])
+            stack: list[list[float]] = self._local.__dict__.setdefault("stack", [])
             if nested:
-                stack.append(0.0)
-            start = time.perf_counter()
+                stack.append([0.0, 0.0])  # the nested stages' wall and CPU time
+            wall, cpu = time.perf_counter(), time.thread_time()
             try:
                 return function(*args, **kwargs)
             finally:
-                elapsed = time.perf_counter() - start
-                own = None
-                if nested:
-                    own = elapsed - stack.pop()
+                wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+                if not nested:
+                    self.add(name, wall)
+                else:
+                    nested_wall, nested_cpu = stack.pop()
                     if stack:
-                        stack[-1] += elapsed
-                self.add(name, elapsed, own)
+                        stack[-1][0] += wall
+                        stack[-1][1] += cpu
+                    self.add(name, wall, (wall - nested_wall, cpu - nested_cpu))
 
         return timed
 
@@ -187,14 +193,16 @@ class StageClock:
         if callable(original):
             setattr(owner, attribute, self.wrap(name, original, nested=nested))
 
-    def take(self) -> dict[str, dict[str, list[Any]]]:
-        """``{route: {name: [count, inclusive_s, own_s or None]}}`` since the last take."""
+    def take(self) -> dict[str, Any]:
+        """Since the last take: ``{"cpu_s": process CPU time, "routes": {route: {name: [count,
+        inclusive wall s, own wall s or None, own CPU s or None]}}}``."""
         with self._lock:
             totals, self._totals = self._totals, {}
-        taken: dict[str, dict[str, list[Any]]] = {}
+            cpu, self._cpu = time.process_time() - self._cpu, time.process_time()
+        routes: dict[str, dict[str, list[Any]]] = {}
         for (route, name), total in totals.items():
-            taken.setdefault(route, {})[name] = total
-        return taken
+            routes.setdefault(route, {})[name] = total
+        return {"cpu_s": cpu, "routes": routes}
 
 
 CLOCK: Final = StageClock()
@@ -216,12 +224,16 @@ class RouteTimer:
         try:
             await self.app(scope, receive, send)
         finally:
-            CLOCK.add("server request", time.perf_counter() - start, None)
+            CLOCK.add("server request", time.perf_counter() - start)
             ROUTE.reset(token)
 
 
 def instrument_grove() -> None:
     """Time the stages of Grove's request path (``docs/benchmarks.md``)."""
+    import sqlalchemy
+    from sqlalchemy.engine import Engine
+    from sqlalchemy.pool import Pool
+
     import capture.gateway
     import capture.lifecycle
     import capture.splice
@@ -257,6 +269,12 @@ def instrument_grove() -> None:
             stages.append((module, function, "admission and digests"))
     for owner, attribute, name in stages:
         CLOCK.patch(owner, attribute, name)
+
+    def count(name: str) -> Callable[..., None]:
+        return lambda *_: CLOCK.add(name, 0.0) if CLOCK.enabled else None
+
+    sqlalchemy.event.listen(Engine, "before_cursor_execute", count("count: SQL statements"))
+    sqlalchemy.event.listen(Pool, "checkout", count("count: connection checkouts (pinged)"))
     for owner, attribute, name in [
         (AttemptLog, "load", "detail: stream reload before an append"),
         (EventStore, "append", "detail: append transaction"),
@@ -491,12 +509,14 @@ def postgres_databases(names: Sequence[str]) -> Iterator[dict[str, str] | str]:
 
 @dataclass
 class Phase:
-    """Calls against one server: per-call latencies and attempt requests (s), wall time."""
+    """Calls against one server: per-call latencies and attempt requests (s), wall time, and
+    the server process's CPU time."""
 
     latencies: list[float] = field(default_factory=list)
     attempt_requests: list[float] = field(default_factory=list)
     wall_s: float = 0.0
     calls: int = 0
+    server_cpu_s: float = 0.0
 
     def extend(self, other: Phase) -> None:
         """Pool ``other`` into this phase."""
@@ -504,6 +524,7 @@ class Phase:
         self.attempt_requests += other.attempt_requests
         self.wall_s += other.wall_s
         self.calls += other.calls
+        self.server_cpu_s += other.server_cpu_s
 
 
 class Harness:
@@ -623,6 +644,8 @@ def figures(grove: Phase, plain: Phase) -> dict[str, Any]:
         "grove_calls_per_s": round(grove_rate, 1),
         "plain_calls_per_s": round(plain_rate, 1),
         "attempt_request_ms_p50": round(1000 * percentile(grove.attempt_requests, 50), 3),
+        "grove_server_cpu_ms_per_call": round(1000 * grove.server_cpu_s / grove.calls, 3),
+        "plain_server_cpu_ms_per_call": round(1000 * plain.server_cpu_s / plain.calls, 3),
         "calls": grove.calls,
     }
     result["aims_met"] = {
@@ -632,21 +655,29 @@ def figures(grove: Phase, plain: Phase) -> dict[str, Any]:
     return result
 
 
-def stage_table(taken: Mapping[str, Mapping[str, list[Any]]], calls: int) -> dict[str, float]:
-    """Milliseconds per chat call: each stage's own time, each detail's inclusive time, the rest
-    of the server's request time (HTTP, FastAPI, validation, serialization) and the attempt
-    requests (open, result) spread over the calls."""
-    table = {
-        name: round(1000 * (own if own is not None else inclusive) / calls, 3)
-        for name, (_, inclusive, own) in taken.get("call", {}).items()
-    }
-    stages = sum(table[name] for name, (_, _, own) in taken.get("call", {}).items() if own)
-    if "server request" in table:
-        table["rest: HTTP, FastAPI, validation"] = round(table["server request"] - stages, 3)
-    attempts = taken.get("attempt", {}).get("server request")
+def stage_table(taken: Mapping[str, Any], calls: int) -> dict[str, dict[str, float]]:
+    """Per chat call: each stage's own wall and CPU ms, each detail's inclusive wall ms, the rest
+    of the server's request time (HTTP, FastAPI, validation, serialization, the event loop), the
+    attempt requests (open, result) spread over the calls, the counts, and the server process's
+    CPU ms (all threads)."""
+    wall: dict[str, float] = {}
+    cpu: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    for name, (count, inclusive, own_wall, own_cpu) in taken["routes"].get("call", {}).items():
+        if name.startswith("count:"):
+            counts[name.removeprefix("count: ")] = round(count / calls, 2)
+            continue
+        wall[name] = round(1000 * (inclusive if own_wall is None else own_wall) / calls, 3)
+        if own_cpu is not None:
+            cpu[name] = round(1000 * own_cpu / calls, 3)
+    if "server request" in wall:
+        rest = wall["server request"] - sum(wall[name] for name in cpu)
+        wall["rest: HTTP, FastAPI, validation"] = round(rest, 3)
+    attempts = taken["routes"].get("attempt", {}).get("server request")
     if attempts is not None:
-        table["detail: attempt requests (open, result)"] = round(1000 * attempts[1] / calls, 3)
-    return table
+        wall["detail: attempt requests (open, result)"] = round(1000 * attempts[1] / calls, 3)
+    cpu["server process, all threads"] = round(1000 * taken["cpu_s"] / calls, 3)
+    return {"wall_ms": wall, "cpu_ms": cpu, "counts": counts}
 
 
 # -- the run -------------------------------------------------------------------------------------
@@ -691,12 +722,19 @@ def run_benchmark(workload: Workload, backends: Sequence[str] = BACKENDS) -> dic
         notes.append(f"servers up after {time.perf_counter() - began:.0f} s")
         targets = ["plain", *backends]
 
-        def phase(target: str, clients: int, attempts: int) -> Phase:
-            url = server.base_urls[target]
-            grove = target != "plain"
-            return run_phase(
-                url, grove=grove, clients=clients, attempts=attempts, calls=workload.calls
+        def phase(target: str, clients: int, attempts: int) -> tuple[Phase, dict[str, Any]]:
+            """One phase, with what the server's clock took during it."""
+            server.command("take")
+            played = run_phase(
+                server.base_urls[target],
+                grove=target != "plain",
+                clients=clients,
+                attempts=attempts,
+                calls=workload.calls,
             )
+            taken = server.command("take")
+            played.server_cpu_s = taken["cpu_s"]
+            return played, taken
 
         for target in targets:  # warm-up: connections, caches, compiled queries
             phase(target, 1, workload.warmup_attempts)
@@ -706,16 +744,15 @@ def run_benchmark(workload: Workload, backends: Sequence[str] = BACKENDS) -> dic
             for round_ in range(workload.rounds):
                 shift = round_ % len(targets)
                 for target in targets[shift:] + targets[:shift]:
-                    pooled[target].extend(phase(target, clients, attempts))
+                    pooled[target].extend(phase(target, clients, attempts)[0])
             for backend in backends:
                 results[backend][str(clients)] = figures(pooled[backend], pooled["plain"])
         stages: dict[str, dict[str, Any]] = {target: {} for target in targets}
         server.command("on")
         for clients, attempts in sorted(workload.profile_attempts.items()):
             for target in targets:
-                server.command("take")
-                calls = phase(target, clients, attempts).calls
-                stages[target][str(clients)] = stage_table(server.command("take"), calls)
+                played, taken = phase(target, clients, attempts)
+                stages[target][str(clients)] = stage_table(taken, played.calls)
         server.command("off")
     headline = HEADLINE_BACKEND if HEADLINE_BACKEND in results else next(iter(results))
     worst = results[headline].values()
@@ -726,7 +763,7 @@ def run_benchmark(workload: Workload, backends: Sequence[str] = BACKENDS) -> dic
         "capture_calls_per_s_over_plain": min(r["capture_calls_per_s_over_plain"] for r in worst),
         "headline_backend": headline,
         "backends": results,
-        "stages_ms_per_call": stages,
+        "stages_per_call": stages,
         "workload": {
             "calls_per_attempt": workload.calls,
             "attempts_per_client": {str(c): a for c, a in workload.attempts.items()},
@@ -749,11 +786,14 @@ def print_report(report: Mapping[str, Any]) -> None:
             cells = " ".join(f"{r[c]:>9.2f}" for c in columns)
             met = "met" if all(r["aims_met"].values()) else "missed"
             print(f"{backend:<17} {clients:>7} {cells}  {met}")
-    for target, per in report["stages_ms_per_call"].items():
+    for target, per in report["stages_per_call"].items():
         for clients, table in per.items():
-            print(f"\nstages, ms per call: {target}, {clients} client(s)")
-            for name, value in sorted(table.items(), key=lambda item: -item[1]):
-                print(f"  {name:<48} {value:>9.3f}")
+            print(f"\nstages, per call: {target}, {clients} client(s)     wall ms    CPU ms")
+            wall, cpu = table["wall_ms"], table["cpu_ms"]
+            for name in sorted(wall.keys() | cpu.keys(), key=lambda n: -wall.get(n, 0)):
+                print(f"  {name:<48} {wall.get(name, ''):>9} {cpu.get(name, ''):>9}")
+            for name, count in table["counts"].items():
+                print(f"  {name:<48} {count:>9}")
     print()
     for name, (aim, lower) in AIMS.items():
         bound = "<=" if lower else ">="
