@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -9,6 +10,7 @@ from functools import cache
 from typing import Any
 
 import pytest
+import torch
 
 from capture.embedded import EmbeddedEngine, build_tokenizer
 from capture.engine import SamplingParams
@@ -16,14 +18,21 @@ from capture.lifecycle import CaptureService, ModelCall
 from capture.render import Renderer, RenderOptions
 from ledger import migrate
 from ledger.attempt import AttemptLog
-from ledger.events import RolloutSelected
+from ledger.events import CallCommitted, CallIntended, ReplaySummary, RolloutSelected
 from ledger.store import EventStore
-from storage import open_blob_store
+from storage import CallDelta, chain_digest, open_blob_store, staging_key
 from training.projector import Projector, ProjectorSettings, captured_calls
 from training.selection import select_rollout
 
 OPTIONS = RenderOptions(model="grove-tiny")
 SAMPLING = SamplingParams(max_tokens=5)
+HAND_SUMMARY = ReplaySummary(
+    normalization_version=1,
+    item_count=1,
+    source_digest="0" * 64,
+    canonical_source_digest="0" * 64,
+    render_options_digest="1" * 64,
+)
 
 
 @cache
@@ -95,10 +104,62 @@ class Lab:
             self.finish(capture_key, {"output": returned, "reward": reward})
         return call_ids
 
-    def finish(self, capture_key: str, result: dict) -> None:
-        """Settle the attempt and record its returned-history selection."""
+    def hand_call(
+        self,
+        capture_key: str,
+        call_id: str,
+        parent: str | None,
+        prompt: list[int],
+        generated: list[int],
+        *,
+        routes: torch.Tensor | None = None,
+    ) -> None:
+        """Intend and commit one call whose delta blob is written here rather than by the engine,
+        for what the engine never writes: routed experts, or a generation with no token."""
+        log = self.capture.log
+        state = log.load(capture_key)
+        above = state.calls[parent].committed if parent is not None else None
+        log.intend(
+            capture_key,
+            CallIntended(
+                call_id=call_id,
+                decision="continuation" if parent else "root",
+                parent_call_id=parent,
+                root_reason=None if parent else "initial",
+                replay_summary=HAND_SUMMARY,
+                prompt_tokens=len(prompt) + (above.cum_len if above else 0),
+            ),
+        )
+        delta = CallDelta.from_lists(prompt, generated, [-0.5] * len(generated), routes=routes)
+        blob = self.capture.blobs.put_delta(staging_key(capture_key, call_id), delta)
+        prev = above.cum_len if above else 0
+        log.commit(
+            capture_key,
+            CallCommitted(
+                call_id=call_id,
+                parent_call_id=parent,
+                prev_len=prev,
+                delta_len=delta.delta_len,
+                cum_len=prev + delta.delta_len,
+                prompt_delta_len=len(prompt),
+                generated_len=len(generated),
+                blob_key=blob.key,
+                blob_sha256=blob.sha256,
+                blob_bytes=blob.size,
+                chain_digest=chain_digest(
+                    above.chain_digest if above else None, delta.prompt_delta, delta.generated
+                ),
+                finish_reason="stop",
+                response_id=f"resp-{capture_key}-{call_id}",
+                output_fingerprint=hashlib.sha256(f"{capture_key}/{call_id}".encode()).hexdigest(),
+                replay_summary=HAND_SUMMARY,
+            ),
+        )
+
+    def finish(self, capture_key: str, result: dict, policy: str = "returned_history") -> None:
+        """Settle the attempt and record the selection ``policy`` makes of ``result``."""
         state = self.capture.settle(capture_key, timeout_s=0.2)
-        chosen = select_rollout("returned_history", captured_calls(state), result)
+        chosen = select_rollout(policy, captured_calls(state), result)
         self.capture.select(
             capture_key,
             RolloutSelected(

@@ -7,11 +7,13 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
+from capture.lifecycle import ModelCall
 from ledger.events import CallFailed
 from storage import BlobRef
 from training.projector import Projector, finalization_event, finalization_forest
+from training.rows import ROUTE_MISSING_SENTINEL, rollout_rows
 
-from .conftest import Lab
+from .conftest import OPTIONS, SAMPLING, Lab
 
 
 def play_groups(lab: Lab, groups: int, rollouts: int = 2) -> None:
@@ -128,10 +130,6 @@ def test_a_failure_on_a_selected_call_masks_its_rollout(lab: Lab):
 def test_a_rejected_and_resampled_response_does_not_mask_the_rollout(lab: Lab):
     lab.play("att-1", group="g0", index=0, reward=1.0, compact_after=None, turns=1, settle=False)
     request = [{"role": "user", "content": "Task g0."}]
-    from capture.lifecycle import ModelCall
-
-    from .conftest import OPTIONS, SAMPLING
-
     rejected = lab.capture.generate("att-1", ModelCall(request, OPTIONS, SAMPLING, "c1"))
     lab.capture.fail("att-1", "c1", "rejected_by_harness")
     retry = lab.capture.generate("att-1", ModelCall(request, OPTIONS, SAMPLING, "c2"))
@@ -211,3 +209,126 @@ def test_the_setting_masks_are_decided_again_from_the_same_inputs(lab: Lab):
     assert again.rebuilt
     assert torch.equal(again.batch.input_ids, first.batch.input_ids)
     assert [r.forest.masked_reason for r in again.rollouts] == ["forest_training_disabled", None]
+
+
+def decided_again(lab: Lab, capture_key: str) -> None:
+    """Today's code reaches the recorded decision from the same events and blobs (replay)."""
+    state = lab.capture.log.load(capture_key)
+    forest, _ = finalization_forest(state, lab.capture.blobs)
+    assert finalization_event(state.opened.rollout_id, forest) == state.finalized
+
+
+def intend_another(lab: Lab, capture_key: str, call_id: str) -> None:
+    """Record the intent of one more call, a copy of the intent of ``c2``."""
+    intended = lab.capture.log.load(capture_key).calls["c2"].intended
+    lab.capture.log.intend(capture_key, intended.model_copy(update={"call_id": call_id}))
+
+
+def test_a_failed_call_outside_the_selection_masks_the_whole_rollout(lab: Lab):
+    lab.play("att-1", group="g0", index=0, reward=1.0, settle=False)
+    intend_another(lab, "att-1", "c9")
+    lab.capture.log.fail("att-1", CallFailed(call_id="c9", reason="engine_error"))
+    lab.finish("att-1", {"model_calls": ["c0", "c1", "c2"], "reward": 1.0})
+    lab.project()
+    decision = finalized(lab, "att-1")
+    assert (decision.trainable, decision.masked_reason, decision.paths) == (
+        False,
+        "capture_failed",
+        (),
+    )
+    decided_again(lab, "att-1")
+
+
+def test_the_cancellation_of_a_committed_call_outside_the_selection_does_not_mask(lab: Lab):
+    lab.play("att-1", group="g0", index=0, reward=1.0, settle=False)
+    request = [{"role": "user", "content": "Task g0."}]
+    lab.capture.generate("att-1", ModelCall(request, OPTIONS, SAMPLING, "c3"))
+    lab.capture.fail("att-1", "c3", "request_finished_without_staged_coordinates")
+    lab.finish("att-1", {"model_calls": ["c0", "c1", "c2"], "reward": 1.0})
+    lab.project()
+    decision = finalized(lab, "att-1")
+    assert (decision.trainable, decision.paths) == (True, (("c0",), ("c1", "c2")))
+    decided_again(lab, "att-1")
+
+
+def test_the_cancellation_of_a_call_that_never_committed_masks_the_rollout(lab: Lab):
+    lab.play("att-1", group="g0", index=0, reward=1.0, settle=False)
+    intend_another(lab, "att-1", "c9")
+    lab.capture.fail("att-1", "c9", "request_finished_without_staged_coordinates")
+    lab.finish("att-1", {"model_calls": ["c0", "c1", "c2"], "reward": 1.0})
+    lab.project()
+    assert finalized(lab, "att-1").masked_reason == "capture_failed"
+    decided_again(lab, "att-1")
+
+
+def test_all_captured_trains_a_rejected_resample_as_an_abandoned_retry(lab: Lab):
+    lab.capture.open_attempt(
+        "att-1",
+        rollout_id="g0/r0",
+        prompt_group="g0",
+        rollout_index=0,
+        selection_policy="all_captured",
+    )
+    request = [{"role": "user", "content": "Task g0."}]
+    for call_id in ("c0", "c1"):
+        lab.capture.generate("att-1", ModelCall(request, OPTIONS, SAMPLING, call_id))
+    lab.capture.fail("att-1", "c0", "rejected_by_harness")
+    lab.finish("att-1", {"model_calls": ["c1"], "reward": 1.0}, policy="all_captured")
+    assert lab.capture.log.load("att-1").selection.call_ids == ("c0", "c1")
+    lab.project()
+    decision = finalized(lab, "att-1")
+    assert (decision.trainable, decision.paths) == (True, (("c0",), ("c1",)))
+    decided_again(lab, "att-1")
+
+
+def routes(rows: int, base: int) -> torch.Tensor:
+    """``(rows, 2)`` routed experts ``base + i`` and ``base + i + 1`` for delta token ``i``."""
+    return torch.tensor([[base + i, base + i + 1] for i in range(rows)], dtype=torch.int32)
+
+
+def open_by_hand(lab: Lab, capture_key: str, group: str, index: int) -> None:
+    lab.capture.open_attempt(
+        capture_key, rollout_id=f"{group}/r{index}", prompt_group=group, rollout_index=index
+    )
+
+
+def test_routes_that_do_not_fit_a_row_mask_the_rollout_instead_of_escaping_the_projector(
+    lab: Lab,
+):
+    open_by_hand(lab, "g0-r0", "g0", 0)
+    lab.hand_call("g0-r0", "c0", None, [1, 2, 3], [4, 5], routes=routes(5, 10))
+    lab.hand_call("g0-r0", "c1", "c0", [6], [7, 8])  # no routes: its row cannot be replayed
+    lab.finish("g0-r0", {"model_calls": ["c0", "c1"], "reward": 1.0})
+    lab.play("g0-r1", group="g0", index=1, reward=0.0)
+    projector = lab.project()  # the RowError is a decision, not an exception
+    decision = finalized(lab, "g0-r0")
+    assert (decision.trainable, decision.masked_reason) == (False, "blob_invalid")
+    published = projector.batch_for_step(0)
+    assert [len(r.rollout.rows) for r in published.rollouts] == [0, 2]
+    assert published.rollouts[0].outcome.masked_reason == "blob_invalid"
+    decided_again(lab, "g0-r0")
+
+
+def test_routes_from_the_blobs_carry_the_missing_route_sentinel_only_at_the_paths_end(lab: Lab):
+    open_by_hand(lab, "g0-r0", "g0", 0)
+    lab.hand_call("g0-r0", "c0", None, [1, 2], [3], routes=routes(3, 10))
+    lab.hand_call("g0-r0", "c1", "c0", [4], [5, 6], routes=routes(3, 20))
+    lab.finish("g0-r0", {"model_calls": ["c0", "c1"], "reward": 1.0})
+    forest, extras = finalization_forest(lab.capture.log.load("g0-r0"), lab.capture.blobs)
+    (row,) = rollout_rows(forest, extras)
+    s = ROUTE_MISSING_SENTINEL
+    # c0's final generated token (3) keeps its stored route: c1's prefill ran it
+    assert row.routes.tolist() == [[10, 11], [11, 12], [12, 13], [20, 21], [21, 22], [s, s]]
+
+
+def test_a_rollout_whose_rows_own_no_generated_token_is_masked_no_trainable_tokens(lab: Lab):
+    open_by_hand(lab, "g0-r0", "g0", 0)
+    lab.hand_call("g0-r0", "c0", None, [1, 2, 3], [])
+    lab.finish("g0-r0", {"model_calls": ["c0"], "reward": 1.0})
+    lab.play("g0-r1", group="g0", index=1, reward=0.0)
+    projector = lab.project()
+    decision = finalized(lab, "g0-r0")
+    assert (decision.trainable, decision.masked_reason) == (False, "no_trainable_tokens")
+    published = projector.batch_for_step(0)
+    assert [len(r.rollout.rows) for r in published.rollouts] == [0, 2]
+    decided_again(lab, "g0-r0")
