@@ -4,32 +4,29 @@ Usage: ``python bench/gateway.py [--quick] [--json]``
 
 Both servers answer ``POST /v1/chat/completions`` from one ``InstantEngine`` (a fixed short
 generation of the embedded tokenizer's tokens, no model), so the figures measure Grove, not
-inference. The plain server is a minimal FastAPI application with one route: render the messages
-with the same chat template, tokenize, generate, decode, answer a ChatCompletion; nothing is
-recorded. Grove is ``grove.jobs.serve.build_gateway(workspace, engine=instant, max_context=2048)``
-(the embedded model's context, as ``build_gateway`` sets it for the embedded engine) on SQLite with
-local blobs, PostgreSQL with local blobs, and PostgreSQL with S3 (moto). Every server is a
-``grove.jobs.serve.ServerThread`` (uvicorn) in one child process that does nothing else; the
-clients are threads of this process on the official ``openai`` client, so client work never
-queues for the servers' interpreter lock.
+inference. The plain server is a minimal FastAPI application with one route (render the messages
+with the same chat template, tokenize, generate, decode, answer a ChatCompletion; nothing
+recorded). Grove is ``grove.jobs.serve.build_gateway(workspace, engine=instant,
+max_context=2048)`` (the context ``build_gateway`` sets for the embedded engine) on SQLite + local
+blobs, PostgreSQL + local blobs and PostgreSQL + S3 (moto in its own process). All servers are
+``ServerThread``s (uvicorn) in one child process that does nothing else; the clients are threads
+of this process on the official ``openai`` client, so they never queue for the servers' GIL.
 
-With 1 and then 16 concurrent clients, each client plays attempts of several chained calls. On
-Grove it opens the attempt (``POST /v1/attempts``), sends each call with ``X-Grove-Capture-Key``
-and the whole history so far (every call after the first must be admitted as a continuation, or
-the bench fails) and posts the returned history as the result; the plain server gets the same
-calls without attempts. Rounds rotate through the servers so all see the same machine load.
+With 1, then 16 concurrent clients, each client plays attempts of several chained calls: on Grove
+it opens the attempt (``POST /v1/attempts``), sends each call with ``X-Grove-Capture-Key`` and the
+whole history so far (each call after the first must be admitted as a continuation, or the bench
+fails), and posts the returned history as the result; the plain server gets the same calls.
+Rounds rotate through the servers so that all see the same machine load.
 
-Figures per backend and concurrency: ``capture_overhead_ms_p50`` and ``capture_overhead_ms_p99``
-(Grove's per-call latency at the client minus the plain server's at the same percentile) and
-``capture_calls_per_s_over_plain`` (calls per second; Grove's wall time includes opening attempts
-and posting results). The top-level figures are the worst over concurrencies of PostgreSQL + S3
-(SQLite when no PostgreSQL answers). Aims: overhead p50 <= 5 ms and p99 <= 25 ms, throughput >=
-0.5 of plain. A profiling pass then times the server's request path by stage (``StageClock``,
-switched off during the measured rounds); ``docs/benchmarks.md`` explains the stages.
+Figures per backend and concurrency: ``capture_overhead_ms_p50`` / ``_p99`` (Grove's per-call
+latency at the client minus the plain server's, same percentile) and
+``capture_calls_per_s_over_plain`` (Grove's wall time includes opening attempts and posting
+results); the top level holds the worst over concurrencies of PostgreSQL + S3 (SQLite without a
+PostgreSQL). Aims: p50 <= 5 ms, p99 <= 25 ms, ratio >= 0.5. A profiling pass then times the
+request path by stage (``StageClock``, off during the measured rounds; ``docs/benchmarks.md``).
 
-PostgreSQL: ``GROVE_BENCH_DATABASE_URL``, else ``GROVE_TEST_DATABASE_URL``, else
-``postgresql+psycopg://postgres@127.0.0.1:5432/test``; a fresh database per backend, dropped at
-the end. Without a reachable server the PostgreSQL backends are skipped, and the notes say so.
+PostgreSQL: ``GROVE_BENCH_DATABASE_URL``, else ``GROVE_TEST_DATABASE_URL``, else 127.0.0.1:5432
+database ``test``; a fresh database per backend, dropped at the end; none reachable: skipped.
 """
 
 from __future__ import annotations
@@ -79,7 +76,7 @@ AIMS: Final = {  # figure: (aim, True when lower is better)
     "capture_overhead_ms_p99": (25.0, True),
     "capture_calls_per_s_over_plain": (0.5, False),
 }
-DEFAULT_DATABASE_URL: Final = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+DEFAULT_URL: Final = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 START_TIMEOUT_S: Final = 180.0
 CALL_TIMEOUT_S: Final = 60.0
 
@@ -88,18 +85,24 @@ CALL_TIMEOUT_S: Final = 60.0
 class Workload:
     """``attempts[c]`` attempts per client at concurrency ``c``, each of ``calls`` chained calls,
     ``rounds`` times per server; then a profiling phase per server and concurrency with
-    ``profile_attempts[c]`` attempts per client."""
+    ``profile_attempts[c]`` attempts per client; on each Grove backend of ``backends``."""
 
     calls: int
     attempts: Mapping[int, int]
     rounds: int
     profile_attempts: Mapping[int, int]
     warmup_attempts: int = 2
+    backends: tuple[str, ...] = BACKENDS
 
 
 FULL: Final = Workload(calls=8, attempts={1: 10, 16: 2}, rounds=5, profile_attempts={1: 10, 16: 1})
 QUICK: Final = Workload(
-    calls=3, attempts={1: 2, 16: 1}, rounds=1, profile_attempts={1: 2}, warmup_attempts=1
+    calls=3,
+    attempts={1: 2, 16: 1},
+    rounds=1,
+    profile_attempts={1: 2},
+    warmup_attempts=1,
+    backends=("sqlite+local", HEADLINE_BACKEND),
 )
 
 
@@ -151,8 +154,7 @@ class StageClock:
         self._cpu = time.process_time()
 
     def add(self, name: str, wall: float, own: tuple[float, float] | None = None) -> None:
-        """Record one timing of ``name`` under the current route kind: inclusive wall time, and
-        for a stage its own (wall, CPU) time."""
+        """Record one inclusive wall time of ``name`` (and a stage's own wall and CPU time)."""
         with self._lock:
             total = self._totals.setdefault((ROUTE.get(), name), [0, 0.0, None, None])
             total[0] += 1
@@ -296,11 +298,10 @@ class PlainRequest(BaseModel):
 
 
 def plain_app(tokenizer: Any, engine: InstantEngine) -> FastAPI:
-    """The baseline: render, tokenize, generate, decode, answer; no capture."""
+    """The baseline: render, tokenize, generate, decode, answer a ChatCompletion; no capture."""
     from fastapi import FastAPI
 
-    from capture.chat_api import ChatCompletion, CompletionChoice, CompletionMessage
-    from capture.chat_api import CompletionUsage as Usage
+    from capture.chat_api import ChatCompletion
     from capture.engine import SamplingParams
 
     render = CLOCK.wrap("chat template render", tokenizer.apply_chat_template)
@@ -314,26 +315,18 @@ def plain_app(tokenizer: Any, engine: InstantEngine) -> FastAPI:
         text = render(request.messages, add_generation_prompt=True, tokenize=False)
         prompt = encode(text, add_special_tokens=False)
         generation = generate(prompt, SamplingParams(max_tokens=request.max_tokens or 256))
-        content = decode(
-            list(generation.content_token_ids),
-            skip_special_tokens=False,
-            clean_up_tokenization_spaces=False,
-        )
+        content = decode(list(generation.content_token_ids), skip_special_tokens=False)
+        message = {"role": "assistant", "content": content}
+        choice = {"index": 0, "message": message, "finish_reason": generation.finish_reason}
         count = len(generation.token_ids)
-        return ChatCompletion(
-            id=f"chatcmpl-{uuid.uuid4().hex}",
-            created=int(time.time()),
-            model=request.model,
-            choices=[
-                CompletionChoice(
-                    message=CompletionMessage(content=content),
-                    finish_reason=generation.finish_reason,
-                )
-            ],
-            usage=Usage(
-                prompt_tokens=len(prompt), completion_tokens=count, total_tokens=len(prompt) + count
-            ),
-        )
+        usage = {"prompt_tokens": len(prompt), "completion_tokens": count}
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "created": int(time.time()),
+            "model": request.model,
+            "choices": [choice],
+            "usage": {**usage, "total_tokens": len(prompt) + count},
+        }
 
     return app
 
@@ -427,23 +420,17 @@ class ServerProcess:
 # -- backing services ----------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @contextlib.contextmanager
 def moto_server() -> Iterator[tuple[dict[str, str], Callable[[], None]]]:
     """moto's S3 server on 127.0.0.1 in its own process: the ``AWS_*`` variables that point
     ``open_blob_store`` at it, and ``ready()``, which waits for it and creates the bucket (so
     that the server process can start meanwhile)."""
-    endpoint = f"http://127.0.0.1:{_free_port()}"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", endpoint.split(":")[-1]],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    endpoint = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def ready() -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -456,15 +443,10 @@ def moto_server() -> Iterator[tuple[dict[str, str], Callable[[], None]]]:
                     raise
                 time.sleep(0.2)
 
-    env = {
-        "AWS_ENDPOINT_URL_S3": endpoint,
-        "AWS_ACCESS_KEY_ID": "bench",
-        "AWS_SECRET_ACCESS_KEY": "bench",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }
+    env = {"AWS_ENDPOINT_URL_S3": endpoint, "AWS_DEFAULT_REGION": "us-east-1"}
+    env |= {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench"}
     try:
-        yield env, ready
+        yield {**env, "AWS_EC2_METADATA_DISABLED": "true"}, ready
     finally:
         process.terminate()
         process.wait(timeout=30)
@@ -476,17 +458,13 @@ def postgres_databases(names: Sequence[str]) -> Iterator[dict[str, str] | str]:
     import psycopg
     from sqlalchemy.engine import make_url
 
+    environ = os.environ.get
     admin = make_url(
-        os.environ.get("GROVE_BENCH_DATABASE_URL")
-        or os.environ.get("GROVE_TEST_DATABASE_URL")
-        or DEFAULT_DATABASE_URL
+        environ("GROVE_BENCH_DATABASE_URL") or environ("GROVE_TEST_DATABASE_URL") or DEFAULT_URL
     )
+    dsn = admin.set(drivername="postgresql").render_as_string(hide_password=False)
     try:
-        connection = psycopg.connect(
-            admin.set(drivername="postgresql").render_as_string(hide_password=False),
-            autocommit=True,
-            connect_timeout=5,
-        )
+        connection = psycopg.connect(dsn, autocommit=True, connect_timeout=5)
     except psycopg.OperationalError as error:
         yield f"no PostgreSQL at {admin.render_as_string(hide_password=True)}: {error}"
         return
@@ -568,7 +546,7 @@ class Harness:
                 for i, m in enumerate(messages)
             ]
             self._attempt_request(
-                f"/v1/attempts/{key}/result", {"reward": 1.0, "output": output}, phase
+                f"/v1/attempts/{key}/result", {"reward": 1, "output": output}, phase
             )
 
     def _attempt_request(self, path: str, body: dict[str, Any], phase: Phase) -> None:
@@ -683,8 +661,9 @@ def stage_table(taken: Mapping[str, Any], calls: int) -> dict[str, dict[str, flo
 # -- the run -------------------------------------------------------------------------------------
 
 
-def run_benchmark(workload: Workload, backends: Sequence[str] = BACKENDS) -> dict[str, Any]:
-    """Every backend of ``backends`` beside the plain server: figures, stages, notes."""
+def run_benchmark(workload: Workload) -> dict[str, Any]:
+    """Every backend of the workload beside the plain server: figures, stages, notes."""
+    backends = list(workload.backends)
     began = time.perf_counter()
     notes: list[str] = []
     with contextlib.ExitStack() as stack:
@@ -778,8 +757,9 @@ def print_report(report: Mapping[str, Any]) -> None:
     columns = ("grove_ms_p50", "plain_ms_p50", "capture_overhead_ms_p50", "grove_ms_p99")
     columns += ("plain_ms_p99", "capture_overhead_ms_p99", "grove_calls_per_s")
     columns += ("plain_calls_per_s", "capture_calls_per_s_over_plain")
+    columns += ("grove_server_cpu_ms_per_call", "plain_server_cpu_ms_per_call")
     heads = ("grove p50", "plain p50", "over p50", "grove p99", "plain p99", "over p99")
-    heads += ("grove/s", "plain/s", "ratio")
+    heads += ("grove/s", "plain/s", "ratio", "grove CPU", "plain CPU")
     print(f"{'backend':<17} {'clients':>7} " + " ".join(f"{h:>9}" for h in heads) + "  aims")
     for backend, per in report["backends"].items():
         for clients, r in per.items():

@@ -12,10 +12,15 @@ import pytest
 def test_gateway_bench_reports_every_figure_for_sqlite_at_each_concurrency() -> None:
     bench = importlib.import_module("bench.gateway")  # bench/ is a directory of scripts
     workload = bench.Workload(
-        calls=2, attempts={1: 1, 2: 1}, rounds=1, profile_attempts={1: 1}, warmup_attempts=1
+        calls=2,
+        attempts={1: 1, 2: 1},
+        rounds=1,
+        profile_attempts={1: 1},
+        warmup_attempts=1,
+        backends=("sqlite+local",),
     )
 
-    report = bench.run_benchmark(workload, backends=("sqlite+local",))
+    report = bench.run_benchmark(workload)
 
     assert report["headline_backend"] == "sqlite+local"
     for name in bench.AIMS:
