@@ -396,6 +396,56 @@ def export(
     console.print(f"exported {checkpoint} to {out}", highlight=False, soft_wrap=True)
 
 
+@app.command("gc")
+def gc(
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Report what would be removed; remove nothing.")
+    ] = False,
+    settle_window: Annotated[
+        float,
+        typer.Option(
+            "--settle-window",
+            min=0.0,
+            help="Seconds after an attempt settled before its pending calls' blobs may go "
+            "(the run's token_capture.pending_call_timeout_s).",
+        ),
+    ] = 300.0,
+    as_json: JsonOption = False,
+    workdir: WorkdirOption = None,
+    database_url: DatabaseOption = None,
+    blob_url: BlobOption = None,
+) -> None:
+    """Remove the staging blobs nothing needs: unselected calls of finished attempts, masked
+    rollouts, orphans of crashed writers, pending calls after the wait (docs/storage.md)."""
+    from storage import open_blob_store
+    from training.cleanup import collect_garbage
+
+    ws = _workspace(workdir, database_url, blob_url)
+    with _ledger(ws) as store:
+        report = collect_garbage(
+            store, open_blob_store(ws.blob_url), window_s=settle_window, dry_run=dry_run
+        )
+    if as_json:
+        print(json.dumps(report.as_dict()))
+    else:
+        console.print(
+            f"{'would remove' if dry_run else 'removed'} {len(report.removed)} staging blobs "
+            f"({report.removed_bytes} bytes) of {report.cleaned} attempts, {len(report.orphans)} "
+            f"of them orphans; kept {report.kept} selected blobs of published rollouts; "
+            f"{report.waiting} blobs of pending calls wait for teardown",
+            highlight=False,
+            soft_wrap=True,
+        )
+    if report.failed:
+        errors.print(
+            f"[bold red]error:[/] the blob store failed on {len(report.failed)} attempts "
+            f"({', '.join(report.failed[:5])}); run grove gc again",
+            highlight=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(1)
+
+
 def main() -> None:
     """Entry point: run the app and report Grove's errors as one clear line, exit status 1."""
     try:

@@ -10,7 +10,9 @@ Rules (design.md "Storage", seed "Measurement and lifecycle"):
   wait for pending calls is over. Late writes after teardown are orphans for the next collection.
 - Every function returns the exact keys it removed, for the ledger's ``attempt.cleaned`` event.
 
-``orphan_keys`` is the pure rule; the other functions apply it to a ``BlobStore``.
+``orphan_keys`` is the pure rule; the other functions apply it to a ``BlobStore``. Which keys of
+an attempt may go, and when, depends on its selection and publication: ``training.cleanup``
+decides that and calls these (``docs/storage.md``, "Cleanup").
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from storage.errors import PendingBlobError
+from storage.faults import backend_errors
 from storage.keys import STAGING, staging_prefix, validate_key, validate_prefix
 from storage.store import BlobStore
 
 __all__ = [
+    "blob_sizes",
     "collect_orphans",
     "delete_blobs",
     "find_orphans",
@@ -77,3 +81,16 @@ def teardown_partition(store: BlobStore, capture_key: str) -> list[str]:
     """Delete an attempt's whole staging partition, pending calls' blobs and temporary files
     included, and return the keys deleted. Call it only once the attempt is settled."""
     return store.delete_prefix(staging_prefix(capture_key))
+
+
+def blob_sizes(store: BlobStore, keys: Iterable[str]) -> dict[str, int]:
+    """The stored size in bytes of each of ``keys`` that holds a blob (absent keys left out),
+    for cleanup reports of blobs no event records the size of."""
+    sizes = {}
+    for key in keys:
+        with backend_errors("size", key, store.url):
+            try:
+                sizes[key] = int(store.fs.size(store.path(key)))
+            except FileNotFoundError:
+                continue
+    return sizes

@@ -46,6 +46,7 @@ from grove.workspace import Workspace
 from ledger.attempt import AttemptLog
 from ledger.store import EventStore
 from storage import open_blob_store
+from training.cleanup import clean_step
 from training.projector import PublishedBatch
 
 __all__ = ["TrainSummary", "run_training"]
@@ -203,6 +204,12 @@ class _Loop:
                 summary = training.train(published)
                 self.policy.publish(summary.step)
                 log.log(summary.step, {**summary.metrics, **_root_counts(self.store, published)})
+                clean_step(
+                    self.store,
+                    training.projector.blobs,
+                    published,
+                    window_s=self.config.token_capture.pending_call_timeout_s,
+                )
                 history.append(summary)
                 progress.step_done(summary)
         return history

@@ -181,15 +181,18 @@ def verify_finalization(
     recorded = stored.decode()
     assert isinstance(recorded, RolloutFinalized)
     state = state_before(capture_key, events, stored.position)
-    full = fold_attempt(capture_key, (s.decode() for s in events))
-    if full.cleaned_keys:
+    # The decision reads only the selected calls' blobs: cleaning unselected ones changes nothing.
+    selection = state.selection.call_ids if state.selection else ()
+    read = {c.committed.blob_key for i in selection if (c := state.calls.get(i)) and c.committed}
+    cleaned = read & set(fold_attempt(capture_key, (s.decode() for s in events)).cleaned_keys)
+    if cleaned:
         return [
             DecisionCheck(
                 "finalization",
                 recorded.rollout_id,
                 stored.position,
                 CheckOutcome.SKIPPED,
-                note=f"staging was cleaned ({len(full.cleaned_keys)} blobs removed): no tokens",
+                note=f"staging was cleaned ({len(cleaned)} selected blobs removed): no tokens",
             )
         ]
     try:
