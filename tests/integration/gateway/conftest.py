@@ -12,155 +12,25 @@
 
 Each gateway serves ``MODEL`` with the embedded engine (one per session; its calls are
 serialized) and the application's selector (``grove.jobs.serve.LedgerSelector``). Clients are the
-official ``openai`` client with retries off, naming the attempt in ``default_headers``.
+official ``openai`` client with retries off, naming the attempt in ``default_headers``. The
+gateway itself (``serve``, ``Gateway``, ``ScriptedEngine``) is in ``support.py``, which the
+agent-framework suite (``tests/integration/frameworks``) shares.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
-from functools import cache
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-from openai import OpenAI
 
-from capture.embedded import EmbeddedEngine, build_tokenizer
-from capture.engine import Engine, Generation, SamplingParams
-from capture.gateway import CAPTURE_KEY_HEADER, create_app
-from capture.lifecycle import CaptureService
-from capture.render import Renderer
-from grove.jobs.serve import LedgerSelector, ServerThread
-from ledger import migrate
-from ledger.attempt import AttemptLog, AttemptState
-from ledger.store import EventStore
-from storage import BlobRef, open_blob_store
+from .support import CONTEXT, MODEL, Gateway, ScriptedEngine, engine, serve, tokenizer
 
-MODEL = "grove/test-tiny"
-CONTEXT = 256  # the gateway's max_context: small, so that a too-long prompt is cheap to build
-
-
-@cache
-def tokenizer():
-    return build_tokenizer()
-
-
-@cache
-def engine() -> EmbeddedEngine:
-    return EmbeddedEngine.build(tokenizer(), seed=11)
-
-
-class ScriptedEngine:
-    """An engine that answers each call with the next scripted text, exactly: the text's tokens
-    (the embedded tokenizer) and the end-of-turn token, each with logprob -0.5; cut at
-    ``max_tokens`` (finish ``length``) like a real engine. With the script empty it samples from
-    the embedded engine. ``prompts`` keeps the exact prompt of every call served."""
-
-    def __init__(self, fallback: EmbeddedEngine) -> None:
-        self.fallback = fallback
-        self.script: deque[str] = deque()
-        self.prompts: list[list[int]] = []
-
-    def say(self, *texts: str) -> None:
-        """Queue the texts of the next calls, in order."""
-        self.script.extend(texts)
-
-    def check(self, prompt_token_ids: Sequence[int], sampling: SamplingParams) -> None:
-        self.fallback.check(prompt_token_ids, sampling)
-
-    def generate(self, prompt_token_ids: Sequence[int], sampling: SamplingParams) -> Generation:
-        self.prompts.append(list(prompt_token_ids))
-        if not self.script:
-            return self.fallback.generate(prompt_token_ids, sampling)
-        text = self.script.popleft()
-        tokens = [*tokenizer().encode(text, add_special_tokens=False), tokenizer().eos_token_id]
-        finish = "stop" if len(tokens) <= sampling.max_tokens else "length"
-        tokens = tokens[: sampling.max_tokens]
-        return Generation(tuple(tokens), (-0.5,) * len(tokens), finish)
-
-
-@dataclass
-class Gateway:
-    """A running gateway, its capture service (to inspect the ledger and blobs) and clients."""
-
-    base_url: str
-    service: CaptureService
-    http: httpx.Client
-
-    @property
-    def engine(self) -> ScriptedEngine:
-        """The scripted engine of a scripted gateway."""
-        assert isinstance(self.service.engine, ScriptedEngine)
-        return self.service.engine
-
-    def client(self, capture_key: str | None = "att-1", **options: Any) -> OpenAI:
-        """The official client, naming ``capture_key`` in its default headers."""
-        headers = {} if capture_key is None else {CAPTURE_KEY_HEADER: capture_key}
-        options.setdefault("api_key", "unused")
-        return OpenAI(
-            base_url=f"{self.base_url}/v1", default_headers=headers, max_retries=0, **options
-        )
-
-    def open(self, capture_key: str = "att-1", **fields: Any) -> dict[str, Any]:
-        """Open an attempt through the API."""
-        body = {
-            "capture_key": capture_key,
-            "rollout_id": f"r-{capture_key}",
-            "prompt_group": "g0",
-            "rollout_index": 0,
-            **fields,
-        }
-        answer = self.http.post("/v1/attempts", json=body)
-        assert answer.status_code == 200, answer.text
-        return answer.json()
-
-    def status(self, capture_key: str = "att-1") -> dict[str, Any]:
-        """``GET /v1/attempts/{capture_key}``."""
-        answer = self.http.get(f"/v1/attempts/{capture_key}")
-        assert answer.status_code == 200, answer.text
-        return answer.json()
-
-    def state(self, capture_key: str = "att-1") -> AttemptState:
-        """The attempt folded straight from the ledger."""
-        return self.service.log.load(capture_key)
-
-    def written(self) -> tuple[int, int]:
-        """(events in the ledger, blobs in the store): what a refused request must not change."""
-        return self.service.log.store.count(), len(self.service.blobs.list_keys())
-
-    def generated(self, capture_key: str, call_id: str) -> tuple[list[int], list[float]]:
-        """The generated tokens and logprobs stored in a committed call's blob."""
-        committed = self.state(capture_key).calls[call_id].committed
-        assert committed is not None
-        delta = self.service.blobs.get_delta(
-            BlobRef(committed.blob_key, committed.blob_sha256, committed.blob_bytes)
-        )
-        return delta.generated.tolist(), delta.logprobs.tolist()
-
-
-@contextmanager
-def serve(
-    database_url: str, blob_url: str, serving: Engine | None = None, **options: Any
-) -> Iterator[Gateway]:
-    """A gateway over ``database_url`` and ``blob_url`` served on 127.0.0.1 in a thread, with
-    ``serving`` as its engine (default: the shared embedded engine)."""
-    migrate.upgrade(database_url)
-    store = EventStore.open(database_url)
-    blobs = open_blob_store(blob_url)
-    renderer = Renderer(tokenizer())
-    service = CaptureService(
-        AttemptLog(store), blobs, renderer, serving or engine(), model_fingerprint=MODEL
-    )
-    options.setdefault("selector", LedgerSelector())
-    options.setdefault("max_context", CONTEXT)
-    app = create_app(service, model_name=MODEL, on_shutdown=store.close, **options)
-    with ServerThread(app) as server, httpx.Client(base_url=server.base_url) as http:
-        yield Gateway(server.base_url, service, http)
+# The test modules import these from here.
+__all__ = ["CONTEXT", "MODEL", "Gateway", "ScriptedEngine", "engine", "serve", "tokenizer"]
 
 
 @pytest.fixture
