@@ -56,7 +56,8 @@ class TokenCaptureConfig(Section):
     once, whatever its row count."""
 
     defer_routed_experts_to_policy: bool = False
-    """Deferred routed-expert assembly by the policy; not supported with forest training."""
+    """Deferred routed-expert assembly by the policy; refused when true (routes are assembled
+    with each call's capture)."""
 
     pending_call_timeout_s: float = Field(default=300.0, gt=0.0, le=86_400.0)
     """After the harness returns, how long pending calls are awaited before masking the rollout."""
@@ -81,10 +82,11 @@ class TokenCaptureConfig(Section):
 
 
 class RewardShapingConfig(Section):
-    """``grpo.reward_shaping``: post-rollout reward rewriting (not supported in forest training)."""
+    """``grpo.reward_shaping``: post-rollout reward rewriting (refused: each logical rollout keeps
+    the one reward its harness gave)."""
 
     enabled: bool = False
-    """Rewrite rewards after the rollout; forest training keeps one unshaped reward per rollout."""
+    """Rewrite rewards after the rollout; refused when true."""
 
 
 class GRPOConfig(Section):
@@ -123,7 +125,8 @@ class GRPOConfig(Section):
     """Exclude every row of a rollout in which any selected generation hit a length limit."""
 
     calculate_advantages_on_gpu: bool = False
-    """Compute advantages on the accelerator; not supported with forest training."""
+    """Compute advantages on the accelerator; refused when true (advantages are per logical
+    rollout, computed on the CPU)."""
 
     reward_shaping: RewardShapingConfig = Field(default_factory=RewardShapingConfig)
     """Post-rollout reward shaping."""
@@ -146,20 +149,21 @@ class LossConfig(Section):
 
 
 class MegatronConfig(Section):
-    """``policy.megatron_cfg``: the optional Megatron-core learner (``training/megatron.py``)."""
+    """``policy.megatron_cfg``: a Megatron-core learner, which ``grove train`` does not run
+    (``training/megatron.py`` packs rows for one a user runs)."""
 
     enabled: bool = False
-    """Train with Megatron-core on packed rows instead of Grove's torch trainer."""
+    """Train with Megatron-core instead of Grove's torch trainer; refused when true."""
 
     virtual_pipeline_model_parallel_size: int | None = Field(default=None, ge=1, le=1024)
-    """Interleaved pipeline stages; anything above 1 is interleaving, not supported for forests."""
+    """Interleaved pipeline stages; above 1 (interleaving) is refused."""
 
 
 class ToggleConfig(Section):
-    """A feature switch with one ``enabled`` field."""
+    """A switch of a learner feature Grove does not implement: only ``enabled: false`` loads."""
 
     enabled: bool = False
-    """Turn the feature on."""
+    """Turn the feature on; refused when true (``docs/train.md`` says why for each)."""
 
 
 class PolicyConfig(Section):
@@ -196,13 +200,14 @@ class PolicyConfig(Section):
     """Megatron-core learner settings."""
 
     automodel_cfg: ToggleConfig = Field(default_factory=ToggleConfig)
-    """The AutoModel learner; not qualified for forest training."""
+    """The AutoModel learner; refused (Grove's learner is its torch trainer)."""
 
     sequence_packing: ToggleConfig = Field(default_factory=ToggleConfig)
-    """Pack rows into one ``thd`` sequence per micro batch (Megatron only)."""
+    """Pack rows into one ``thd`` sequence per micro batch; refused (the torch trainer runs fixed
+    micro batches)."""
 
     dynamic_batching: ToggleConfig = Field(default_factory=ToggleConfig)
-    """Token-budget dynamic batching; not supported."""
+    """Token-budget dynamic batching; refused."""
 
     @property
     def execution_row_multiple(self) -> int:
