@@ -6,6 +6,8 @@ plus the rendered suffix, or a root), record the intent (before inference), gene
 engine, store the delta blob (before the commit event: the ledger event is the commit marker),
 then commit. An engine or storage failure is recorded as ``call.failed`` with its reason code and
 re-raised. ``measure`` runs the same normalization, admission and planning and writes nothing.
+The intent records the policy version the engine served at admission (its ``policy_version``
+attribute, if it has one); the commit, the version of the weights that sampled the generation.
 
 The committed output is the generated text parsed into an assistant message (reasoning, and tool
 calls when the request offers tools: ``capture/toolcalls.py``); its fingerprint and the replay
@@ -244,6 +246,7 @@ class CaptureService:
                 equivalences=tuple(e.value for e in decision.equivalences),
                 prompt_tokens=plan.prompt_len,
                 admission=decision.as_payload(),
+                policy_version=getattr(self.engine, "policy_version", None),
             ),
         )
         if not recorded:
@@ -301,6 +304,7 @@ class CaptureService:
                 response_id=response_id,
                 output_fingerprint=fingerprint_output(normalized.messages),
                 replay_summary=committed_summary,
+                policy_version=generation.policy_version,
             ),
         )
         own = RawOutput(committed_summary.item_count - 1, text)

@@ -163,7 +163,11 @@ class AttemptOpened(Event):
 
 @_register
 class CallIntended(Event):
-    """A call was admitted before inference; its id is unique within the attempt."""
+    """A call was admitted before inference; its id is unique within the attempt.
+
+    ``policy_version`` is the version the engine served at admission (None: the engine does not
+    say, or the event predates the field); the commit records the one that actually sampled.
+    """
 
     type: ClassVar[str] = "call.intended"
     call_id: str
@@ -179,11 +183,18 @@ class CallIntended(Event):
         default_factory=dict,
         description="the full admission decision record, so replay can re-run the decision",
     )
+    policy_version: int | None = Field(
+        default=None, ge=0, description="optimizer steps in the weights served at admission"
+    )
 
 
 @_register
 class CallCommitted(Event):
-    """The call's delta blob is stored and acknowledged; the blob is written before this event."""
+    """The call's delta blob is stored and acknowledged; the blob is written before this event.
+
+    ``policy_version`` is the generation's: the optimizer steps in the weights that sampled it
+    (None: the engine does not know, or the event predates the field).
+    """
 
     type: ClassVar[str] = "call.committed"
     call_id: str
@@ -203,6 +214,9 @@ class CallCommitted(Event):
     response_id: str
     output_fingerprint: Digest
     replay_summary: ReplaySummary
+    policy_version: int | None = Field(
+        default=None, ge=0, description="optimizer steps in the weights that sampled the call"
+    )
 
 
 @_register

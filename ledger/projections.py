@@ -102,6 +102,7 @@ def _call_intended(conn: Connection, stored: StoredEvent, event: CallIntended) -
             late=False,
             prompt_tokens=event.prompt_tokens,
             intended_position=stored.position,
+            policy_version=event.policy_version,
         )
     )
 
@@ -116,10 +117,14 @@ def _settled_before(conn: Connection, stored: StoredEvent) -> bool:
 
 
 def _call_committed(conn: Connection, stored: StoredEvent, event: CallCommitted) -> None:
+    # The generation's policy version replaces the one intended; a commit that does not say
+    # (an engine that does not know, an older event) keeps the intended one.
+    version = {} if event.policy_version is None else {"policy_version": event.policy_version}
     conn.execute(
         update(PROJ_CALLS)
         .where(_call_key(stored, event.call_id))
         .values(
+            **version,
             status="committed",
             late=_settled_before(conn, stored),
             prev_len=event.prev_len,

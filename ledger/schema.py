@@ -132,6 +132,8 @@ PROJ_CALLS = Table(
     Column("selection_index", Integer, nullable=True),
     Column("intended_position", BigInteger, nullable=False),
     Column("resolved_position", BigInteger, nullable=True),
+    # The committed call's policy version, else the intended one; NULL when neither says.
+    Column("policy_version", Integer, nullable=True),
 )
 
 PROJ_ROLLOUTS = Table(

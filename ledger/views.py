@@ -1,9 +1,15 @@
 """Lineage views over the projection tables, the same SQL on SQLite and PostgreSQL.
 
-``grove_calls``: one row per call with its attempt's rollout identity, status and selection.
+``grove_calls``: one row per call with its attempt's rollout identity, status, selection and
+policy version (the committed call's, else the intended one's).
 ``grove_call_lineage``: each call with itself (depth 0) and every ancestor (depth 1 = its parent).
 ``grove_rollouts``: one row per selected attempt with its decision and training step.
 ``docs/sql.md`` is the cookbook of queries over them.
+
+These are the definitions of the head revision: the newest migration that touches the views
+re-creates them from here. Changing one takes a new migration that drops and re-creates them, and
+the migration that created them until then keeps a frozen copy of its own SQL (as 0002 does), so
+that upgrading an empty database never runs today's views on an older schema.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ VIEWS: dict[str, str] = {
                c.prompt_tokens, c.prev_len, c.delta_len, c.cum_len, c.generated_len,
                c.finish_reason, c.response_id, c.failure_reason, c.blob_key,
                c.selection_index, (c.selection_index IS NOT NULL) AS selected,
-               c.intended_position, c.resolved_position
+               c.intended_position, c.resolved_position, c.policy_version
         FROM grove_proj_calls c
         JOIN grove_proj_attempts a ON a.capture_key = c.capture_key
     """,

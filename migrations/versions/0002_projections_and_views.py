@@ -10,7 +10,8 @@ below 1 were never written by Grove and are now refused by the database as well.
   table is recreated (batch mode), which drops its triggers and AUTOINCREMENT: both are restored
   here (``tests/integration/ledger/test_migrations.py`` proves they survive).
 - Projection tables for attempts, calls and rollouts, with a checkpoint table.
-- Views ``grove_calls``, ``grove_call_lineage`` and ``grove_rollouts``.
+- Views ``grove_calls``, ``grove_call_lineage`` and ``grove_rollouts``, as this revision defines
+  them (``VIEWS`` below, a frozen copy: later revisions re-create them from ``ledger/views.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import sqlalchemy as sa
 from alembic import op
 
 from ledger.ddl import append_only_statements, drop_append_only_statements
-from ledger.views import create_view_statements, drop_view_statements
 
 revision = "0002"
 down_revision = "0001"
@@ -30,6 +30,52 @@ CHECKS = {
     "stream_version_positive": "stream_version >= 1",
     "schema_version_positive": "schema_version >= 1",
 }
+
+# The views of this revision, frozen: upgrading runs them on this revision's tables whatever the
+# current definitions in ledger/views.py are (0003 re-creates them from those).
+VIEWS: dict[str, str] = {
+    "grove_calls": """
+        SELECT c.capture_key, a.rollout_id, a.prompt_group, a.rollout_index, c.call_id,
+               c.parent_call_id, c.decision, c.root_reason, c.status, c.late,
+               c.prompt_tokens, c.prev_len, c.delta_len, c.cum_len, c.generated_len,
+               c.finish_reason, c.response_id, c.failure_reason, c.blob_key,
+               c.selection_index, (c.selection_index IS NOT NULL) AS selected,
+               c.intended_position, c.resolved_position
+        FROM grove_proj_calls c
+        JOIN grove_proj_attempts a ON a.capture_key = c.capture_key
+    """,
+    "grove_call_lineage": """
+        WITH RECURSIVE lineage (capture_key, call_id, ancestor_call_id, depth) AS (
+            SELECT capture_key, call_id, call_id, 0 FROM grove_proj_calls
+            UNION ALL
+            SELECT l.capture_key, l.call_id, c.parent_call_id, l.depth + 1
+            FROM lineage l
+            JOIN grove_proj_calls c
+              ON c.capture_key = l.capture_key AND c.call_id = l.ancestor_call_id
+            WHERE c.parent_call_id IS NOT NULL
+        )
+        SELECT capture_key, call_id, ancestor_call_id, depth FROM lineage
+    """,
+    "grove_rollouts": """
+        SELECT r.capture_key, r.rollout_id, r.prompt_group, a.rollout_index, a.policy_version,
+               r.policy, r.reward, r.terminal_response_id, r.selected_calls, r.status,
+               r.masked_reason, r.rows, r.step,
+               (SELECT COUNT(*) FROM grove_proj_calls c WHERE c.capture_key = r.capture_key)
+                   AS captured_calls
+        FROM grove_proj_rollouts r
+        JOIN grove_proj_attempts a ON a.capture_key = r.capture_key
+    """,
+}
+
+
+def create_view_statements() -> tuple[str, ...]:
+    """``CREATE VIEW`` statements for this revision's views."""
+    return tuple(f"CREATE VIEW {name} AS {body.strip()}" for name, body in VIEWS.items())
+
+
+def drop_view_statements() -> tuple[str, ...]:
+    """``DROP VIEW`` statements for this revision's views, in reverse order of creation."""
+    return tuple(f"DROP VIEW IF EXISTS {name}" for name in reversed(VIEWS))
 
 
 def _alter_events(change) -> None:

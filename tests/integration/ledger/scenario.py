@@ -51,7 +51,13 @@ def opened(capture_key: str, *, rollout_id: str = "r0", group: str = "g0") -> At
     )
 
 
-def intended(call_id: str, *, parent: str | None = None, prompt_tokens: int = 5) -> CallIntended:
+def intended(
+    call_id: str,
+    *,
+    parent: str | None = None,
+    prompt_tokens: int = 5,
+    policy_version: int | None = None,
+) -> CallIntended:
     """``call.intended``: a root without ``parent``, else a continuation."""
     return CallIntended(
         call_id=call_id,
@@ -60,11 +66,18 @@ def intended(call_id: str, *, parent: str | None = None, prompt_tokens: int = 5)
         root_reason=None if parent else "initial",
         replay_summary=SUMMARY,
         prompt_tokens=prompt_tokens,
+        policy_version=policy_version,
     )
 
 
 def committed(
-    capture_key: str, call_id: str, *, parent: str | None = None, prev: int = 0, new: int = 8
+    capture_key: str,
+    call_id: str,
+    *,
+    parent: str | None = None,
+    prev: int = 0,
+    new: int = 8,
+    policy_version: int | None = None,
 ) -> CallCommitted:
     """``call.committed`` with ``new`` tokens (3 of them generated) on top of ``prev``."""
     return CallCommitted(
@@ -83,32 +96,41 @@ def committed(
         response_id=f"resp-{call_id}",
         output_fingerprint=digest("out" + call_id),
         replay_summary=SUMMARY,
+        policy_version=policy_version,
     )
 
 
-def compaction_rollout(capture_key: str, *, rollout_id: str = "r0", group: str = "g0") -> list:
+def compaction_rollout(
+    capture_key: str,
+    *,
+    rollout_id: str = "r0",
+    group: str = "g0",
+    policy_version: int | None = None,
+) -> list:
     """The seed's example: c1 -> c2; rewrite roots c3; c4 rejected; retry c5 accepted.
 
-    Also a failed call c6 and a late commit of c7 after settling.
+    Also a failed call c6 and a late commit of c7 after settling. Every intent and commit
+    records ``policy_version``.
     """
+    v = policy_version
     return [
         opened(capture_key, rollout_id=rollout_id, group=group),
-        intended("c1"),
-        committed(capture_key, "c1"),
-        intended("c2", parent="c1"),
-        committed(capture_key, "c2", parent="c1", prev=8),
-        intended("c3"),
-        committed(capture_key, "c3"),
-        intended("c4", parent="c3"),
-        committed(capture_key, "c4", parent="c3", prev=8),
-        intended("c5", parent="c3"),
-        committed(capture_key, "c5", parent="c3", prev=8),
-        intended("c6", parent="c5"),
+        intended("c1", policy_version=v),
+        committed(capture_key, "c1", policy_version=v),
+        intended("c2", parent="c1", policy_version=v),
+        committed(capture_key, "c2", parent="c1", prev=8, policy_version=v),
+        intended("c3", policy_version=v),
+        committed(capture_key, "c3", policy_version=v),
+        intended("c4", parent="c3", policy_version=v),
+        committed(capture_key, "c4", parent="c3", prev=8, policy_version=v),
+        intended("c5", parent="c3", policy_version=v),
+        committed(capture_key, "c5", parent="c3", prev=8, policy_version=v),
+        intended("c6", parent="c5", policy_version=v),
         CallFailed(call_id="c6", reason="engine_error", detail="boom"),
-        intended("c7", parent="c5"),
+        intended("c7", parent="c5", policy_version=v),
         AdmissionsClosed(),
         AttemptSettled(pending_call_ids=("c7",), timed_out=True),
-        committed(capture_key, "c7", parent="c5", prev=16),
+        committed(capture_key, "c7", parent="c5", prev=16, policy_version=v),
         RolloutSelected(
             policy="returned_history",
             call_ids=("c1", "c2", "c3", "c5"),

@@ -106,3 +106,59 @@ def test_grove_db_status_on_postgres_takes_the_database_url(ledger_url: str):
     status = _run(grove, "db", "status", "--json", "--database-url", ledger_url)
     assert status.returncode == 0, status.stderr
     assert json.loads(status.stdout)["current_revision"] == migrate.head_revision()
+
+
+def _view_columns(url: str, view: str) -> list[str]:
+    return [c["name"] for c in inspect(create_engine(url)).get_columns(view)]
+
+
+def test_upgrade_from_0002_adds_the_policy_version_and_keeps_the_ledger(database_url: str):
+    migrate.upgrade(database_url, "0002")
+    assert "policy_version" not in _view_columns(database_url, "grove_calls")
+    store = EventStore.open(database_url)
+    try:
+        store.append("att-1", [opened("att-1")])
+        migrate.upgrade(database_url, "head")
+        assert _view_columns(database_url, "grove_calls")[-1] == "policy_version"
+        assert set(inspect(create_engine(database_url)).get_view_names()) == VIEWS
+        assert store.count() == 1
+        assert migrate.check_drift(database_url) is None
+        with pytest.raises(AppendOnlyViolation):
+            execute_raw(store, "UPDATE grove_events SET stream_id = 'x'")
+    finally:
+        store.close()
+
+
+def test_downgrade_to_0002_restores_its_views_and_drops_the_column(ledger_url: str):
+    migrate.downgrade(ledger_url, "0002")
+    inspector = inspect(create_engine(ledger_url))
+    assert "policy_version" not in [c["name"] for c in inspector.get_columns("grove_proj_calls")]
+    assert set(inspector.get_view_names()) == VIEWS
+    assert "policy_version" not in _view_columns(ledger_url, "grove_calls")
+    assert "policy_version" in _view_columns(ledger_url, "grove_rollouts")  # the attempt's
+    store = EventStore.open(ledger_url)
+    try:
+        store.append("att-1", [opened("att-1")])
+        with pytest.raises(AppendOnlyViolation):
+            execute_raw(store, "DELETE FROM grove_events")
+    finally:
+        store.close()
+    migrate.upgrade(ledger_url, "head")
+    assert migrate.check_drift(ledger_url) is None
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_sqlite_0003_adds_the_column_without_rebuilding_grove_events(database_url: str):
+    migrate.upgrade(database_url, "0002")
+    engine = create_engine(database_url)
+    query = text("SELECT type, name, sql FROM sqlite_master WHERE tbl_name = 'grove_events'")
+    with engine.connect() as conn:
+        before = set(conn.execute(query).all())
+    migrate.upgrade(database_url, "0003")
+    with engine.connect() as conn:
+        after = set(conn.execute(query).all())
+    assert after == before  # table, indexes and both append-only triggers, untouched
+    assert {name for kind, name, _ in after if kind == "trigger"} == {
+        "grove_events_no_update",
+        "grove_events_no_delete",
+    }

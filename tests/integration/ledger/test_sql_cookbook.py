@@ -23,10 +23,17 @@ def test_cookbook_has_queries():
     assert len(QUERIES) >= 8
 
 
+RUN_ROLLOUT = "run1-s0-g0-r0"  # a rollout as grove train names it, in run run1
+
+
 @pytest.mark.parametrize("query", QUERIES, ids=[f"q{i}" for i in range(len(QUERIES))])
 def test_cookbook_query_runs_verbatim_and_returns_rows(store: EventStore, query: str):
     for index, event in enumerate(compaction_rollout("att-1")):
         store.append("att-1", [event], expected_version=index)
+    run_events = compaction_rollout(
+        RUN_ROLLOUT, rollout_id=RUN_ROLLOUT, group="run1-s0-g0", policy_version=0
+    )
+    store.append(RUN_ROLLOUT, run_events, expected_version=0)
     published = BatchPublished(
         step=0,
         rollout_ids=("r0",),
