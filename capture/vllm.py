@@ -21,11 +21,21 @@ processed_logprobs`` returns them after temperature, top-k and top-p; an engine 
 those parameters through. Every sampling parameter that shapes the distribution is sent
 explicitly, so the server's ``generation_config.json`` defaults never apply.
 
+Weight updates (``docs/engines.md``): :meth:`VllmEngine.reload_weights` asks the server to read
+new weights from a directory, in place, through vLLM's development endpoint ``POST
+/collective_rpc`` (method ``reload_weights``, keyword ``weights_path``), which a server exposes
+only when started with ``VLLM_SERVER_DEV_MODE=1``. :meth:`~VllmEngine.updating` holds off this
+engine's generations while the weights change (those in flight finish first, new ones wait), so
+none straddles an update and each is sampled by the weights of one ``policy_version``.
+:meth:`~VllmEngine.set_weight_version` records the version the server reports at ``GET
+/weight_info`` (a development endpoint too; without it, it returns False).
+
 Errors (under :class:`capture.errors.EngineError`)::
 
     EngineError
     ├── EngineUnavailableError   the server could not be reached or did not answer in time
     ├── EngineRejectedError      the server answered with an error status
+    │   └── WeightUpdateUnavailableError   no /collective_rpc: started without dev mode
     ├── ModelNotServedError      the model is not among the server's models
     └── EngineResponseError      a success response that is not the expected shape
     (and, from capture.errors: PromptTooLongError, InvalidPromptError, UnsupportedSamplingError)
@@ -35,7 +45,9 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
 from types import TracebackType
 from typing import Any, Final, Literal
 
@@ -56,6 +68,7 @@ __all__ = [
     "LogprobsMode",
     "ModelNotServedError",
     "VllmEngine",
+    "WeightUpdateUnavailableError",
 ]
 
 LogprobsMode = Literal["raw_logprobs", "processed_logprobs"]
@@ -88,6 +101,23 @@ class EngineRejectedError(EngineError):
         super().__init__(f"The vLLM server at {url} refused the request (HTTP {status}): {message}")
 
 
+class WeightUpdateUnavailableError(EngineRejectedError):
+    """The server has no ``/collective_rpc`` endpoint (HTTP 404), so it cannot reload weights:
+    vLLM exposes it only when started with ``VLLM_SERVER_DEV_MODE=1``."""
+
+    def __init__(self, url: str, message: str) -> None:
+        self.url = url
+        self.status = 404
+        self.message = message
+        self.param = None
+        EngineError.__init__(
+            self,
+            f"The vLLM server at {url} cannot reload weights: it has no /collective_rpc "
+            "endpoint (HTTP 404). Restart it with the environment variable "
+            "VLLM_SERVER_DEV_MODE=1, which enables vLLM's weight-reload endpoint.",
+        )
+
+
 class ModelNotServedError(EngineError):
     """The configured model is not among those the server lists at ``/v1/models``."""
 
@@ -117,9 +147,12 @@ class VllmEngine:
     ``model`` the served model name; ``timeout_s`` bounds each HTTP exchange; ``api_key``, when
     set, is sent as a bearer token. ``logprobs_mode`` must match the server's
     ``--logprobs-mode``. Safe to call from several threads; :meth:`close` releases the client.
+    ``policy_version`` (the optimizer steps in the served weights, set by whoever loads them)
+    is read when a request is sent and reported on its generation.
     """
 
     name: Final = "vllm"
+    policy_version: int = 0
 
     def __init__(
         self,
@@ -137,6 +170,11 @@ class VllmEngine:
         self._client = httpx.Client(base_url=self.base_url, timeout=timeout_s, headers=headers)
         self._context_length: int | None = None
         self._lock = threading.Lock()
+        self._turns = threading.Condition()  # generations in flight versus a weight update
+        self._in_flight = 0
+        self._updates_waiting = 0
+        self._updater: int | None = None  # the thread inside updating(), and how deep
+        self._update_depth = 0
 
     def __enter__(self) -> VllmEngine:
         return self
@@ -153,6 +191,97 @@ class VllmEngine:
         """Close the HTTP client; the engine is unusable afterwards."""
         self._client.close()
 
+    def model_cards(self) -> list[dict[str, Any]]:
+        """The server's ``GET /v1/models`` cards (``id``, ``root``: the path it was started on,
+        ``max_model_len``, ...)."""
+        body = self._send("GET", "/v1/models", None)
+        cards = body.get("data") if isinstance(body, dict) else None
+        if not isinstance(cards, list) or not all(isinstance(c, dict) for c in cards):
+            raise EngineResponseError(
+                self._url("/v1/models"), "a model list has a list of model cards as data", body
+            )
+        return cards
+
+    def reload_weights(self, weights_path: str, *, timeout_s: float | None = None) -> None:
+        """Have the server read its weights again, in place, from the Hugging Face directory
+        ``weights_path`` (a path on the server's file system); returns when they are loaded.
+
+        Raises :class:`WeightUpdateUnavailableError` when the server was started without
+        ``VLLM_SERVER_DEV_MODE=1``; ``timeout_s`` (default: the engine's) bounds the exchange.
+        """
+        request = {"method": "reload_weights", "kwargs": {"weights_path": weights_path}}
+        try:
+            self._send("POST", "/collective_rpc", request, timeout_s=timeout_s, empty_ok=True)
+        except EngineRejectedError as error:
+            if error.status == 404:
+                raise WeightUpdateUnavailableError(error.url, error.message) from error
+            raise
+
+    def set_weight_version(self, version: str) -> bool:
+        """Record ``version`` as the server's weight version (``POST /update_weight_version``);
+        False when the server has no such endpoint."""
+        try:
+            self._send("POST", "/update_weight_version", {"new_version": version})
+        except EngineRejectedError as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
+
+    @contextmanager
+    def updating(self) -> Iterator[None]:
+        """Hold off generation while the server's weights (and ``policy_version``) change: the
+        generations in flight finish first, and new ones start after the block exits. One
+        update at a time; the thread that holds it may enter again."""
+        me = threading.get_ident()
+        with self._turns:
+            if self._updater == me:
+                self._update_depth += 1
+            else:
+                self._updates_waiting += 1
+                try:
+                    self._turns.wait_for(lambda: self._in_flight == 0 and self._updater is None)
+                finally:
+                    self._updates_waiting -= 1
+                self._updater, self._update_depth = me, 1
+        try:
+            yield
+        finally:
+            with self._turns:
+                self._update_depth -= 1
+                if self._update_depth == 0:
+                    self._updater = None
+                    self._turns.notify_all()
+
+    @contextmanager
+    def _generating(self) -> Iterator[int]:
+        """A generation's turn: waits out an update (and one that waits), unless its own thread
+        holds it; yields the version."""
+        with self._turns:
+            me = threading.get_ident()
+            self._turns.wait_for(
+                lambda: self._updater == me or (self._updater is None and not self._updates_waiting)
+            )
+            self._in_flight += 1
+            version = self.policy_version
+        try:
+            yield version
+        finally:
+            with self._turns:
+                self._in_flight -= 1
+                self._turns.notify_all()
+
+    def weight_version(self) -> str | None:
+        """The weight version the server reports (``GET /weight_info``), None without one."""
+        try:
+            body = self._send("GET", "/weight_info", None)
+        except EngineRejectedError as error:
+            if error.status == 404:
+                return None
+            raise
+        version = body.get("weight_version") if isinstance(body, dict) else None
+        return None if version is None else str(version)
+
     def context_length(self) -> int:
         """The served model's ``max_model_len``, read from ``GET /v1/models`` once and kept."""
         with self._lock:
@@ -164,8 +293,9 @@ class VllmEngine:
         """Sample one generation after ``prompt_token_ids`` on the server."""
         prompt = list(prompt_token_ids)
         self.check(prompt, sampling)
-        body = self._post("/v1/completions", self._request(prompt, sampling), prompt, sampling)
-        return self._generation(body, prompt, sampling)
+        with self._generating() as version:
+            body = self._post("/v1/completions", self._request(prompt, sampling), prompt, sampling)
+        return replace(self._generation(body, prompt, sampling), policy_version=version)
 
     def check(self, prompt: Sequence[int], sampling: SamplingParams) -> None:
         """Raise the refusal ``generate`` would give, before anything is recorded."""
@@ -211,11 +341,8 @@ class VllmEngine:
         }
 
     def _read_context_length(self) -> int:
-        body = self._send("GET", "/v1/models", None)
         url = self._url("/v1/models")
-        cards = body.get("data") if isinstance(body, dict) else None
-        if not isinstance(cards, list) or not all(isinstance(c, dict) for c in cards):
-            raise EngineResponseError(url, "a model list has a list of model cards as data", body)
+        cards = self.model_cards()
         card = next((c for c in cards if c.get("id") == self.model), None)
         if card is None:
             raise ModelNotServedError(url, self.model, [str(c.get("id")) for c in cards])
@@ -244,10 +371,19 @@ class VllmEngine:
             return self.context_length()
         return int(match.group(1) or match.group(2))
 
-    def _send(self, method: str, path: str, request: dict[str, Any] | None) -> Any:
+    def _send(
+        self,
+        method: str,
+        path: str,
+        request: dict[str, Any] | None,
+        *,
+        timeout_s: float | None = None,
+        empty_ok: bool = False,
+    ) -> Any:
         url = self._url(path)
+        timeout = httpx.USE_CLIENT_DEFAULT if timeout_s is None else timeout_s
         try:
-            response = self._client.request(method, path, json=request)
+            response = self._client.request(method, path, json=request, timeout=timeout)
         except httpx.HTTPError as error:
             raise EngineUnavailableError(url, f"{type(error).__name__}: {error}") from error
         try:
@@ -262,7 +398,7 @@ class VllmEngine:
                 _error_message(body, response),
                 param if isinstance(param, str) else None,
             )
-        if body is None:
+        if body is None and not (empty_ok and not response.content):
             raise EngineResponseError(url, "a success response is JSON", response.text[:200])
         return body
 

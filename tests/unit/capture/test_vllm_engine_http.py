@@ -30,6 +30,7 @@ from capture.vllm import (
     EngineUnavailableError,
     ModelNotServedError,
     VllmEngine,
+    WeightUpdateUnavailableError,
 )
 
 MODEL: Final = "grove/tiny"
@@ -159,6 +160,8 @@ class FakeVllm:
     models: Any = field(default_factory=lambda: copy.deepcopy(MODELS))
     completion: Callable[[dict[str, Any]], Reply] = captured_completion
     delay_s: float = 0.0
+    dev_mode: bool = False  # vLLM's development endpoints (VLLM_SERVER_DEV_MODE=1)
+    weight_version: str = "default"
     requests: list[tuple[str, str, dict[str, str], Any]] = field(default_factory=list)
 
     def completions_sent(self) -> list[dict[str, Any]]:
@@ -188,6 +191,33 @@ def stand_in_app(state: list[FakeVllm]) -> FastAPI:
         fake.requests.append(("POST", "/v1/completions", dict(request.headers), body))
         await asyncio.sleep(fake.delay_s)
         return reply(*fake.completion(body))
+
+    @app.post("/collective_rpc")
+    async def collective_rpc(request: Request) -> Response:
+        fake = state[0]
+        body = await request.json()
+        fake.requests.append(("POST", "/collective_rpc", dict(request.headers), body))
+        if not fake.dev_mode:
+            return reply(404, {"detail": "Not Found"})
+        await asyncio.sleep(fake.delay_s)
+        return Response(status_code=200)  # vLLM answers a method that returns None so
+
+    @app.post("/update_weight_version")
+    async def update_weight_version(request: Request) -> Response:
+        fake = state[0]
+        body = await request.json()
+        fake.requests.append(("POST", "/update_weight_version", dict(request.headers), body))
+        if not fake.dev_mode:
+            return reply(404, {"detail": "Not Found"})
+        fake.weight_version = body["new_version"]
+        return reply(200, {"success": True, "new_version": fake.weight_version})
+
+    @app.get("/weight_info")
+    async def weight_info(request: Request) -> Response:
+        fake = state[0]
+        if not fake.dev_mode:
+            return reply(404, {"detail": "Not Found"})
+        return reply(200, {"weight_version": fake.weight_version})
 
     return app
 
@@ -238,6 +268,7 @@ def test_public_surface_is_pinned() -> None:
         "LogprobsMode",
         "ModelNotServedError",
         "VllmEngine",
+        "WeightUpdateUnavailableError",
     ]
 
 
@@ -289,7 +320,10 @@ def test_truncation_is_never_requested(engine: VllmEngine, fake: FakeVllm) -> No
 def test_generated_token_ids_and_logprobs_are_read_back_exactly(engine: VllmEngine) -> None:
     generation = engine.generate(PROMPT, SamplingParams(max_tokens=8, seed=7))
     assert generation == Generation(
-        token_ids=tuple(LENGTH_IDS), logprobs=tuple(LENGTH_LOGPROBS), finish_reason="length"
+        token_ids=tuple(LENGTH_IDS),
+        logprobs=tuple(LENGTH_LOGPROBS),
+        finish_reason="length",
+        policy_version=0,
     )
 
 
@@ -299,8 +333,16 @@ def test_stop_finish_is_read_with_the_stop_token_included(
     fake.completion = captured_stop
     generation = engine.generate(PROMPT, SamplingParams(max_tokens=8, stop_token_ids=(465,)))
     assert generation == Generation(
-        token_ids=(359, 346, 465), logprobs=tuple(LENGTH_LOGPROBS[:3]), finish_reason="stop"
+        token_ids=(359, 346, 465),
+        logprobs=tuple(LENGTH_LOGPROBS[:3]),
+        finish_reason="stop",
+        policy_version=0,
     )
+
+
+def test_generation_reports_the_policy_version_set_on_the_engine(engine: VllmEngine) -> None:
+    engine.policy_version = 5
+    assert engine.generate(PROMPT, SamplingParams(max_tokens=8, seed=7)).policy_version == 5
 
 
 def test_context_length_is_read_from_the_model_list_once(
@@ -563,3 +605,81 @@ def test_url_the_client_cannot_use_raises_unavailable() -> None:
         pytest.raises(EngineUnavailableError, match=r"at ftp://127.0.0.1:1/v1/models: Unsupported"),
     ):
         engine.generate(PROMPT, SamplingParams(max_tokens=2))
+
+
+# -- weight updates (docs/engines.md) ------------------------------------------------------------
+
+
+def test_reload_weights_calls_vllms_reload_weights_with_the_directory(
+    engine: VllmEngine, fake: FakeVllm
+) -> None:
+    fake.dev_mode = True
+    engine.reload_weights("/weights/step-000003")
+    assert [body for _, path, _, body in fake.requests if path == "/collective_rpc"] == [
+        {"method": "reload_weights", "kwargs": {"weights_path": "/weights/step-000003"}}
+    ]
+
+
+def test_reload_weights_without_dev_mode_says_to_start_the_server_with_it(
+    engine: VllmEngine, fake: FakeVllm
+) -> None:
+    with pytest.raises(WeightUpdateUnavailableError, match=r"VLLM_SERVER_DEV_MODE=1") as caught:
+        engine.reload_weights("/weights/step-000001")
+    assert (caught.value.status, caught.value.url) == (404, f"{engine.base_url}/collective_rpc")
+    assert isinstance(caught.value, EngineRejectedError)
+
+
+def test_weight_version_is_set_on_and_read_from_the_server(
+    engine: VllmEngine, fake: FakeVllm
+) -> None:
+    fake.dev_mode = True
+    assert engine.weight_version() == "default"
+    assert engine.set_weight_version("7") is True
+    assert engine.weight_version() == "7"
+
+
+def test_weight_version_without_dev_mode_is_unknown_not_an_error(engine: VllmEngine) -> None:
+    assert (engine.set_weight_version("7"), engine.weight_version()) == (False, None)
+
+
+def test_update_waits_for_the_generation_in_flight_and_holds_off_the_next(
+    engine: VllmEngine, fake: FakeVllm
+) -> None:
+    fake.delay_s = 0.3
+    order: list[str] = []
+    first = threading.Thread(
+        target=lambda: order.append(
+            f"gen v{engine.generate(PROMPT, SamplingParams(max_tokens=8)).policy_version}"
+        )
+    )
+    first.start()
+    while not fake.completions_sent():
+        threading.Event().wait(0.01)
+    second: threading.Thread | None = None
+    with engine.updating():
+        order.append("update")
+        second = threading.Thread(
+            target=lambda: order.append(
+                f"gen v{engine.generate(PROMPT, SamplingParams(max_tokens=8)).policy_version}"
+            )
+        )
+        second.start()
+        threading.Event().wait(0.2)
+        assert len(fake.completions_sent()) == 1  # the second waits for the update
+        engine.policy_version = 1
+        order.append("updated")
+    first.join(5)
+    second.join(5)
+    assert order == ["gen v0", "update", "updated", "gen v1"]
+
+
+def test_updating_nests_in_one_thread(engine: VllmEngine) -> None:
+    with engine.updating(), engine.updating():
+        engine.policy_version = 2
+    assert engine.generate(PROMPT, SamplingParams(max_tokens=8)).policy_version == 2
+
+
+def test_the_updating_thread_may_generate_inside_its_update(engine: VllmEngine) -> None:
+    with engine.updating():
+        engine.policy_version = 3
+        assert engine.generate(PROMPT, SamplingParams(max_tokens=8)).policy_version == 3
