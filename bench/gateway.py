@@ -298,7 +298,8 @@ class PlainRequest(BaseModel):
 
 
 def plain_app(tokenizer: Any, engine: InstantEngine) -> FastAPI:
-    """The baseline: render, tokenize, generate, decode, answer a ChatCompletion; no capture."""
+    """The baseline: render, tokenize, generate, decode, answer a ChatCompletion; no capture.
+    (``instrument_grove`` has already made the engine's methods stages.)"""
     from fastapi import FastAPI
 
     from capture.chat_api import ChatCompletion
@@ -307,14 +308,13 @@ def plain_app(tokenizer: Any, engine: InstantEngine) -> FastAPI:
     render = CLOCK.wrap("chat template render", tokenizer.apply_chat_template)
     encode = CLOCK.wrap("tokenize and decode", tokenizer.encode)
     decode = CLOCK.wrap("tokenize and decode", tokenizer.decode)
-    generate = CLOCK.wrap("engine (instant)", engine.generate)
     app = FastAPI(title="plain OpenAI-compatible server")
 
     @app.post("/v1/chat/completions", response_model=ChatCompletion)
     def chat_completions(request: PlainRequest) -> Any:
         text = render(request.messages, add_generation_prompt=True, tokenize=False)
         prompt = encode(text, add_special_tokens=False)
-        generation = generate(prompt, SamplingParams(max_tokens=request.max_tokens or 256))
+        generation = engine.generate(prompt, SamplingParams(max_tokens=request.max_tokens or 256))
         content = decode(list(generation.content_token_ids), skip_special_tokens=False)
         message = {"role": "assistant", "content": content}
         choice = {"index": 0, "message": message, "finish_reason": generation.finish_reason}
