@@ -181,6 +181,17 @@ class Projector:
         return self._progress.events_read
 
     @property
+    def dropped_groups(self) -> tuple[str, ...]:
+        """Complete prompt groups none of whose rollouts has a row (no valid input layout), in
+        order of completion: dropped, never published, so no step's metrics count them."""
+        progress = self._progress
+        return tuple(
+            group
+            for group in progress.complete
+            if not any(progress.finalized[r].rollout.rows for r in progress.groups[group])
+        )
+
+    @property
     def published_steps(self) -> int:
         """How many steps the training stream holds."""
         return len(self._progress.published)

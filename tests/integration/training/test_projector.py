@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from capture.lifecycle import ModelCall
-from ledger.events import CallFailed
+from ledger.events import CallFailed, CallIntended, RolloutSelected
 from storage import BlobRef
 from training.projector import Projector, finalization_event, finalization_forest
 from training.rows import ROUTE_MISSING_SENTINEL, rollout_rows
 
-from .conftest import OPTIONS, SAMPLING, Lab
+from .conftest import HAND_SUMMARY, OPTIONS, SAMPLING, Lab
 
 
 def play_groups(lab: Lab, groups: int, rollouts: int = 2) -> None:
@@ -138,6 +138,21 @@ def test_a_rejected_and_resampled_response_does_not_mask_the_rollout(lab: Lab):
     lab.project()
     decision = finalized(lab, "att-1")
     assert (decision.trainable, decision.paths) == (True, (("c2",),))
+
+
+def test_a_group_whose_rollouts_are_all_masked_is_dropped_and_never_published(lab: Lab):
+    for index in range(2):
+        key = f"g0-r{index}"
+        lab.play(key, group="g0", index=index, reward=float(index), settle=False)
+        lab.capture.log.fail(key, CallFailed(call_id="c2", reason="storage_error"))
+        lab.finish(key, {"model_calls": ["c0", "c1", "c2"], "reward": float(index)})
+    lab.play("g1-r0", group="g1", index=0, reward=0.0)
+    lab.play("g1-r1", group="g1", index=1, reward=1.0)
+    projector = lab.project()
+    assert projector.dropped_groups == ("g0",)
+    published = projector.batch_for_step(0)
+    assert {r.group_id for r in published.rollouts} == {"g1"}
+    assert projector.batch_for_step(1) is None
 
 
 def test_masked_rollouts_still_count_in_their_group(lab: Lab):
@@ -329,6 +344,25 @@ def test_a_rollout_whose_rows_own_no_generated_token_is_masked_no_trainable_toke
     projector = lab.project()
     decision = finalized(lab, "g0-r0")
     assert (decision.trainable, decision.masked_reason) == (False, "no_trainable_tokens")
+    published = projector.batch_for_step(0)
+    assert [len(r.rollout.rows) for r in published.rollouts] == [0, 2]
+    decided_again(lab, "g0-r0")
+
+
+def test_a_first_call_failure_recorded_with_an_empty_selection_masks_the_rollout(lab: Lab):
+    # the harness has no accepted response to return: the attempt is selected with no call
+    open_by_hand(lab, "g0-r0", "g0", 0)
+    intended = CallIntended(
+        call_id="c0", decision="root", replay_summary=HAND_SUMMARY, prompt_tokens=3
+    )
+    lab.capture.log.intend("g0-r0", intended)
+    lab.capture.log.fail("g0-r0", CallFailed(call_id="c0", reason="engine_error"))
+    lab.capture.settle("g0-r0", timeout_s=0.2)
+    lab.capture.select("g0-r0", RolloutSelected(policy="returned_history", call_ids=(), reward=0.0))
+    lab.play("g0-r1", group="g0", index=1, reward=1.0)
+    projector = lab.project()
+    decision = finalized(lab, "g0-r0")
+    assert (decision.trainable, decision.masked_reason) == (False, "capture_failed")
     published = projector.batch_for_step(0)
     assert [len(r.rollout.rows) for r in published.rollouts] == [0, 2]
     decided_again(lab, "g0-r0")
