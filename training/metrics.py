@@ -1,6 +1,6 @@
-"""Step metrics with the seed's meanings: one observation per logical rollout, never per row.
+"""Step metrics: one observation per logical rollout, never per row (``docs/metrics.md``).
 
-Length metrics (seed ``000_…``, "Captured-rollout length metrics"), per verified rollout:
+Length metrics, per verified rollout:
 
 - ``gen_tokens_per_sample``: uniquely owned generated tokens summed over the rollout's rows;
 - ``max_gen_tokens_per_turn``: its largest single model generation;
@@ -17,7 +17,8 @@ each), ``forest/masked_rows`` (real rows excluded by a rollout decision), ``fore
 ``forest/padding_rows``, ``forest/rows_per_rollout`` (mean over rollouts with rows),
 ``scheduler_step_increment`` (logical rollouts in the step — the schedule never advances by
 rows), ``optimizer_steps`` (1), and ``forest/logical_advantages/mean`` and ``/sum`` (over logical
-rollouts; kept apart from token-grid advantage statistics, seed ``002_…`` review AI-2).
+rollouts; kept apart from token-grid advantage statistics, which are taken over rows). Which
+failure and drop cases each counter counts: ``docs/forest.md``, "Failures and drops".
 """
 
 from __future__ import annotations
