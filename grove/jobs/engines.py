@@ -8,6 +8,8 @@ already there and publishing only advances the policy version.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import Protocol
 
 from capture.embedded import EmbeddedEngine
@@ -34,6 +36,12 @@ class PolicyEngine(Protocol):
         """Serve the weights of optimizer step ``step`` before the next rollout starts."""
         ...
 
+    def updating(self) -> AbstractContextManager[None]:
+        """A block in which the trainer changes its weights and publishes them: no generation
+        samples from weights that are changing (an engine that samples the trainer's own
+        parameters holds generations off for the whole block)."""
+        ...
+
     def close(self) -> None:
         """Release what the engine holds (processes, connections)."""
         ...
@@ -45,7 +53,10 @@ class EmbeddedPolicy:
     def __init__(self, loaded: LoadedModel, *, seed: int, policy_version: int = 0) -> None:
         tokenizer = loaded.tokenizer
         self.engine = EmbeddedEngine(
-            loaded.model, stop_token_ids=[tokenizer.eos_token_id], seed=seed
+            loaded.model,
+            stop_token_ids=[tokenizer.eos_token_id],
+            seed=seed,
+            policy_version=policy_version,
         )
         self.policy_version = policy_version
         self._context = int(loaded.model.config.max_position_embeddings)
@@ -56,8 +67,17 @@ class EmbeddedPolicy:
         return self._context
 
     def publish(self, step: int) -> None:
-        """The engine already samples the trainer's parameters: only the version advances."""
-        self.policy_version = step
+        """The engine already samples the trainer's parameters: only the version advances,
+        between generations, so each generation reports the version of its weights."""
+        with self.engine.updating():
+            self.engine.policy_version = step
+            self.policy_version = step
+
+    @contextmanager
+    def updating(self) -> Iterator[None]:
+        """The engine's own: no generation runs while the trainer changes the parameters."""
+        with self.engine.updating():
+            yield
 
     def close(self) -> None:
         """Nothing to release."""

@@ -201,8 +201,9 @@ class _Loop:
                     progress.note(f"the task file is used up after {training.step} steps")
                     break
                 published = _next_batch(training, self.player is None, progress)
-                summary = training.train(published)
-                self.policy.publish(summary.step)
+                with self.policy.updating():  # no call samples weights that are changing
+                    summary = training.train(published)
+                    self.policy.publish(summary.step)
                 log.log(summary.step, {**summary.metrics, **_root_counts(self.store, published)})
                 clean_step(
                     self.store,
