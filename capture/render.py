@@ -44,10 +44,14 @@ __all__ = [
     "replay_summary",
 ]
 
-NORMALIZATION_VERSION: Final = 2
+NORMALIZATION_VERSION: Final = 3
 _ROLES: Final = frozenset({"system", "developer", "user", "assistant", "tool"})
 _DROPPED_ITEM_KEYS: Final = frozenset({"id", "status", "type", "provider_data"})
 _MESSAGE_ITEM_KEYS: Final = frozenset({"role", "content"})
+_CLIENT_TOOL_CALL_KEYS: Final = frozenset({"index"})
+"""Kept by the official client's stream helper: a tool call's position among the stream's deltas."""
+_CLIENT_FUNCTION_KEYS: Final = frozenset({"parsed_arguments"})
+"""Added by the official client's parsing helpers: its own parse of ``arguments``."""
 _TEXT_PART_TYPES: Final = frozenset({"text", "input_text", "output_text"})
 _ITEM_DIGEST_TAG: Final = f"grove.item.v{NORMALIZATION_VERSION}\n".encode()
 _OPTIONS_DIGEST_TAG: Final = b"grove.render_options.v1\n"
@@ -81,7 +85,8 @@ def normalize_messages(items: Sequence[Mapping[str, Any]]) -> NormalizedRequest:
 
     Drops item ids (kept as echoed ids, with an Agents SDK ``provider_data.response_id``),
     statuses, client metadata (``provider_data``; everything but role and content of a typed
-    Responses message item) and ``None`` values; sorts keys; parses JSON tool-call arguments;
+    Responses message item; a tool call's ``index`` and ``function.parsed_arguments``) and
+    ``None`` values; sorts keys; parses JSON tool-call arguments;
     joins all-text content parts; maps Responses reasoning, function-call and
     function-call-output items to assistant and tool messages, folding consecutive assistant
     output items into one assistant message. Idempotent.
@@ -420,7 +425,8 @@ def _content(index: int, content: Any) -> Any:
 def _tool_call(index: int, call: Any) -> dict[str, Any]:
     if not isinstance(call, Mapping) or not isinstance(call.get("function"), Mapping):
         raise NormalizationError(index, "a tool call must be an object with a function", call)
-    call = _without_none(call)
+    call = {k: v for k, v in _without_none(call).items() if k not in _CLIENT_TOOL_CALL_KEYS}
+    call["function"] = {k: v for k, v in call["function"].items() if k not in _CLIENT_FUNCTION_KEYS}
     arguments = call["function"].get("arguments")
     if isinstance(arguments, str):
         # Not JSON: kept verbatim, and rendered as the client sent it.

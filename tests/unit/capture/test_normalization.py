@@ -14,9 +14,9 @@ TOOL_CALL = {
 }
 
 
-def test_normalization_version_is_two() -> None:
-    assert NORMALIZATION_VERSION == 2
-    assert normalize_messages([{"role": "user", "content": "hi"}]).normalization_version == 2
+def test_normalization_version_is_three() -> None:
+    assert NORMALIZATION_VERSION == 3
+    assert normalize_messages([{"role": "user", "content": "hi"}]).normalization_version == 3
 
 
 def test_client_metadata_on_items_is_dropped_and_its_response_id_echoed() -> None:
@@ -110,6 +110,20 @@ def test_tool_call_arguments_are_parsed_so_spelling_does_not_matter() -> None:
     a = normalize_messages([{"role": "assistant", "tool_calls": [TOOL_CALL]}])
     b = normalize_messages([{"role": "assistant", "tool_calls": [spaced]}])
     assert a == b
+
+
+def test_a_tool_calls_stream_index_and_client_parse_are_dropped() -> None:
+    # The official client's stream helper keeps each call's delta index in the message it
+    # accumulates; its parsing helpers add their own parse of the arguments.
+    accumulated = {
+        **TOOL_CALL,
+        "index": 0,
+        "function": {**TOOL_CALL["function"], "parsed_arguments": {"query": "weather"}},
+    }
+    plain = normalize_messages([{"role": "assistant", "tool_calls": [TOOL_CALL]}])
+    streamed = normalize_messages([{"role": "assistant", "tool_calls": [accumulated]}])
+    assert streamed == plain
+    assert admission_items(streamed) == admission_items(plain)
 
 
 def test_tool_call_arguments_that_are_not_json_are_kept_verbatim() -> None:
