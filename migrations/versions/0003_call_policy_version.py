@@ -2,7 +2,7 @@
 
 Revision ID: 0003
 Revises: 0002
-Create Date: 2026-12-03
+Create Date: 2026-11-30
 
 Compatibility: additive; breaks no reader or writer of 0002. ``call.intended`` and
 ``call.committed`` gained an optional ``policy_version`` (``docs/events.md``); events written
