@@ -1,0 +1,172 @@
+"""The OpenAI Agents SDK (``agents``) running an agent with a function tool against the gateway.
+
+The agent's model is one of the SDK's two OpenAI models over an ``AsyncOpenAI`` client pointed at
+the gateway (``base_url`` …/v1, the attempt's header in ``default_headers``, the served model's
+name): ``OpenAIResponsesModel``, or ``OpenAIChatCompletionsModel`` with
+``should_replay_reasoning_content`` returning true. It runs with ``Runner.run`` or
+``Runner.run_streamed`` (streaming every event) and a ``SQLiteSession`` (in memory), and the
+harness posts ``session.get_items()`` as they are as the returned history. Tracing is off: the
+SDK exports nothing.
+
+The scripted model reasons and calls the tool twice, then answers: three calls, each continuing
+the one before. The SDK's chat model replays reasoning only to models it knows want it
+(DeepSeek's); by default it sends the assistant turn back without it, so the next call is a root
+(``history_rewritten``), and the session items, which keep the reasoning, still select every call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from agents import (
+    Agent,
+    Model,
+    OpenAIChatCompletionsModel,
+    OpenAIResponsesModel,
+    Runner,
+    SQLiteSession,
+    function_tool,
+    set_tracing_disabled,
+)
+from openai import AsyncOpenAI
+
+from capture.gateway import CAPTURE_KEY_HEADER
+from tests.integration.gateway.support import MODEL, Gateway
+
+from .attempts import Link, Played, chain, finish, open_attempt, verified
+
+set_tracing_disabled(True)
+
+SCRIPT = (
+    '<think>Paris first.</think><tool_call>{"name": "get_weather", "arguments": '
+    '{"city": "Paris"}}</tool_call>',
+    '<think>Now Rome.</think><tool_call>{"name": "get_weather", "arguments": '
+    '{"city": "Rome"}}</tool_call>',
+    "<think>21 is less than 25.</think>It is warmer in Rome.",
+)
+WEATHER_IN = {"Paris": "sunny, 21 C", "Rome": "sunny, 25 C"}
+
+
+@function_tool
+def get_weather(city: str) -> str:
+    """The weather in a city."""
+    return WEATHER_IN[city]
+
+
+def client(gateway: Gateway, capture_key: str) -> AsyncOpenAI:
+    return AsyncOpenAI(
+        base_url=f"{gateway.base_url}/v1",
+        api_key="unused",
+        default_headers={CAPTURE_KEY_HEADER: capture_key},
+        max_retries=0,
+    )
+
+
+def responses_model(gateway: Gateway, capture_key: str) -> Model:
+    return OpenAIResponsesModel(model=MODEL, openai_client=client(gateway, capture_key))
+
+
+def chat_model(gateway: Gateway, capture_key: str, *, replay_reasoning: bool = True) -> Model:
+    options: dict[str, Any] = {}
+    if replay_reasoning:
+        options["should_replay_reasoning_content"] = lambda context: True
+    return OpenAIChatCompletionsModel(
+        model=MODEL, openai_client=client(gateway, capture_key), **options
+    )
+
+
+async def run_agent(model: Model, *, streamed: bool) -> tuple[str, list[Any]]:
+    """Run the agent on one question in a new session: its final output and the session's
+    items."""
+    agent = Agent(
+        name="weather",
+        instructions="You answer questions about the weather.",
+        tools=[get_weather],
+        model=model,
+    )
+    session = SQLiteSession("weather")
+    question = "Is it warmer in Paris or in Rome?"
+    if streamed:
+        result = Runner.run_streamed(agent, question, session=session)
+        async for _ in result.stream_events():
+            pass
+    else:
+        result = await Runner.run(agent, question, session=session)
+    return result.final_output, await session.get_items()
+
+
+def play(gateway: Gateway, name: str, model: Any, *, streamed: bool) -> tuple[Played, str]:
+    key = open_attempt(gateway, name)
+    gateway.engine.say(*SCRIPT)
+    final_output, items = asyncio.run(run_agent(model(gateway, key), streamed=streamed))
+    return finish(gateway, key, {"reward": 1.0, "output": items}), final_output
+
+
+RUNS = {
+    "responses": (responses_model, False),
+    "responses-streamed": (responses_model, True),
+    "chat": (chat_model, False),
+    "chat-streamed": (chat_model, True),
+}
+
+
+@pytest.fixture(scope="module", params=list(RUNS))
+def played(gateway: Gateway, request: pytest.FixtureRequest) -> tuple[Played, str]:
+    model, streamed = RUNS[request.param]
+    return play(gateway, f"agents-{request.param}", model, streamed=streamed)
+
+
+def test_the_agent_answers_with_the_last_calls_text(played: tuple[Played, str]):
+    _, final_output = played
+    assert final_output == "It is warmer in Rome."
+
+
+def test_every_call_of_the_run_is_committed_once(played: tuple[Played, str]):
+    run, _ = played
+    assert run.statuses == ["committed"] * 3
+    assert run.committed == run.call_ids
+
+
+def test_each_call_after_a_tool_result_continues_the_call_before(played: tuple[Played, str]):
+    run, _ = played
+    assert run.links == chain(run.call_ids)
+
+
+def test_the_session_items_select_every_call(played: tuple[Played, str]):
+    run, _ = played
+    assert run.selection == run.call_ids
+
+
+def test_replay_verify_re_runs_every_decision_of_the_run_alike(played: tuple[Played, str]):
+    run, _ = played
+    assert run.replay_checks == verified(run)
+
+
+@pytest.fixture(scope="module")
+def without_reasoning(gateway: Gateway) -> Played:
+    """The chat model as the SDK configures it: reasoning is not sent back."""
+
+    def model(gateway: Gateway, key: str) -> Model:
+        return chat_model(gateway, key, replay_reasoning=False)
+
+    run, _ = play(gateway, "agents-chat-default", model, streamed=False)
+    return run
+
+
+def test_the_chat_model_without_reasoning_replay_makes_each_next_call_a_rewrite(
+    without_reasoning: Played,
+):
+    assert without_reasoning.links == [
+        Link("root", None, "first_call"),
+        Link("root", None, "history_rewritten"),
+        Link("root", None, "history_rewritten"),
+    ]
+
+
+def test_the_session_items_still_select_every_call_of_the_rewritten_run(
+    without_reasoning: Played,
+):
+    assert without_reasoning.selection == without_reasoning.call_ids
+    assert without_reasoning.replay_checks == verified(without_reasoning)
