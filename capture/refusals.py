@@ -28,7 +28,32 @@ from capture.wire import error_body, error_status
 from ledger import errors as ledger_errors
 from storage import errors as storage_errors
 
-__all__ = ["Refused", "error_response", "install_error_handlers", "validation_refusal"]
+__all__ = [
+    "REFUSED_FIELD_REASONS",
+    "Refused",
+    "error_response",
+    "install_error_handlers",
+    "validation_refusal",
+]
+
+REFUSED_FIELD_REASONS: dict[str, str] = {
+    "response_format": (
+        "structured output needs decoding constrained to a schema (grammar-constrained "
+        "sampling), which Grove's engines do not do, and Grove never passes free text off as "
+        "constrained; ask for JSON in the prompt and parse the answer, or offer a function tool"
+    ),
+    "text": (
+        "a Responses text format or verbosity (structured output) needs decoding constrained "
+        "to a schema, which Grove's engines do not do; every answer is plain text, so leave "
+        "text out"
+    ),
+    "prompt_cache_key": (
+        "Grove keeps no provider-side prompt cache (every prompt is rendered, recorded and "
+        "served whole); leave it out"
+    ),
+}
+"""Why Grove refuses a request field that agent frameworks send, by field name; any other unknown
+field is refused with a pointer to ``docs/gateway.md`` ("Agent frameworks" lists these)."""
 
 
 class Refused(Exception):
@@ -70,7 +95,8 @@ def validation_refusal(errors: list[dict[str, Any]]) -> Refused:
         where = ".".join(str(part) for part in item["loc"] if part != "body") or "body"
         params.append(where)
         if item["type"] == "extra_forbidden":
-            problems.append(f"{where}: Grove does not accept this field (see docs/gateway.md)")
+            reason = REFUSED_FIELD_REASONS.get(where, "Grove does not accept this field")
+            problems.append(f"{where}: {reason} (see docs/gateway.md)")
         else:
             problems.append(f"{where}: {item['msg']}")
     return Refused(

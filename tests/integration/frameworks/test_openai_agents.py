@@ -5,8 +5,8 @@ the gateway (``base_url`` …/v1, the attempt's header in ``default_headers``, t
 name): ``OpenAIResponsesModel``, or ``OpenAIChatCompletionsModel`` with
 ``should_replay_reasoning_content`` returning true. It runs with ``Runner.run`` or
 ``Runner.run_streamed`` (streaming every event) and a ``SQLiteSession`` (in memory), and the
-harness posts ``session.get_items()`` as they are as the returned history. Tracing is off: the
-SDK exports nothing.
+harness posts ``session.get_items()`` as they are as the returned history. Tracing is off
+(``agents_sdk.py``): the SDK exports nothing.
 
 The scripted model reasons and calls the tool twice, then answers: three calls, each continuing
 the one before. The SDK's chat model replays reasoning only to models it knows want it
@@ -20,24 +20,12 @@ import asyncio
 from typing import Any
 
 import pytest
-from agents import (
-    Agent,
-    Model,
-    OpenAIChatCompletionsModel,
-    OpenAIResponsesModel,
-    Runner,
-    SQLiteSession,
-    function_tool,
-    set_tracing_disabled,
-)
-from openai import AsyncOpenAI
+from agents import Agent, Model, Runner, SQLiteSession
 
-from capture.gateway import CAPTURE_KEY_HEADER
-from tests.integration.gateway.support import MODEL, Gateway
+from tests.integration.gateway.support import Gateway
 
+from .agents_sdk import chat_model, get_weather, responses_model
 from .attempts import Link, Played, chain, finish, open_attempt, verified
-
-set_tracing_disabled(True)
 
 SCRIPT = (
     '<think>Paris first.</think><tool_call>{"name": "get_weather", "arguments": '
@@ -46,35 +34,6 @@ SCRIPT = (
     '{"city": "Rome"}}</tool_call>',
     "<think>21 is less than 25.</think>It is warmer in Rome.",
 )
-WEATHER_IN = {"Paris": "sunny, 21 C", "Rome": "sunny, 25 C"}
-
-
-@function_tool
-def get_weather(city: str) -> str:
-    """The weather in a city."""
-    return WEATHER_IN[city]
-
-
-def client(gateway: Gateway, capture_key: str) -> AsyncOpenAI:
-    return AsyncOpenAI(
-        base_url=f"{gateway.base_url}/v1",
-        api_key="unused",
-        default_headers={CAPTURE_KEY_HEADER: capture_key},
-        max_retries=0,
-    )
-
-
-def responses_model(gateway: Gateway, capture_key: str) -> Model:
-    return OpenAIResponsesModel(model=MODEL, openai_client=client(gateway, capture_key))
-
-
-def chat_model(gateway: Gateway, capture_key: str, *, replay_reasoning: bool = True) -> Model:
-    options: dict[str, Any] = {}
-    if replay_reasoning:
-        options["should_replay_reasoning_content"] = lambda context: True
-    return OpenAIChatCompletionsModel(
-        model=MODEL, openai_client=client(gateway, capture_key), **options
-    )
 
 
 async def run_agent(model: Model, *, streamed: bool) -> tuple[str, list[Any]]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import openai
 import pytest
 from openai import OpenAI
 from pydantic import BaseModel
@@ -116,3 +117,12 @@ def test_the_returned_history_selects_every_call(played: Played):
 
 def test_replay_verify_re_runs_every_decision_alike(played: Played):
     assert played.replay_checks == verified(played)
+
+
+def test_a_prompt_cache_key_is_refused_with_its_reason(gateway: Gateway):
+    # The Agents SDK sends one to OpenAI's own endpoint only; a harness may still set it.
+    key = open_attempt(gateway, "prompt-cache")
+    with pytest.raises(openai.BadRequestError) as refusal:
+        gateway.client(key).responses.create(model=MODEL, input="Hi", prompt_cache_key="k1")
+    assert (refusal.value.code, refusal.value.param) == ("invalid_request", "prompt_cache_key")
+    assert "Grove keeps no provider-side prompt cache" in refusal.value.message
