@@ -33,7 +33,7 @@ from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from ledger.attempt import AttemptState, CallStatus, fold_attempt
+from ledger.attempt import AttemptLog, AttemptState, CallStatus, fold_attempt
 from ledger.events import AttemptCleaned, AttemptSettled, BatchPublished, LedgerPosition
 from ledger.store import EventStore, StoredEvent
 from storage import BlobStore, StorageUnavailableError, capture_key_of, staging_key
@@ -54,8 +54,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-MASKED = "masked"
-PUBLISHED = "published"
+_MASKED = "masked"  # CleanupPlan.final: finalized masked, no row of it ever trains
+_PUBLISHED = "published"  # CleanupPlan.final: finalized trainable, and published
 
 
 @dataclass(frozen=True)
@@ -90,11 +90,13 @@ def _waiting_keys(state: AttemptState) -> set[str]:
 
 
 def _final(state: AttemptState, published: bool) -> str | None:
+    """Why the attempt's decision is final, or None (not settled, selected and finalized; or
+    trainable and not yet published)."""
     if state.settled is None or state.selection is None or state.finalized is None:
         return None
     if not state.finalized.trainable:
-        return MASKED
-    return PUBLISHED if published else None
+        return _MASKED
+    return _PUBLISHED if published else None
 
 
 def plan_cleanup(
@@ -121,7 +123,7 @@ def plan_cleanup(
     remove = set(orphans)
     teardown = False
     if final is not None:
-        if final == PUBLISHED:
+        if final == _PUBLISHED:
             assert state.selection is not None
             keep = {named[c] for c in state.selection.call_ids if c in named} & stored_keys
         remove |= (named_keys & stored_keys) - keep
@@ -209,7 +211,7 @@ def clean_attempt(
         removed = delete_blobs(blobs, plan.remove, pending_keys=plan.waiting)
     recorded = state.opened is not None and bool(removed)
     if recorded:
-        store.append(capture_key, [AttemptCleaned(keys=tuple(sorted(removed)))])
+        AttemptLog(store).cleaned(capture_key, AttemptCleaned(keys=tuple(sorted(removed))))
     return AttemptCleanup(plan, size, recorded)
 
 
