@@ -97,11 +97,13 @@ class GroveClient:
         forest_mode: bool = True,
         selection_policy: str = "returned_history",
         seed: int | None = None,
+        policy_version: int = 0,
     ) -> Attempt:
         """Open (idempotently) the attempt ``capture_key`` for rollout ``rollout_index`` of
         ``prompt_group``; a training run groups ``grpo.num_generations_per_prompt`` rollouts of
         one prompt group and trains them together. ``seed`` seeds the calls that send none
-        (default: derived from ``rollout_id``)."""
+        (default: derived from ``rollout_id``); ``policy_version`` is the policy the harness
+        starts the rollout under (each call also records the version it was sampled with)."""
         _checked(
             self.http.post(
                 "/attempts",
@@ -113,6 +115,7 @@ class GroveClient:
                     "forest_mode": forest_mode,
                     "selection_policy": selection_policy,
                     "seed": seed,
+                    "policy_version": policy_version,
                 },
             )
         )

@@ -72,7 +72,8 @@ def rollout_seed(run_seed: int, step: int, group: int, index: int) -> int:
 
 @dataclass(frozen=True)
 class RolloutSpec:
-    """One rollout to play: its attempt's coordinates, task and seed."""
+    """One rollout to play: its attempt's coordinates, task, seed and the policy version (the
+    optimizer steps taken) it starts under."""
 
     capture_key: str
     rollout_id: str
@@ -80,6 +81,7 @@ class RolloutSpec:
     index: int
     task: Mapping[str, Any]
     seed: int
+    policy_version: int = 0
 
 
 def play_rollout(
@@ -100,6 +102,7 @@ def play_rollout(
         forest_mode=forest_mode,
         selection_policy=selection_policy,
         seed=spec.seed,
+        policy_version=spec.policy_version,
     )
     client = attempt.openai()
     try:

@@ -75,7 +75,8 @@ class StepPlayer:
                 key = fresh_key(self.log, rollout_id)
                 if key is not None:
                     seed = rollout_seed(config.seed, step, g, r)
-                    specs.append(RolloutSpec(key, rollout_id, group, r, self.tasks[task], seed))
+                    task_record = self.tasks[task]
+                    specs.append(RolloutSpec(key, rollout_id, group, r, task_record, seed, step))
         return specs
 
     def play(self, step: int, advance: Callable[[], None]) -> bool:
