@@ -308,9 +308,10 @@ class Projector:
         paths = tuple(tuple(row.call_ids) for row in forest.rows)
         if (recorded.trainable, recorded.paths) != (forest.trainable, paths):
             # The blobs or events changed since the decision (or the code, or the settings did):
-            # never train on it. A recorded reason stays when today's forest would train.
+            # never train on it. A recorded mask keeps its reason (its unselected blobs may
+            # since have been cleaned); otherwise today's reason, or blob_invalid.
             kept = recorded.masked_reason if recorded.masked_reason in MASK_REASONS else None
-            forest = _masked(forest, forest.masked_reason or kept or MaskReason.BLOB_INVALID)
+            forest = _masked(forest, kept or forest.masked_reason or MaskReason.BLOB_INVALID)
             rows = ()
         return FinalizedRollout(
             capture_key=state.capture_key,
