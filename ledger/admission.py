@@ -6,7 +6,7 @@ lifecycle turns the attempt's calls into :class:`CandidateCall` records kept in 
 :class:`AdmissionIndex`; :func:`admit` returns an :class:`AdmissionDecision`, or raises an
 :class:`AdmissionError` before any generation.
 
-The algorithm (seed ``000``, "Measurement and lifecycle"):
+The algorithm (``docs/normalization.md``):
 
 1. One pass over the request chains its item digests, ``p_0 = PREFIX_DIGEST_SEED``,
    ``p_i = sha256(p_{i-1} || d_i)``, twice: over the strict item digests and over the canonical

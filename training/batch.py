@@ -2,11 +2,11 @@
 
 A batch holds logical rollouts (the unit of reward, advantage and scheduler steps) and their
 physical rows. ``parent_indices`` is the single source of truth for the logical-to-physical
-fan-out (seed ``002_…``, review summary): row ``r`` belongs to logical rollout
+fan-out (``docs/forest.md``): row ``r`` belongs to logical rollout
 ``parent_indices[r]``, or is execution padding when it is ``-1``. Every consumer — advantage
 broadcast, pooled diagnostics, loss masking — derives from it.
 
-Padding is per prompt group (seed ``000_…``, batch-size figure): each group's row count is rounded
+Padding is per prompt group (``docs/forest.md``): each group's row count is rounded
 up to a multiple of the execution row multiple (data-parallel size x microbatch size for fixed
 batches; the data-parallel size with sequence packing), so whole groups can be sharded without
 splitting a rollout's advantage computation. A padding row is one ``pad_token_id`` token with no

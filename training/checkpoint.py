@@ -19,7 +19,7 @@ what to do:
 
 - a missing file (the manifest included) or a digest mismatch;
 - a schema older than 4, or newer than 5; schema 4 (no forest metadata) in forest mode — schema 4
-  still loads in non-forest mode, as the seed (``000``, "Checkpointing") specifies;
+  still loads in non-forest mode (``docs/train.md``, "Resume");
 - a changed forest mode, a changed execution row multiple (forest mode), or a configuration digest
   other than the one the caller expects.
 

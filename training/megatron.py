@@ -3,7 +3,7 @@
 Megatron-core trains packed rows as one sequence of ``N`` tokens with ``qkv_format="thd"``:
 attention stays inside each row because ``cu_seqlens`` marks the row boundaries, and positions
 restart at 0 in every row, so each row keeps its own attention context (no prefix is shared
-between rows, as the seed ``000`` requires of packing). Megatron's GPT convention differs from
+between rows: packing never shares prefix computation). Megatron's GPT convention differs from
 Grove's row convention by one position:
 
 - Grove (``training.batch``): position ``t`` of a row holds token ``t``, its loss-mask bit and its

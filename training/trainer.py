@@ -9,7 +9,7 @@ multiple of the execution row multiple. The trainer therefore:
 - takes exactly one optimizer step per batch, however many rows or micro batches it has;
 - advances the learning-rate scheduler by the batch's logical rollouts (``scheduler.step()`` once
   per rollout, so a schedule written in rollouts means rollouts), never by rows: splitting a
-  rollout into more rows must not speed up the schedule (seed ``002``, review of ``grpo.py``,
+  rollout into more rows must not speed up the schedule (``docs/metrics.md``,
   ``scheduler_step_increment``).
 
 The model is anything called as ``model(input_ids)`` that returns logits ``(R, T, V)`` or an object

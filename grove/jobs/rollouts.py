@@ -2,7 +2,7 @@
 
 Step ``s`` plays the tasks ``grove.jobs.tasks.step_tasks`` gives it, ``grpo.num_generations_per_
 prompt`` rollouts each, ``harness.concurrency`` at a time. Rollout ``r`` of group ``g`` is the
-attempt ``{run}-s{s}-g{g}-r{r}`` with the seed ``rollout_seed(seed, s, g, r)``. A rollout whose
+attempt ``{run}-s{s}-g{g}-r{r}``, seeded with ``rollout_seed(seed, s, g, r)``. A rollout whose
 attempt already posted its result (a resumed run) is not played again; an attempt an interrupted
 run left open is abandoned and the rollout is played under the next key, ``…-a1``.
 """

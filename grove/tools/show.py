@@ -1,6 +1,6 @@
 """``grove show --html``: one self-contained page with an attempt's capture graph and its rows.
 
-The picture follows the seed's figure "Selecting and reconstructing training rows" (``000_…``):
+The picture (``docs/debugging.md``, "grove show") draws
 the capture graph as an SVG — roots and continuations (shape), selected, rejected, failed and
 pending calls (fill), the selection order, endpoints (double ring) and the scored terminal (star),
 with a legend — and the reconstructed rows below it, one token per box: context (prompts,
