@@ -8,7 +8,8 @@ join capture and training. ``run_server`` serves an application with uvicorn unt
 
 The selector (``LedgerSelector``) reads the attempt's calls as the projector does
 (``training.projector.captured_calls``: late commits count as pending, calls the harness rejected
-stay committed and are marked rejected; fingerprints are the ones capture recorded, ``ledger/fingerprint.py``), and:
+stay committed and are marked rejected; fingerprints are the ones capture recorded,
+``ledger/fingerprint.py``), and:
 
 - the result's returned items (``output`` and ``responses[].output``) are normalized the way
   capture normalizes requests (``docs/normalization.md``), so Chat messages and Responses items
