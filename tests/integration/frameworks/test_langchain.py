@@ -36,6 +36,9 @@ from tests.integration.gateway.support import Gateway
 from .attempts import Link, Played, chain, finish, open_attempt, verified
 from .langchain_agent import PARIS_CALL, ROME_CALL, SYSTEM, chat_model, get_weather
 
+# One worker plays each module-scoped agent run once (``make test`` distributes by group).
+pytestmark = pytest.mark.xdist_group("frameworks-langchain")
+
 
 def run_tools(
     model: ChatOpenAI,

@@ -21,6 +21,9 @@ from tests.integration.gateway.support import Gateway
 from .attempts import Played, chain, finish, open_attempt, verified
 from .langchain_agent import PARIS_CALL, ROME_CALL, chat_model, get_weather
 
+# One worker plays each module-scoped agent run once (``make test`` distributes by group).
+pytestmark = pytest.mark.xdist_group("frameworks-langgraph")
+
 
 @pytest.fixture(scope="module")
 def streamed(gateway: Gateway) -> tuple[Played, list[tuple[str, str]]]:

@@ -27,6 +27,9 @@ from tests.integration.gateway.support import Gateway
 from .agents_sdk import chat_model, get_weather, responses_model
 from .attempts import Link, Played, chain, finish, open_attempt, verified
 
+# One worker plays each module-scoped agent run once (``make test`` distributes by group).
+pytestmark = pytest.mark.xdist_group("frameworks-openai-agents")
+
 SCRIPT = (
     '<think>Paris first.</think><tool_call>{"name": "get_weather", "arguments": '
     '{"city": "Paris"}}</tool_call>',

@@ -22,6 +22,9 @@ from tests.integration.gateway.support import MODEL, Gateway
 
 from .attempts import Played, chain, finish, open_attempt, verified
 
+# One worker plays each module-scoped agent run once (``make test`` distributes by group).
+pytestmark = pytest.mark.xdist_group("frameworks-openai-client")
+
 WEATHER = {
     "name": "get_weather",
     "description": "The weather in a city.",
