@@ -324,9 +324,17 @@ class Projector:
 
     # -- publication -------------------------------------------------------------------------
 
-    def batch_for_step(self, step: int) -> PublishedBatch | None:
+    def batch_for_step(self, step: int, *, groups: int | None = None) -> PublishedBatch | None:
         """The batch of ``step``: re-built when already published, else newly published when
-        enough complete groups wait; None when it cannot be formed yet."""
+        enough complete groups wait (``groups``, default ``groups_per_step``: fewer when the
+        caller knows some of the step's groups were dropped); None when it cannot be formed yet."""
+        wanted = self.settings.groups_per_step if groups is None else groups
+        if not 1 <= wanted <= self.settings.groups_per_step:
+            raise BatchError(
+                "groups",
+                f"a step publishes 1 to {self.settings.groups_per_step} prompt groups, "
+                f"asked for {wanted}",
+            )
         progress = self._progress
         if step in progress.published:
             return self._rebuild(progress.published[step])
@@ -341,9 +349,9 @@ class Projector:
             if not set(progress.groups[g]) & progress.published_rollouts
             and any(progress.finalized[r].rollout.rows for r in progress.groups[g])
         ]
-        if len(waiting) < self.settings.groups_per_step:
+        if len(waiting) < wanted:
             return None
-        chosen = waiting[: self.settings.groups_per_step]
+        chosen = waiting[:wanted]
         rollouts = [progress.finalized[r] for g in chosen for r in progress.groups[g]]
         batch = self._assemble(rollouts)
         event = BatchPublished(

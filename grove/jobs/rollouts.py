@@ -9,7 +9,7 @@ run left open is abandoned and the rollout is played under the next key, ``…-a
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from grove.client import GroveClient
@@ -108,6 +108,11 @@ class StepPlayer:
                 future.result()
                 advance()
         return True
+
+    def groups_of(self, step: int, groups: Sequence[str]) -> list[str]:
+        """Those of ``groups`` that belong to ``step``."""
+        prefix = f"{self.run_id}-s{step}-g"
+        return [g for g in groups if g.startswith(prefix)]
 
     def _rollouts_per_step(self) -> int:
         grpo = self.config.grpo

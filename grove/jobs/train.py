@@ -200,7 +200,7 @@ class _Loop:
                 ):
                     progress.note(f"the task file is used up after {training.step} steps")
                     break
-                published = _next_batch(training, self.player is None, progress)
+                published = _next_batch(training, self.player, progress)
                 with self.policy.updating():  # no call samples weights that are changing
                     summary = training.train(published)
                     self.policy.publish(summary.step)
@@ -216,17 +216,25 @@ class _Loop:
         return history
 
 
-def _next_batch(training: TrainingRun, external: bool, progress: StepProgress) -> PublishedBatch:
-    """The next step's batch; an external run waits for agents to complete prompt groups."""
+def _next_batch(
+    training: TrainingRun, player: StepPlayer | None, progress: StepProgress
+) -> PublishedBatch:
+    """The next step's batch. After an in-process harness played the step, its groups whose
+    rollouts were all masked are dropped and the step is formed from the others; an external
+    run waits for agents to complete prompt groups (a dropped group is simply never chosen)."""
     while True:
         published = training.next_batch()
         if published is not None:
             return published
-        if not external:
-            raise RuntimeError(
-                f"step {training.step}: the harness played every rollout, yet no complete "
-                "prompt group reached the projector"
-            )
+        if player is not None:
+            dropped = player.groups_of(training.step, training.projector.dropped_groups)
+            published = training.next_batch(dropped=dropped) if dropped else None
+            if published is None:
+                raise RuntimeError(
+                    f"step {training.step}: the harness played every rollout, yet only "
+                    f"{len(dropped)} dropped prompt groups reached the projector"
+                )
+            return published
         progress.waiting(training.step)
         time.sleep(POLL_INTERVAL_S)
 

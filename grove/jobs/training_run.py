@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -142,6 +143,7 @@ class TrainingRun:
             min_step_batch_fraction=config.async_rl.rollout_failure.min_step_batch_fraction,
         )
         self.advantages = advantage_config(config)
+        self._unpublished: list[GroupDecision] = []
 
     @property
     def step(self) -> int:
@@ -171,11 +173,27 @@ class TrainingRun:
         """Mean reward per trained step of this run, from the ledger."""
         return self.projector.step_rewards()[: self.trainer.step]
 
-    def next_batch(self) -> PublishedBatch | None:
-        """The batch of the next step, when the ledger holds enough complete prompt groups."""
+    def next_batch(self, *, dropped: Sequence[str] = ()) -> PublishedBatch | None:
+        """The batch of the next step, when the ledger holds enough complete prompt groups.
+
+        ``dropped`` names the step's groups that will never be published (every rollout masked:
+        no valid layout): the step is formed from its other groups — when the drop budget
+        (``async_rl.rollout_failure.min_step_batch_fraction``) allows it — and its metrics
+        count them.
+        """
         self.projector.store.wait_for_horizon(self.HORIZON_WAIT_S)
         self.projector.poll()
-        return self.projector.batch_for_step(self.trainer.step)
+        per_group = self.config.grpo.num_generations_per_prompt
+        self._unpublished = [
+            GroupDecision(g, kept=False, reason="no_valid_layout", verified_rollouts=0,
+                          rollouts=per_group)
+            for g in dropped
+        ]  # fmt: skip
+        if not dropped:
+            return self.projector.batch_for_step(self.trainer.step)
+        self._check_drop_budget(self.trainer.step, self._unpublished)
+        groups = self.config.grpo.num_prompts_per_step - len(dropped)
+        return self.projector.batch_for_step(self.trainer.step, groups=groups)
 
     def train(self, published: PublishedBatch) -> StepSummary:
         """One optimizer step on ``published`` and its checkpoint."""
@@ -185,6 +203,7 @@ class TrainingRun:
             )
         started = time.perf_counter()
         outcomes, decisions = self._outcomes(published)
+        decisions = [*decisions, *self._unpublished]
         self._check_drop_budget(published.step, decisions)
         advantages = compute_advantages(outcomes, self.advantages)
         report = self.trainer.train_step(step_batch(published.batch, advantages))
@@ -209,7 +228,8 @@ class TrainingRun:
         """Stop training when dropped prompt groups leave the step fewer logical rollouts than
         ``async_rl.rollout_failure.min_step_batch_fraction`` allows (a step that retains no
         group never reaches the optimizer)."""
-        kept = sum(d.rollouts for d in decisions if d.kept)
+        dropped_rollouts = sum(d.rollouts for d in decisions if not d.kept)
+        kept = self.trainer.global_batch_rollouts - dropped_rollouts
         floor = self.trainer.min_step_rollouts
         if kept >= floor:
             return
