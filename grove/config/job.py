@@ -9,6 +9,7 @@ directory is complete, a harness importable and a task file well formed is check
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -56,9 +57,40 @@ class ModelConfig(Section):
 
 
 class EngineConfig(Section):
-    """``engine``: the gateway in front of the embedded engine, which samples in the training
-    process on the trainer's own weights, so every call after an optimizer step samples the
-    updated policy."""
+    """``engine``: the inference engine and the gateway in front of it (``docs/engines.md``).
+
+    ``kind: embedded`` samples in the training process on the trainer's own weights;
+    ``kind: vllm`` samples on a vLLM server (launched by Grove, or running at ``vllm_url``) that
+    reloads each optimizer step's weights before the next step's rollouts."""
+
+    kind: Literal["embedded", "vllm"] = "embedded"
+    """``embedded``: in-process sampling on the trainer's weights; ``vllm``: a vLLM server
+    (``vllm_launch`` or ``vllm_url``) to which each step's weights are published."""
+
+    vllm_url: str | None = Field(default=None, min_length=1)
+    """Root URL (``http://host:port``) of a running vLLM server to sample from. It must have
+    been started with ``VLLM_SERVER_DEV_MODE=1`` and be able to read ``vllm_weights_dir``, where
+    Grove writes each step's weights for it to reload (``docs/engines.md``)."""
+
+    vllm_launch: bool = False
+    """Grove starts the vLLM server itself (``vllm_python -m vllm.entrypoints.openai.api_server``)
+    on the run's weights, waits for it to serve, and stops it when the run ends."""
+
+    vllm_python: str | None = Field(default=None, min_length=1)
+    """The python that runs a launched vLLM server: a path (an environment that has vLLM, e.g.
+    ``.venv-vllm/bin/python``) or a command on ``PATH``; ``None``: the python running Grove."""
+
+    vllm_args: list[str] = Field(default_factory=list)
+    """Further command-line arguments of a launched vLLM server (``--enforce-eager``,
+    ``--tensor-parallel-size 2``, ...), after Grove's own; a later flag wins."""
+
+    vllm_start_timeout_s: float = Field(default=600.0, gt=0, le=86_400)
+    """Seconds a launched vLLM server may take to serve ``/health`` before the run stops."""
+
+    vllm_weights_dir: str | None = Field(default=None, min_length=1)
+    """Directory where each step's weights are written as a Hugging Face directory for vLLM to
+    reload (it must be readable by the server); ``None``: a temporary directory, removed when
+    the run ends."""
 
     host: str = Field(default="127.0.0.1", min_length=1)
     """Address the gateway listens on."""
@@ -72,6 +104,22 @@ class EngineConfig(Section):
 
     default_max_tokens: int = Field(default=256, ge=1, le=1_000_000)
     """Tokens a call may generate when it names no ``max_tokens`` (capped by the context left)."""
+
+    @field_validator("vllm_weights_dir")
+    @classmethod
+    def _resolve(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return _resolved(value, info)
+
+    @field_validator("vllm_python")
+    @classmethod
+    def _resolve_python(cls, value: str | None, info: ValidationInfo) -> str | None:
+        """A path made absolute without following links (a virtual environment's python is a
+        link to the base interpreter, which lacks the environment's packages); a bare name is
+        looked up on ``PATH`` when the server starts."""
+        if value is None or "/" not in value:
+            return value
+        base = Path((info.context or {}).get("base_dir", "."))
+        return os.path.abspath(base / Path(value).expanduser())
 
 
 class HarnessConfig(Section):

