@@ -31,6 +31,7 @@ def get_weather(city: str) -> str:
 
 
 def client(gateway: Gateway, capture_key: str) -> AsyncOpenAI:
+    """An ``AsyncOpenAI`` client for the attempt; close it in the event loop that used it."""
     return AsyncOpenAI(
         base_url=f"{gateway.base_url}/v1",
         api_key="unused",
@@ -39,16 +40,14 @@ def client(gateway: Gateway, capture_key: str) -> AsyncOpenAI:
     )
 
 
-def responses_model(gateway: Gateway, capture_key: str) -> Model:
-    return OpenAIResponsesModel(model=MODEL, openai_client=client(gateway, capture_key))
+def responses_model(openai_client: AsyncOpenAI) -> Model:
+    return OpenAIResponsesModel(model=MODEL, openai_client=openai_client)
 
 
-def chat_model(gateway: Gateway, capture_key: str, *, replay_reasoning: bool = True) -> Model:
+def chat_model(openai_client: AsyncOpenAI, *, replay_reasoning: bool = True) -> Model:
     """The chat model; by default it sends reasoning back (``should_replay_reasoning_content``),
     which the SDK otherwise does for DeepSeek models only."""
     options: dict[str, Any] = {}
     if replay_reasoning:
         options["should_replay_reasoning_content"] = lambda context: True
-    return OpenAIChatCompletionsModel(
-        model=MODEL, openai_client=client(gateway, capture_key), **options
-    )
+    return OpenAIChatCompletionsModel(model=MODEL, openai_client=openai_client, **options)

@@ -17,14 +17,16 @@ the one before. The SDK's chat model replays reasoning only to models it knows w
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from agents import Agent, Model, Runner, SQLiteSession
+from openai import AsyncOpenAI
 
 from tests.integration.gateway.support import Gateway
 
-from .agents_sdk import chat_model, get_weather, responses_model
+from .agents_sdk import chat_model, client, get_weather, responses_model
 from .attempts import Link, Played, chain, finish, open_attempt, verified
 
 # One worker plays each module-scoped agent run once (``make test`` distributes by group).
@@ -39,30 +41,35 @@ SCRIPT = (
 )
 
 
-async def run_agent(model: Model, *, streamed: bool) -> tuple[str, list[Any]]:
+async def run_agent(
+    gateway: Gateway, capture_key: str, model: Callable[[AsyncOpenAI], Model], *, streamed: bool
+) -> tuple[str, list[Any]]:
     """Run the agent on one question in a new session: its final output and the session's
     items."""
-    agent = Agent(
-        name="weather",
-        instructions="You answer questions about the weather.",
-        tools=[get_weather],
-        model=model,
-    )
-    session = SQLiteSession("weather")
-    question = "Is it warmer in Paris or in Rome?"
-    if streamed:
-        result = Runner.run_streamed(agent, question, session=session)
-        async for _ in result.stream_events():
-            pass
-    else:
-        result = await Runner.run(agent, question, session=session)
-    return result.final_output, await session.get_items()
+    async with client(gateway, capture_key) as openai_client:
+        agent = Agent(
+            name="weather",
+            instructions="You answer questions about the weather.",
+            tools=[get_weather],
+            model=model(openai_client),
+        )
+        session = SQLiteSession("weather")
+        question = "Is it warmer in Paris or in Rome?"
+        if streamed:
+            result = Runner.run_streamed(agent, question, session=session)
+            async for _ in result.stream_events():
+                pass
+        else:
+            result = await Runner.run(agent, question, session=session)
+        return result.final_output, await session.get_items()
 
 
-def play(gateway: Gateway, name: str, model: Any, *, streamed: bool) -> tuple[Played, str]:
+def play(
+    gateway: Gateway, name: str, model: Callable[[AsyncOpenAI], Model], *, streamed: bool
+) -> tuple[Played, str]:
     key = open_attempt(gateway, name)
     gateway.engine.say(*SCRIPT)
-    final_output, items = asyncio.run(run_agent(model(gateway, key), streamed=streamed))
+    final_output, items = asyncio.run(run_agent(gateway, key, model, streamed=streamed))
     return finish(gateway, key, {"reward": 1.0, "output": items}), final_output
 
 
@@ -110,8 +117,8 @@ def test_replay_verify_re_runs_every_decision_of_the_run_alike(played: tuple[Pla
 def without_reasoning(gateway: Gateway) -> Played:
     """The chat model as the SDK configures it: reasoning is not sent back."""
 
-    def model(gateway: Gateway, key: str) -> Model:
-        return chat_model(gateway, key, replay_reasoning=False)
+    def model(openai_client: AsyncOpenAI) -> Model:
+        return chat_model(openai_client, replay_reasoning=False)
 
     run, _ = play(gateway, "agents-chat-default", model, streamed=False)
     return run

@@ -101,7 +101,8 @@ AGENTS = {
 def played(gateway: Gateway, request: pytest.FixtureRequest) -> Played:
     key = open_attempt(gateway, request.param)
     gateway.engine.say(*SCRIPT)
-    history = AGENTS[request.param](gateway.client(key))
+    with gateway.client(key) as client:
+        history = AGENTS[request.param](client)
     return finish(gateway, key, {"reward": 1.0, "output": history})
 
 
@@ -125,7 +126,7 @@ def test_replay_verify_re_runs_every_decision_alike(played: Played):
 def test_a_prompt_cache_key_is_refused_with_its_reason(gateway: Gateway):
     # The Agents SDK sends one to OpenAI's own endpoint only; a harness may still set it.
     key = open_attempt(gateway, "prompt-cache")
-    with pytest.raises(openai.BadRequestError) as refusal:
-        gateway.client(key).responses.create(model=MODEL, input="Hi", prompt_cache_key="k1")
+    with gateway.client(key) as client, pytest.raises(openai.BadRequestError) as refusal:
+        client.responses.create(model=MODEL, input="Hi", prompt_cache_key="k1")
     assert (refusal.value.code, refusal.value.param) == ("invalid_request", "prompt_cache_key")
     assert "Grove keeps no provider-side prompt cache" in refusal.value.message

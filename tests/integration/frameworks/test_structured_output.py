@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from tests.integration.gateway.support import MODEL, Gateway
 
 from .agents_sdk import chat_model as agents_chat_model
-from .agents_sdk import responses_model
+from .agents_sdk import client, responses_model
 from .attempts import open_attempt
 from .langchain_agent import chat_model
 
@@ -45,12 +45,15 @@ def refused(gateway: Gateway, run) -> openai.BadRequestError:
 
 
 def test_the_official_clients_parse_is_refused_for_its_response_format(gateway: Gateway):
-    error = refused(
-        gateway,
-        lambda key: gateway.client(key).chat.completions.parse(
-            model=MODEL, messages=[{"role": "user", "content": "Paris?"}], response_format=Weather
-        ),
-    )
+    def run(key: str) -> None:
+        with gateway.client(key) as official:
+            official.chat.completions.parse(
+                model=MODEL,
+                messages=[{"role": "user", "content": "Paris?"}],
+                response_format=Weather,
+            )
+
+    error = refused(gateway, run)
     assert (error.code, error.param) == ("invalid_request", "response_format")
     assert GRAMMAR in error.message
 
@@ -78,12 +81,18 @@ def test_langchain_structured_output_by_function_calling_is_refused_for_forcing_
 
 
 @pytest.mark.parametrize(
-    ("model", "field"), [(responses_model, "text"), (agents_chat_model, "response_format")]
+    ("model", "field"),
+    [(responses_model, "text"), (agents_chat_model, "response_format")],
+    ids=["responses", "chat"],
 )
 def test_an_agents_sdk_output_type_is_refused_for_its_format(gateway: Gateway, model, field):
+    async def run_agent(key: str) -> None:
+        async with client(gateway, key) as openai_client:
+            agent = Agent(name="weather", output_type=Weather, model=model(openai_client))
+            await Runner.run(agent, "Paris?")
+
     def run(key: str) -> None:
-        agent = Agent(name="weather", output_type=Weather, model=model(gateway, key))
-        asyncio.run(Runner.run(agent, "Paris?"))
+        asyncio.run(run_agent(key))
 
     error = refused(gateway, run)
     assert (error.code, error.param) == ("invalid_request", field)
