@@ -47,12 +47,17 @@ RUN_CONTROL_FIELDS: frozenset[str] = frozenset(
         "engine.host",
         "engine.port",
         "engine.auth_token",
+        "engine.vllm_url",
+        "engine.vllm_python",
+        "engine.vllm_start_timeout_s",
+        "engine.vllm_weights_dir",
         "harness.concurrency",
         "logging.tensorboard",
     }
 )
 """Fields left out of ``GroveConfig.digest``: they say how long, where and how visibly a run
-goes, not what it computes, so a resumed run may change them (``--steps`` extends a run)."""
+goes, not what it computes, so a resumed run may change them (``--steps`` extends a run; a vLLM
+server may move)."""
 
 
 class GroveConfig(Section):

@@ -296,3 +296,12 @@ def test_digest_ignores_how_long_where_and_how_visibly_a_run_goes() -> None:
         "logging": {"tensorboard": False},
     }
     assert load_config(changed).digest() == load_config().digest()
+
+
+def test_digest_ignores_where_the_vllm_server_runs() -> None:
+    def vllm(**where: object) -> dict:
+        return {"engine": {"kind": "vllm", **where}}
+
+    here = load_config(vllm(vllm_url="http://127.0.0.1:8001", vllm_weights_dir="/tmp/a"))
+    moved = load_config(vllm(vllm_url="http://10.0.0.2:9000", vllm_weights_dir="/tmp/b"))
+    assert here.digest() == moved.digest()
