@@ -40,12 +40,13 @@ The result dictionary (``result``) is the harness's ordinary output. Accepted ke
 - ``terminal_response_id`` (optional): the scored response; otherwise the last returned
   generation (or reference) is the scored one.
 
-When several of ``output``, ``responses`` and references are given, they must agree.
+When several of ``output``, ``responses`` and references are given, they must agree. The
+matching of this evidence to captured calls is ``training/evidence.py``; the record a policy
+reads, ``CapturedCall``, is ``training/captured.py`` (both re-exported here).
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import math
 import re
@@ -53,14 +54,24 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 
-from ledger.fingerprint import (
-    FINGERPRINT_DOMAIN,
-    encode_output_item,
-    fingerprint_encoded,
-    fingerprint_output,
+from ledger.fingerprint import fingerprint_output
+from training.captured import (
+    COMPLETE_FINISH_REASONS,
+    REJECTED_BY_HARNESS,
+    REQUEST_FINISHED_WITHOUT_STAGED_COORDINATES,
+    CapturedCall,
+    SelectionRule,
 )
 from training.errors import SelectionError, SelectionPolicyError
-from training.forest import CALL_STATUSES, LENGTH_FINISH_REASONS, MaskReason
+from training.evidence import (
+    GENERATED_ITEM_TYPES,
+    CaptureIndex,
+    agreed_evidence,
+    attributed_terminal,
+    explicit_terminal,
+    is_generated_item,
+)
+from training.forest import MaskReason
 
 __all__ = [
     "BUILTIN_POLICIES",
@@ -81,80 +92,7 @@ __all__ = [
     "select_rollout",
 ]
 
-REQUEST_FINISHED_WITHOUT_STAGED_COORDINATES: Final = "request_finished_without_staged_coordinates"
-"""A cancellation recorded after the call's capture committed: the one failure that does not mask
-the rollout, when the call is unselected and no call of the attempt is pending."""
-REJECTED_BY_HARNESS: Final = "rejected_by_harness"
-"""The harness rejected a committed, complete response and resampled: a rejection, not a failure.
-The call stays committed; it never masks its rollout, ``returned_history`` never matches it, and
-``all_captured`` selects it as an abandoned retry."""
-
-COMPLETE_FINISH_REASONS: Final = frozenset({"stop", "tool_calls"}) | LENGTH_FINISH_REASONS
-"""Finish reasons of a complete (or length-limited, still eligible) generation; any other one,
-such as ``content_filter``, is an incomplete generation."""
-
-GENERATED_ITEM_TYPES: Final = frozenset({"reasoning", "function_call", "custom_tool_call"})
-"""Item types (without a role) that the model generates; every other role-less type is an
-observation."""
-
 _DOTTED_NAME: Final = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
-
-
-class SelectionRule:
-    """The rules a ``SelectionError`` names (its ``rule``)."""
-
-    INVALID_RESULT: Final = "invalid_result"
-    MISSING_EVIDENCE: Final = "missing_evidence"
-    CONTRADICTORY_EVIDENCE: Final = "contradictory_evidence"
-    DUPLICATED_EVIDENCE: Final = "duplicated_evidence"
-    AMBIGUOUS_EVIDENCE: Final = "ambiguous_evidence"
-    MISSING_TERMINAL: Final = "missing_terminal"
-    MISSING_COMPLETION_METADATA: Final = "missing_completion_metadata"
-    INVALID_POLICY_RESULT: Final = "invalid_policy_result"
-    INVALID_RECORD: Final = "invalid_record"
-
-
-@dataclass(frozen=True, slots=True)
-class CapturedCall:
-    """One call of the attempt as the ledger describes it, without tensors (producer: the
-    projector, from ``call.intended`` / ``call.committed`` / ``call.failed``; consumer: selection
-    policies, including custom ones).
-
-    What the ledger must provide: ``call_id`` and ``parent_id`` (from the intent); ``status`` —
-    ``committed`` when a commit event exists, else ``failed`` when a failure event exists, else
-    ``pending``; for committed calls ``response_id`` (the served response id),
-    ``output_fingerprint`` (``fingerprint_output`` of the output items the gateway returned for
-    it) and ``finish_reason``; ``failure_reason`` (the reason code of a ``call.failed`` event,
-    also on a committed call that later recorded a failure, such as a rejected response, which
-    stays ``committed``). ``None`` means "not recorded".
-    """
-
-    call_id: str
-    parent_id: str | None
-    status: str
-    response_id: str | None = None
-    output_fingerprint: str | None = None
-    finish_reason: str | None = None
-    failure_reason: str | None = None
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.call_id, str) or not self.call_id:
-            raise SelectionError(
-                SelectionRule.INVALID_RECORD,
-                f"call_id must be a non-empty string, got {self.call_id!r}",
-            )
-        if self.status not in CALL_STATUSES:
-            raise SelectionError(
-                SelectionRule.INVALID_RECORD,
-                f"status of call {self.call_id!r} must be one of {', '.join(CALL_STATUSES)}, "
-                f"got {self.status!r}",
-                call_id=self.call_id,
-            )
-
-    @property
-    def rejected(self) -> bool:
-        """Whether the harness rejected this committed, complete response and resampled."""
-        return self.status == "committed" and self.failure_reason == REJECTED_BY_HARNESS
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,86 +119,14 @@ SelectionPolicy: TypeAlias = Callable[
 """``(records, result) -> (selected_records, terminal_response_id)``."""
 
 
-def is_generated_item(item: Mapping[str, Any]) -> bool:
-    """Whether a returned item was generated by the model (else it is an observation)."""
-    role = item.get("role")
-    if role is not None:
-        return role == "assistant"
-    return item.get("type") in GENERATED_ITEM_TYPES
-
-
-class _CaptureIndex:
-    """Committed calls of one attempt, looked up by response id and output fingerprint; rejected
-    responses are indexed by id (so evidence naming one is refused by name), never by content."""
-
-    def __init__(self, records: Sequence[CapturedCall]) -> None:
-        self.by_call: dict[str, CapturedCall] = {}
-        self.by_response: dict[str, CapturedCall] = {}
-        self.by_fingerprint: dict[str, list[CapturedCall]] = {}
-        for record in records:
-            if not isinstance(record, CapturedCall):
-                raise SelectionError(
-                    SelectionRule.INVALID_RECORD,
-                    f"records must be CapturedCall instances, got {type(record).__name__}",
-                )
-            if record.call_id in self.by_call:
-                raise SelectionError(
-                    SelectionRule.DUPLICATED_EVIDENCE,
-                    f"two captured records share call id {record.call_id!r}",
-                    call_id=record.call_id,
-                )
-            self.by_call[record.call_id] = record
-            if record.status != "committed":
-                continue
-            if record.response_id is None or record.output_fingerprint is None:
-                raise SelectionError(
-                    SelectionRule.MISSING_COMPLETION_METADATA,
-                    f"committed call {record.call_id!r} lacks its response_id or "
-                    "output_fingerprint",
-                    call_id=record.call_id,
-                )
-            if record.response_id in self.by_response:
-                raise SelectionError(
-                    SelectionRule.DUPLICATED_EVIDENCE,
-                    f"response id {record.response_id!r} was served by calls "
-                    f"{self.by_response[record.response_id].call_id!r} and {record.call_id!r}",
-                    call_id=record.call_id,
-                    response_id=record.response_id,
-                )
-            self.by_response[record.response_id] = record
-            if not record.rejected:
-                self.by_fingerprint.setdefault(record.output_fingerprint, []).append(record)
-
-    def call_for_response(self, response_id: str) -> CapturedCall | None:
-        """The committed call that served ``response_id`` (None if none did); raises when the
-        harness rejected it, since a rejected response is never accepted or scored."""
-        call = self.by_response.get(response_id)
-        if call is not None:
-            _refuse_rejected(call)
-        return call
-
-
-def _refuse_rejected(call: CapturedCall) -> None:
-    """Raise ``contradictory_evidence`` when the result names a response the harness rejected."""
-    if call.rejected:
-        raise SelectionError(
-            SelectionRule.CONTRADICTORY_EVIDENCE,
-            f"the result names response {call.response_id!r} of call {call.call_id!r}, which the "
-            "harness rejected; a rejected response never enters the returned history and is "
-            "never the scored one",
-            call_id=call.call_id,
-            response_id=call.response_id,
-        )
-
-
 def returned_history(
     records: Sequence[CapturedCall], result: Mapping[str, Any]
 ) -> tuple[list[CapturedCall], str | None]:
     """The calls whose whole generations the harness returned, in returned order, and the scored
     response id (``terminal_response_id``, else the last returned generation's)."""
-    index = _CaptureIndex(records)
-    terminal = _explicit_terminal(result)
-    selected = _agreed_evidence(index, result)
+    index = CaptureIndex(records)
+    terminal = explicit_terminal(result)
+    selected = agreed_evidence(index, result)
     if selected is None:
         raise SelectionError(
             SelectionRule.MISSING_EVIDENCE,
@@ -289,8 +155,8 @@ def all_captured(
     """Every captured call in capture order (rejected responses included: abandoned retries),
     except unscored leaves that failed, are pending, or stopped incomplete for a non-length
     reason; and the attributable scored response id."""
-    index = _CaptureIndex(records)
-    terminal = _attributed_terminal(index, result)
+    index = CaptureIndex(records)
+    terminal = attributed_terminal(index, result)
     parents = {record.parent_id for record in records}
     selected = []
     for record in records:
@@ -383,7 +249,7 @@ def select_rollout(
             f"the harness result must be a mapping, got {type(result).__name__}",
         )
     reward = _reward(result)
-    index = _CaptureIndex(records)
+    index = CaptureIndex(records)
     returned = function(list(records), result)
     if not isinstance(returned, tuple | list) or len(returned) != 2:
         raise _policy_error(name, "it must return (selected_records, terminal_response_id)")
@@ -503,310 +369,3 @@ def _reward(result: Mapping[str, Any]) -> float:
             f"result['reward'] must be a finite number, got {reward!r}",
         )
     return float(reward)
-
-
-def _explicit_terminal(result: Mapping[str, Any]) -> str | None:
-    terminal = result.get("terminal_response_id")
-    if terminal is not None and (not isinstance(terminal, str) or not terminal):
-        raise SelectionError(
-            SelectionRule.INVALID_RESULT,
-            f"terminal_response_id must be a non-empty string, got {terminal!r}",
-        )
-    return terminal
-
-
-def _agreed_evidence(index: _CaptureIndex, result: Mapping[str, Any]) -> list[CapturedCall] | None:
-    """The calls named by every evidence source present; they must agree."""
-    sources: list[tuple[str, list[CapturedCall]]] = []
-    if "output" in result:
-        sources.append(("output", _match_output(index, _items(result["output"], "output"))))
-    if "responses" in result:
-        sources.append(("responses", _match_responses(index, result["responses"])))
-    references = _references(result)
-    if references is not None:
-        sources.append(("model_calls", _resolve_references(index, references)))
-    if not sources:
-        return None
-    first_name, first = sources[0]
-    for name, calls in sources[1:]:
-        if [c.call_id for c in calls] != [c.call_id for c in first]:
-            raise SelectionError(
-                SelectionRule.CONTRADICTORY_EVIDENCE,
-                f"{first_name!r} selects {[c.call_id for c in first]} but {name!r} selects "
-                f"{[c.call_id for c in calls]}",
-            )
-    _reject_duplicates(first)
-    return first
-
-
-def _reject_duplicates(calls: list[CapturedCall]) -> None:
-    seen: set[str] = set()
-    for call in calls:
-        if call.call_id in seen:
-            raise SelectionError(
-                SelectionRule.DUPLICATED_EVIDENCE,
-                f"call {call.call_id!r} (response {call.response_id!r}) is returned twice",
-                call_id=call.call_id,
-                response_id=call.response_id,
-            )
-        seen.add(call.call_id)
-
-
-def _items(value: Any, where: str) -> list[Mapping[str, Any]]:
-    if not isinstance(value, list) or not all(isinstance(item, Mapping) for item in value):
-        raise SelectionError(
-            SelectionRule.INVALID_RESULT, f"result {where} must be a list of item mappings"
-        )
-    return value
-
-
-def _match_output(index: _CaptureIndex, items: list[Mapping[str, Any]]) -> list[CapturedCall]:
-    """Split the generated items into whole generations of committed calls; exactly one split."""
-    generated = [item for item in items if is_generated_item(item)]
-    claimed: list[CapturedCall | None] = []
-    for position, item in enumerate(generated):
-        response_id = item.get("response_id")
-        call = index.call_for_response(response_id) if isinstance(response_id, str) else None
-        if response_id is not None and call is None:
-            raise SelectionError(
-                SelectionRule.MISSING_EVIDENCE,
-                f"generated item {position} names response {response_id!r}, which no committed "
-                "call of this attempt served",
-                item_index=position,
-                response_id=str(response_id),
-            )
-        claimed.append(call)
-    encoded = [encode_output_item(item) for item in generated]
-    count = len(generated)
-    # candidates[i]: (end, call) for each committed call whose whole generation is items[i:end]
-    # and that no item in the span contradicts by naming another response. Hashing is
-    # incremental: one running digest per start, copied at each end.
-    candidates: list[list[tuple[int, CapturedCall]]] = [[] for _ in range(count)]
-    covering: list[set[str]] = [set() for _ in range(count)]
-    for start in range(count):
-        running = hashlib.sha256(FINGERPRINT_DOMAIN)
-        for end in range(start + 1, count + 1):
-            running.update(encoded[end - 1])
-            for call in index.by_fingerprint.get(running.copy().hexdigest(), ()):
-                if all(claimed[k] in (None, call) for k in range(start, end)):
-                    candidates[start].append((end, call))
-                    for k in range(start, end):
-                        covering[k].add(call.call_id)
-    for position, call in enumerate(claimed):
-        if call is not None and call.call_id not in covering[position]:
-            raise SelectionError(
-                SelectionRule.CONTRADICTORY_EVIDENCE,
-                f"generated item {position} names response {call.response_id!r} (call "
-                f"{call.call_id!r}), but no returned span containing it equals that call's whole "
-                "generation",
-                item_index=position,
-                call_id=call.call_id,
-                response_id=call.response_id,
-            )
-    return _unique_split(candidates, count)
-
-
-def _unique_split(
-    candidates: list[list[tuple[int, CapturedCall]]], count: int
-) -> list[CapturedCall]:
-    """The one way to cover positions 0..count with candidate generations, or a clear error."""
-    ways = [0] * (count + 1)  # ways[i]: number of splits of items[i:], capped at 2
-    ways[count] = 1
-    for start in range(count - 1, -1, -1):
-        ways[start] = min(2, sum(ways[end] for end, _ in candidates[start]))
-    if ways[0] == 0:
-        reachable = {0}
-        for start in range(count):
-            if start in reachable:
-                reachable.update(end for end, _ in candidates[start])
-        position = max(start for start in reachable if start < count)
-        raise SelectionError(
-            SelectionRule.MISSING_EVIDENCE,
-            f"generated item {position} starts no whole generation of a committed call (the "
-            "returned history must contain every accepted generation, unchanged and in order)",
-            item_index=position,
-        )
-    selected: list[CapturedCall] = []
-    position = 0
-    while position < count:
-        options = [(end, call) for end, call in candidates[position] if ways[end] > 0]
-        if len(options) > 1 or ways[options[0][0]] > 1:
-            names = sorted({call.call_id for _, call in options})
-            raise SelectionError(
-                SelectionRule.AMBIGUOUS_EVIDENCE,
-                f"generated items from {position} on match the whole generations of calls "
-                f"{names} in more than one way; return response ids to disambiguate",
-                item_index=position,
-            )
-        position, call = options[0]
-        selected.append(call)
-    return selected
-
-
-def _match_responses(index: _CaptureIndex, responses: Any) -> list[CapturedCall]:
-    """One committed call per returned response: by native response id, else by content."""
-    if not isinstance(responses, list) or not all(isinstance(r, Mapping) for r in responses):
-        raise SelectionError(
-            SelectionRule.INVALID_RESULT, "result responses must be a list of response mappings"
-        )
-    selected = []
-    for position, response in enumerate(responses):
-        items = [item for item in _items(response.get("output"), "responses[].output")]
-        fingerprint = fingerprint_output([item for item in items if is_generated_item(item)])
-        response_id = response.get("id")
-        call = index.call_for_response(response_id) if isinstance(response_id, str) else None
-        if call is not None:
-            if call.output_fingerprint != fingerprint:
-                raise SelectionError(
-                    SelectionRule.CONTRADICTORY_EVIDENCE,
-                    f"response {position} has id {response_id!r} (call {call.call_id!r}) but "
-                    "its output differs from that call's captured generation",
-                    call_id=call.call_id,
-                    response_id=response_id,
-                    item_index=position,
-                )
-        else:
-            matches = index.by_fingerprint.get(fingerprint, [])
-            call = _unique_match(matches, f"response {position}", position)
-        selected.append(call)
-    return selected
-
-
-def _unique_match(matches: list[CapturedCall], what: str, position: int) -> CapturedCall:
-    """The single call in ``matches``, else a missing or ambiguous evidence error."""
-    if not matches:
-        raise SelectionError(
-            SelectionRule.MISSING_EVIDENCE,
-            f"{what} matches no committed call's whole generation",
-            item_index=position,
-        )
-    if len(matches) > 1:
-        raise SelectionError(
-            SelectionRule.AMBIGUOUS_EVIDENCE,
-            f"{what} matches the whole generations of calls {[c.call_id for c in matches]}; "
-            "return response ids to disambiguate",
-            item_index=position,
-        )
-    return matches[0]
-
-
-def _references(result: Mapping[str, Any]) -> list[Any] | None:
-    """Call references from ``model_calls`` and/or ``trajectory.turns[].model_calls``."""
-    found: list[list[Any]] = []
-    if "model_calls" in result:
-        found.append(_reference_list(result["model_calls"], "model_calls"))
-    trajectory = result.get("trajectory")
-    if trajectory is not None:
-        turns = trajectory.get("turns") if isinstance(trajectory, Mapping) else None
-        if not isinstance(turns, list) or not all(isinstance(t, Mapping) for t in turns):
-            raise SelectionError(
-                SelectionRule.INVALID_RESULT, "result trajectory.turns must be a list of mappings"
-            )
-        found.append(
-            [
-                reference
-                for turn in turns
-                for reference in _reference_list(turn.get("model_calls", []), "turns[].model_calls")
-            ]
-        )
-    if len(found) == 2 and found[0] != found[1]:
-        raise SelectionError(
-            SelectionRule.CONTRADICTORY_EVIDENCE,
-            "model_calls and trajectory.turns[].model_calls name different calls",
-        )
-    return found[0] if found else None
-
-
-def _reference_list(value: Any, where: str) -> list[Any]:
-    if not isinstance(value, list):
-        raise SelectionError(SelectionRule.INVALID_RESULT, f"result {where} must be a list")
-    return value
-
-
-def _resolve_references(index: _CaptureIndex, references: list[Any]) -> list[CapturedCall]:
-    selected = []
-    for position, reference in enumerate(references):
-        if isinstance(reference, str):
-            reference = {"call_id": reference}
-        if not isinstance(reference, Mapping) or not (
-            "call_id" in reference or "response_id" in reference
-        ):
-            raise SelectionError(
-                SelectionRule.INVALID_RESULT,
-                f"model call reference {position} must be a call id or a mapping with call_id "
-                f"or response_id, got {reference!r}",
-                item_index=position,
-            )
-        by_call = index.by_call.get(reference["call_id"]) if "call_id" in reference else None
-        by_response = (
-            index.call_for_response(reference["response_id"])
-            if "response_id" in reference
-            else None
-        )
-        call = by_call or by_response
-        if call is None or call.status != "committed":
-            raise SelectionError(
-                SelectionRule.MISSING_EVIDENCE,
-                f"model call reference {position} ({dict(reference)!r}) names no committed call",
-                item_index=position,
-            )
-        if by_call is not None and by_response is not None and by_call is not by_response:
-            raise SelectionError(
-                SelectionRule.CONTRADICTORY_EVIDENCE,
-                f"model call reference {position} names call {by_call.call_id!r} and response "
-                f"{by_response.response_id!r} of call {by_response.call_id!r}",
-                item_index=position,
-            )
-        _refuse_rejected(call)
-        selected.append(call)
-    return selected
-
-
-def _attributed_terminal(index: _CaptureIndex, result: Mapping[str, Any]) -> str:
-    """The scored response id from the result's explicit terminal or its returned response."""
-    terminal = _explicit_terminal(result)
-    if terminal is not None:
-        if index.call_for_response(terminal) is None:
-            raise SelectionError(
-                SelectionRule.MISSING_EVIDENCE,
-                f"terminal_response_id {terminal!r} was served by no committed call",
-                response_id=terminal,
-            )
-        return terminal
-    if "responses" in result:
-        responses = _match_responses(index, result["responses"])
-        if responses:
-            return responses[-1].response_id
-    if "output" in result:
-        generated = [i for i in _items(result["output"], "output") if is_generated_item(i)]
-        if generated:
-            return _final_generation(index, generated).response_id
-    references = _references(result)
-    if references:
-        return _resolve_references(index, references)[-1].response_id
-    raise SelectionError(
-        SelectionRule.MISSING_TERMINAL,
-        "no scored terminal: give terminal_response_id or return the scored response "
-        "(capture order is not a terminal witness)",
-    )
-
-
-def _final_generation(index: _CaptureIndex, generated: list[Mapping[str, Any]]) -> CapturedCall:
-    """The committed call whose whole generation ends the returned history."""
-    response_id = generated[-1].get("response_id")
-    if isinstance(response_id, str):
-        call = index.call_for_response(response_id)
-        if call is None:
-            raise SelectionError(
-                SelectionRule.MISSING_EVIDENCE,
-                f"the last generated item names response {response_id!r}, which no committed "
-                "call served",
-                response_id=response_id,
-            )
-        return call
-    encoded = [encode_output_item(item) for item in generated]
-    matches: dict[str, CapturedCall] = {}
-    for start in range(len(generated) - 1, -1, -1):
-        for call in index.by_fingerprint.get(fingerprint_encoded(encoded[start:]), ()):
-            matches[call.call_id] = call
-    return _unique_match(list(matches.values()), "the last returned generation", len(generated) - 1)

@@ -47,6 +47,21 @@ PUBLIC = {
         "returned_history",
         "select_rollout",
     },
+    "training.captured": {
+        "COMPLETE_FINISH_REASONS",
+        "REJECTED_BY_HARNESS",
+        "REQUEST_FINISHED_WITHOUT_STAGED_COORDINATES",
+        "CapturedCall",
+        "SelectionRule",
+    },
+    "training.evidence": {
+        "GENERATED_ITEM_TYPES",
+        "CaptureIndex",
+        "agreed_evidence",
+        "attributed_terminal",
+        "explicit_terminal",
+        "is_generated_item",
+    },
     "training.rows": {
         "ROUTE_MISSING_SENTINEL",
         "CallExtras",
