@@ -6,6 +6,10 @@
     ├── NormalizationError        an item normalization cannot map (docs/normalization.md)
     ├── RenderError               the chat template failed to render the messages
     ├── SpliceError               a prompt plan that lacks, or contradicts, its token evidence
+    ├── AttemptOptionsChangedError  a call whose model or template configuration is not the
+    │                               attempt's (docs/normalization.md, "Fixed per attempt")
+    ├── UnexplainedRootError      strict capture: a call the template cannot continue from its
+    │                               parent's exact tokens (docs/normalization.md, "Strict mode")
     └── EngineError               inference refused or failed
         ├── InvalidSamplingError      sampling parameters out of range
         ├── UnsupportedSamplingError  valid parameters this engine cannot honour exactly
@@ -20,7 +24,13 @@ got-versus-expected values, which are also kept as attributes.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from capture.divergence import Divergence
+
 __all__ = [
+    "AttemptOptionsChangedError",
     "CaptureError",
     "EngineError",
     "InvalidGenerationError",
@@ -30,6 +40,7 @@ __all__ = [
     "PromptTooLongError",
     "RenderError",
     "SpliceError",
+    "UnexplainedRootError",
     "UnsupportedSamplingError",
 ]
 
@@ -67,6 +78,47 @@ class SpliceError(CaptureError):
         self.rule = rule
         self.call_id = call_id
         super().__init__(f"Cannot plan the prompt (parent call {call_id}): {rule}")
+
+
+class AttemptOptionsChangedError(CaptureError):
+    """A call whose model, chat template or template configuration differs from its attempt's;
+    refused before anything is written."""
+
+    def __init__(
+        self, capture_key: str, option: str, got: object, expected: object, fixed_by: str
+    ) -> None:
+        self.capture_key = capture_key
+        self.option = option
+        self.got = got
+        self.expected = expected
+        self.fixed_by = fixed_by
+        super().__init__(
+            "The model and template configuration stay fixed during an attempt: in attempt "
+            f"{capture_key!r} this call's {option} is {_short(got)}, the attempt's is "
+            f"{_short(expected)} (fixed by {fixed_by}); send every call of the attempt with the "
+            "attempt's model, chat template, template kwargs and processor kwargs, or open a new "
+            "attempt for the new configuration (docs/normalization.md)"
+        )
+
+
+class UnexplainedRootError(CaptureError):
+    """Strict capture refuses a call that would root unexplained: admission found the call it
+    continues, and the template cannot extend that call's exact tokens."""
+
+    def __init__(
+        self, capture_key: str, reason: str, candidate_call_id: str | None, divergence: Divergence
+    ) -> None:
+        self.capture_key = capture_key
+        self.reason = reason
+        self.candidate_call_id = candidate_call_id
+        self.divergence = divergence
+        super().__init__(
+            f"Strict capture refuses an unexplained root in attempt {capture_key!r}: the request "
+            f"continues call {candidate_call_id}, but the boundary check failed ({reason}); "
+            f"{divergence.describe()}\nMake the chat template and the client reproduce the "
+            'parent\'s exact text (docs/normalization.md, "Divergence diagnostics"), or capture '
+            "without strict mode to record the call as a root"
+        )
 
 
 class EngineError(CaptureError):
@@ -127,3 +179,8 @@ class InvalidGenerationError(EngineError):
         self.rule = rule
         self.got = got
         super().__init__(f"Invalid generation from the engine: {rule}; got {got!r}")
+
+
+def _short(value: object, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -159,12 +159,14 @@ class CaptureService:
         engine: Engine,
         *,
         model_fingerprint: str,
+        strict: bool = False,
     ) -> None:
         self.log = log
         self.blobs = blobs
         self.renderer = renderer
         self.engine = engine
         self.model_fingerprint = model_fingerprint
+        self.strict = strict  # refuse unexplained roots (docs/normalization.md, "Strict mode")
         self._views: dict[str, _AttemptView] = {}
         self._lock = threading.Lock()
 
@@ -245,7 +247,7 @@ class CaptureService:
                 replay_summary=summary,
                 equivalences=tuple(e.value for e in decision.equivalences),
                 prompt_tokens=plan.prompt_len,
-                admission=decision.as_payload(),
+                admission=plan.admission_record(),
                 policy_version=getattr(self.engine, "policy_version", None),
             ),
         )
@@ -371,6 +373,8 @@ class CaptureService:
             view.index,
             lambda call_id: self._chain_tokens(view, call_id),
             lambda call_id: self._parent_outputs(view, call_id),
+            attempt=view.state,
+            strict=self.strict,
         )
 
     @staticmethod

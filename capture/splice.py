@@ -17,7 +17,14 @@ candidate must pass two textual checks first (``docs/normalization.md``, "The sp
 
 A candidate that fails either becomes a root, with the check's name as the recorded reason; the
 suffix is then the whole rendered request. Checks compare decoded text only: the parent's tokens
-are reused as they are even where their text would tokenize differently today.
+are reused as they are even where their text would tokenize differently today. Such a root is
+*unexplained* (nothing the harness did explains it), so the plan carries a divergence diagnostic
+of the two texts the failed check compared (``capture/divergence.py``), recorded on the intent;
+in strict mode :func:`plan_call` refuses the call instead (``UnexplainedRootError``).
+
+Before admission, :func:`plan_call` checks the call's fixed options (model, chat template,
+template and processor kwargs, tokenization flags) against its attempt's
+(``capture/fixed_options.py``) and refuses a call that changes them.
 
 Every call of the chain is represented by its exact generated text, not by the template's rendering
 of the message the client echoed (``RawOutput``). The two differ when the gateway parsed the text
@@ -31,10 +38,12 @@ Where no output was parsed the two renderings are one and the same.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from capture.errors import SpliceError
+from capture.divergence import Divergence, Side, common_prefix_length, diagnose
+from capture.errors import RenderError, SpliceError, UnexplainedRootError
+from capture.fixed_options import FIXED_OPTIONS_KEY, check_fixed_options, fixed_options
 from capture.render import (
     NormalizedRequest,
     Renderer,
@@ -44,6 +53,7 @@ from capture.render import (
     replay_summary,
 )
 from ledger.admission import (
+    UNEXPLAINED_ROOT_REASONS,
     AdmissionDecision,
     AdmissionIndex,
     DecisionKind,
@@ -51,6 +61,7 @@ from ledger.admission import (
     decide,
     locate_boundary,
 )
+from ledger.attempt import AttemptState
 
 __all__ = ["PromptPlan", "RawOutput", "plan_call", "plan_prompt"]
 
@@ -77,13 +88,26 @@ class PromptPlan:
     ``prompt_token_ids``; the delta blob: ``delta_token_ids``; ``call.committed``:
     ``request_summary.extended(output items)``). ``prompt_token_ids[:prev_len]`` is the parent
     chain exactly; ``prev_len`` is 0 for a root, whose delta is its whole prompt.
-    ``decision.kind`` is continuation exactly when ``prev_len > 0``.
+    ``decision.kind`` is continuation exactly when ``prev_len > 0``. ``divergence`` is set exactly
+    when the splice rooted the candidate; ``fixed_options`` when :func:`plan_call` checked them.
     """
 
     decision: AdmissionDecision
     prompt_token_ids: tuple[int, ...]
     prev_len: int
     request_summary: ReplaySummary
+    divergence: Divergence | None = None
+    fixed_options: Mapping[str, Any] | None = None
+
+    def admission_record(self) -> dict[str, Any]:
+        """The intent's admission record: the decision, plus the divergence and fixed options
+        when there are (``call.intended.admission``; replay reads the decision's fields)."""
+        record = self.decision.as_payload()
+        if self.divergence is not None:
+            record["divergence"] = self.divergence.as_payload()
+        if self.fixed_options is not None:
+            record[FIXED_OPTIONS_KEY] = dict(self.fixed_options)
+        return record
 
     @property
     def delta_token_ids(self) -> tuple[int, ...]:
@@ -103,6 +127,9 @@ def plan_call(
     index: AdmissionIndex,
     parent_tokens: Callable[[str], Sequence[int]],
     parent_outputs: Callable[[str], Sequence[RawOutput]] | None = None,
+    *,
+    attempt: AttemptState | None = None,
+    strict: bool = False,
 ) -> PromptPlan:
     """Everything before inference for one request: admission, then the splice. Writes nothing.
 
@@ -111,10 +138,16 @@ def plan_call(
     outputs of the calls of that chain (none when not given); both are asked only for the chosen
     parent. The null/empty tool-content proof is rendered only when admission needs it. Intend
     and measure both call this, so they reach the same decision. Raises ``AdmissionError``
-    (assistant prefill, empty suffix, ambiguous parent) before anything is generated.
+    (assistant prefill, empty suffix, ambiguous parent) before anything is generated; with
+    ``attempt``, ``AttemptOptionsChangedError`` for a call that changes the attempt's fixed
+    options; with ``strict``, ``UnexplainedRootError`` for a call the splice would root
+    unexplained.
     """
     items = admission_items(request)
     options_digest = renderer.options_digest(options)
+    fixed = fixed_options(options, renderer.chat_template(options))
+    if attempt is not None:
+        check_fixed_options(fixed, attempt)
     boundary = locate_boundary(items)
     decision = decide(boundary, render_options_digest=options_digest, index=index)
     if (
@@ -128,7 +161,7 @@ def plan_call(
             tool_content_equivalence_proven=True,
         )
     parent = decision.parent_call_id
-    return _plan(
+    plan = _plan(
         renderer,
         request,
         options,
@@ -137,6 +170,15 @@ def plan_call(
         replay_summary(items, options_digest),
         () if parent is None or parent_outputs is None else parent_outputs(parent),
     )
+    reason = plan.decision.reason
+    if strict and reason in UNEXPLAINED_ROOT_REASONS and plan.divergence is not None:
+        raise UnexplainedRootError(
+            "" if attempt is None else attempt.capture_key,
+            reason.value,
+            plan.decision.candidate_call_id,
+            plan.divergence,
+        )
+    return replace(plan, fixed_options=fixed)
 
 
 def plan_prompt(
@@ -187,13 +229,20 @@ def _plan(
     prefix_text = renderer.render(prefix, options, add_generation_prompt=False)
     if not full_text.startswith(prefix_text):
         rooted = decision.rooted(RootReason.TEMPLATE_NOT_APPEND_COMPATIBLE)
-        return _root(renderer, options, rooted, full_text, summary)
+        sides = (
+            _rendered("parent", "the history rendered up to the parent's output", prefix_text),
+            _rendered("request", "the request rendered whole", full_text),
+        )
+        divergence = _diagnosed(renderer, request.messages, options, *sides)
+        return _root(renderer, options, rooted, full_text, summary, divergence)
     chain_text = renderer.decode(parent_token_ids)
     exact_text = _exact_prefix_text(renderer, prefix, options, prefix_text, raw_outputs)
     trailer = exact_text[len(chain_text) :]
     if not exact_text.startswith(chain_text) or not prefix_text.endswith(trailer):
         rooted = decision.rooted(RootReason.RENDERED_HISTORY_DIFFERS)
-        return _root(renderer, options, rooted, full_text, summary)
+        sides = _history_sides(renderer, parent_token_ids, chain_text, exact_text, prefix_text)
+        divergence = _diagnosed(renderer, request.messages, options, *sides)
+        return _root(renderer, options, rooted, full_text, summary, divergence)
     suffix = renderer.encode(trailer + full_text[len(prefix_text) :])
     return PromptPlan(
         decision=decision,
@@ -209,9 +258,91 @@ def _root(
     decision: AdmissionDecision,
     full_text: str,
     summary: ReplaySummary,
+    divergence: Divergence | None = None,
 ) -> PromptPlan:
     tokens = renderer.encode(full_text, add_special_tokens=options.add_special_tokens)
-    return PromptPlan(decision, tuple(tokens), prev_len=0, request_summary=summary)
+    return PromptPlan(decision, tuple(tokens), 0, summary, divergence)
+
+
+def _rendered(name: str, what: str, text: str) -> Side:
+    """A side that is a rendering: its token ids are filled in by :func:`_diagnosed`."""
+    return Side(name, what, text, ())
+
+
+def _history_sides(
+    renderer: Renderer,
+    chain: Sequence[int],
+    chain_text: str,
+    exact_text: str,
+    prefix_text: str,
+) -> tuple[Side, Side]:
+    """The two texts ``rendered_history_differs`` compared: the parent chain's exact text and
+    the history rendered with exact outputs; or, when the chain's text starts that rendering
+    but the end of turn after it is not the template's own, the chain followed by each end."""
+    if not exact_text.startswith(chain_text):
+        return (
+            Side("parent", "the parent chain's exact tokens", chain_text, tuple(chain)),
+            _rendered("request", "the history rendered, outputs as their exact text", exact_text),
+        )
+    trailer = exact_text[len(chain_text) :]
+    own = prefix_text[max(0, len(prefix_text) - len(trailer)) :]
+    return (
+        Side(
+            "parent",
+            "the parent chain's exact tokens, then the end of turn written after its exact text",
+            exact_text,
+            (*chain, *renderer.encode(trailer)),
+        ),
+        Side(
+            "request",
+            "the parent chain's exact tokens, then the end of the template's own rendering",
+            chain_text + own,
+            (*chain, *renderer.encode(own)),
+        ),
+    )
+
+
+def _diagnosed(
+    renderer: Renderer,
+    messages: Sequence[Mapping[str, Any]],
+    options: RenderOptions,
+    parent: Side,
+    request: Side,
+) -> Divergence:
+    """The divergence of two sides; a rendering's ids are its encoding (no special tokens)."""
+    parent, request = (
+        side if side.token_ids else replace(side, token_ids=tuple(renderer.encode(side.text)))
+        for side in (parent, request)
+    )
+    at = common_prefix_length(parent.text, request.text)
+    index = _message_at(renderer, messages, options, at)
+    return diagnose(parent, request, message_index=index, decode=renderer.decode)
+
+
+def _message_at(
+    renderer: Renderer, messages: Sequence[Mapping[str, Any]], options: RenderOptions, at: int
+) -> int:
+    """The message whose rendering holds character ``at``: the last ``i`` whose first ``i``
+    messages render (without a generation prompt) to at most ``at`` characters. A binary search:
+    O(log n) renders."""
+
+    def starts_by(count: int) -> bool:
+        if count == 0:
+            return True
+        try:
+            text = renderer.render(messages[:count], options, add_generation_prompt=False)
+        except RenderError:
+            return False
+        return len(text) <= at
+
+    lo, hi = 0, len(messages)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if starts_by(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return min(lo, max(len(messages) - 1, 0))
 
 
 def _exact_prefix_text(

@@ -102,6 +102,8 @@ ERROR_STATUS: Final[Mapping[type[Exception], ErrorStatus]] = {
     capture_errors.NormalizationError: ErrorStatus(400, "invalid_messages"),
     capture_errors.RenderError: ErrorStatus(400, "render_failed"),
     capture_errors.SpliceError: ErrorStatus(500, "splice_failed"),
+    capture_errors.AttemptOptionsChangedError: ErrorStatus(409, "attempt_options_changed"),
+    capture_errors.UnexplainedRootError: ErrorStatus(409, "unexplained_root"),
     capture_errors.EngineError: ErrorStatus(502, "engine_failed"),
     capture_errors.InvalidSamplingError: ErrorStatus(400, "invalid_sampling"),
     capture_errors.UnsupportedSamplingError: ErrorStatus(400, "unsupported_sampling"),

@@ -52,6 +52,7 @@ __all__ = [
     "ASSISTANT_ROLE",
     "OBSERVATION_ROLES",
     "PREFIX_DIGEST_SEED",
+    "UNEXPLAINED_ROOT_REASONS",
     "AdmissionDecision",
     "AdmissionError",
     "AdmissionIndex",
@@ -120,6 +121,10 @@ class RootReason(StrEnum):
 
     The first seven come from admission (:func:`decide`); the last two from the boundary check of
     the splice (``capture/splice.py``), which roots a candidate the template cannot extend exactly.
+    ``render_options_changed`` means a committed call matches with other per-call options (tools,
+    tool choice, reasoning effort): a call that changes its attempt's model or template options is
+    refused before admission (``capture/fixed_options.py``), though ledgers written before that
+    rule may hold the reason for such a change too.
     """
 
     FIRST_CALL = "first_call"
@@ -131,6 +136,14 @@ class RootReason(StrEnum):
     TOOL_CONTENT_NOT_EQUIVALENT = "tool_content_not_equivalent"
     TEMPLATE_NOT_APPEND_COMPATIBLE = "template_not_append_compatible"
     RENDERED_HISTORY_DIFFERS = "rendered_history_differs"
+
+
+UNEXPLAINED_ROOT_REASONS: Final = frozenset(
+    {RootReason.TEMPLATE_NOT_APPEND_COMPATIBLE, RootReason.RENDERED_HISTORY_DIFFERS}
+)
+"""The reasons of an *unexplained* root (``docs/metrics.md``): admission found the committed call
+the request continues (so never the attempt's first call), and the template could not extend that
+call's exact tokens; nothing the harness did explains it."""
 
 
 class Equivalence(StrEnum):
@@ -476,7 +489,8 @@ def _compatible(
 
 
 def _incompatibility(matched: Sequence[CandidateCall]) -> RootReason:
-    """Why none of the matched calls can be a parent (the most telling reason first)."""
+    """Why none of the matched calls can be a parent (the most telling reason first): a committed
+    match has other render options (per-call ones, once the fixed ones were checked)."""
     statuses = {c.status for c in matched}
     if CallStatus.COMMITTED in statuses:
         return RootReason.RENDER_OPTIONS_CHANGED

@@ -6,7 +6,10 @@ with their root and depth (``grove_call_lineage``), its rollout and its recorded
 call is marked with its status, decision or root reason, selection index, whether it is an
 endpoint (a selected call with no selected child) or the scored terminal, the rows (paths of
 ``rollout.finalized``) that contain it and the one that owns its generated tokens, and the
-rollout's masked reason when a selected call is masked with it.
+rollout's masked reason when a selected call is masked with it. A root the splice's boundary check
+made (``template_not_append_compatible``, ``rendered_history_differs``) also shows its divergence
+diagnostic (``capture/divergence.py``): the message, the offsets, both token windows and the likely
+cause, read from its intent's admission record.
 
 A key is a capture key or a logical rollout id; a rollout id names every attempt of its rollout.
 """
@@ -21,8 +24,9 @@ from rich.text import Text
 from rich.tree import Tree
 from sqlalchemy import Connection, text
 
+from capture.divergence import Divergence
 from ledger.errors import LedgerError
-from ledger.events import AttemptOpened, RolloutFinalized
+from ledger.events import AttemptOpened, CallIntended, RolloutFinalized
 from ledger.projections import catch_up
 from ledger.schema import JsonType
 from ledger.store import EventStore, StoredEvent
@@ -99,6 +103,8 @@ class CallLineage:
     ``rows`` are the indexes of the recorded paths that contain the call, ``owner_row`` the one
     that owns its generated tokens (None when no row does); ``masked_reason`` is the rollout's
     when the call is selected and the rollout is masked. Lengths are None until the call commits.
+    ``divergence`` is the recorded divergence diagnostic of a root the boundary check made
+    (``capture.divergence.Divergence.as_payload``), None for every other call.
     """
 
     call_id: str
@@ -123,6 +129,7 @@ class CallLineage:
     generated_len: int | None
     finish_reason: str | None
     response_id: str | None
+    divergence: dict[str, Any] | None = None
 
     @property
     def selected(self) -> bool:
@@ -210,11 +217,27 @@ def _finalized(conn: Connection, capture_key: str) -> RolloutFinalized | None:
     return event
 
 
+def _divergences(store: EventStore, capture_key: str) -> dict[str, dict[str, Any]]:
+    """Each call's recorded divergence diagnostic, by call id, from its intent's admission record
+    (JSON inside ``call.intended``'s payload, so read from the stream rather than a view)."""
+    found: dict[str, dict[str, Any]] = {}
+    for stored in store.read_stream(capture_key):
+        if stored.event_type != CallIntended.type:
+            continue
+        event = stored.decode()
+        assert isinstance(event, CallIntended)
+        divergence = event.admission.get("divergence")
+        if isinstance(divergence, dict):
+            found[event.call_id] = divergence
+    return found
+
+
 def _calls(
     conn: Connection,
     capture_key: str,
     rollout: dict[str, Any] | None,
     finalized: RolloutFinalized | None,
+    divergences: Mapping[str, dict[str, Any]],
 ) -> tuple[CallLineage, ...]:
     paths = finalized.paths if finalized else ()
     owned = finalized.owned if finalized else ()
@@ -231,6 +254,7 @@ def _calls(
                 rows=tuple(i for i, path in enumerate(paths) if call_id in path),
                 owner_row=next((i for i, ids in enumerate(owned) if call_id in ids), None),
                 masked_reason=masked if selected else None,
+                divergence=divergences.get(call_id),
             )
         )
     return tuple(calls)
@@ -256,7 +280,9 @@ def attempt_lineages(store: EventStore, key: str) -> list[AttemptLineage]:
                     rollout=rollout,
                     paths=finalized.paths if finalized else (),
                     owned=finalized.owned if finalized else (),
-                    calls=_calls(conn, capture_key, rollout, finalized),
+                    calls=_calls(
+                        conn, capture_key, rollout, finalized, _divergences(store, capture_key)
+                    ),
                 )
             )
     return lineages
@@ -299,6 +325,8 @@ def _call_label(call: CallLineage) -> Text:
             f"{call.generated_len} generated]",
             style="dim",
         )
+    if call.divergence is not None:
+        label.append("\n" + Divergence.from_payload(call.divergence).describe(), style="yellow")
     return label
 
 

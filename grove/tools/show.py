@@ -7,6 +7,9 @@ with a legend — and the reconstructed rows below it, one token per box: contex
 observations, rewritten inputs), loss (generated tokens this row owns) and unowned (generated
 tokens an earlier row owns, carried here as context). Hovering a token shows its decoded text,
 id, position, call and logprob; hovering a call highlights it in the graph and in every row.
+Below the calls table, each root the splice's boundary check made shows its divergence diagnostic
+(message, offsets, both token windows, likely cause: ``capture/divergence.py``), also in its
+node's tooltip.
 
 The graph comes from ``grove.tools.lineage`` (the lineage views); the rows are rebuilt from the
 blobs with the projector's own code (``training.projector.finalization_forest``) on the state
@@ -24,6 +27,7 @@ from pathlib import Path
 from string import Template
 from typing import Any
 
+from capture.divergence import Divergence
 from capture.embedded import EMBEDDED_MODEL_NAME, build_tokenizer
 from grove.tools.lineage import AttemptLineage, CallLineage, attempt_events, attempt_lineages
 from ledger.events import AttemptOpened, RolloutFinalized
@@ -98,7 +102,14 @@ def _node_title(call: CallLineage) -> str:
             f"prev_len {call.prev_len} + delta_len {call.delta_len} = cum_len {call.cum_len}; "
             f"{call.generated_len} generated"
         )
+    if call.divergence is not None:
+        lines.append(_divergence_text(call))
     return "\n".join(lines)
+
+
+def _divergence_text(call: CallLineage) -> str:
+    assert call.divergence is not None
+    return Divergence.from_payload(call.divergence).describe()
 
 
 def _graph_svg(lineage: AttemptLineage) -> str:
@@ -257,6 +268,20 @@ def _calls_table(lineage: AttemptLineage) -> str:
     return f'<table class="calls"><tr>{head}</tr>{"".join(body)}</table>'
 
 
+def _divergences_html(lineage: AttemptLineage) -> str:
+    """One block per root the boundary check made: the call, its reason and its divergence."""
+    blocks = [
+        f'<section class="divergence" data-call="{html.escape(c.call_id)}">'
+        f"<h3>{html.escape(c.call_id)}: root ({html.escape(str(c.root_reason))})</h3>"
+        f"<pre>{html.escape(_divergence_text(c))}</pre></section>"
+        for c in lineage.calls
+        if c.divergence is not None
+    ]
+    if not blocks:
+        return ""
+    return "<h2>Divergences</h2>" + "".join(blocks)
+
+
 _PAGE = Template("""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <title>Grove · $title</title>
@@ -296,6 +321,8 @@ h3 { font-size: 13px; font-weight: 600; margin: 12px 0 4px; }
 table.calls { border-collapse: collapse; font-size: 12px; }
 table.calls td, table.calls th { border: 1px solid #ddd; padding: 2px 6px; text-align: left; }
 table.calls tr.hl { background: #fff3c4; }
+.divergence pre { font: 12px/1.4 monospace; background: #fbf7ea; padding: 6px; overflow-x: auto; }
+.divergence.hl pre { background: #fff3c4; }
 </style></head>
 <body>
 <h1>Attempt $capture_key</h1>
@@ -310,6 +337,7 @@ $legend
 <div id="rows">$rows</div>
 <h2>Calls</h2>
 $calls
+$divergences
 <script>
 for (const el of document.querySelectorAll("[data-call]")) {
   const id = el.getAttribute("data-call");
@@ -361,6 +389,7 @@ def render_page(
         graph=_graph_svg(lineage),
         rows=_rows_html(forest, decode, note),
         calls=_calls_table(lineage),
+        divergences=_divergences_html(lineage),
     )
 
 

@@ -1,0 +1,161 @@
+"""The splice's divergence diagnostic and strict mode (capture/splice.py, capture/divergence.py).
+
+Each test roots a candidate through the real boundary check with the embedded tokenizer and a
+template that cannot extend the parent's tokens, then reads what the plan records.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from capture.divergence import Cause
+from capture.embedded import CHATML_TEMPLATE, REASONING_STRIPPING_TEMPLATE, build_tokenizer
+from capture.errors import UnexplainedRootError
+from capture.fixed_options import FIXED_OPTIONS_KEY
+from capture.render import Renderer, RenderOptions, normalize_messages
+from capture.splice import RawOutput, plan_call, plan_prompt
+from ledger.admission import DecisionKind, RootReason
+from tests.fixtures.templates import CONTINUED, CONTINUED_SYSTEM_TEMPLATE
+
+from .test_splice import FOLLOW_UP, SYSTEM, TASK, Parent, answered_root, decide_for, plan_next
+
+
+@pytest.fixture(scope="module")
+def continued_renderer() -> Renderer:
+    """A renderer whose system prompt changes once the conversation holds an answer."""
+    return Renderer(build_tokenizer(template=CONTINUED_SYSTEM_TEMPLATE))
+
+
+def plan_strict(renderer: Renderer, options: RenderOptions, parent: Parent, *, strict: bool):
+    """``plan_call`` for the request that echoes the parent's output and asks a follow-up."""
+    request = normalize_messages([*parent.request, parent.output, FOLLOW_UP])
+    chains = {"c1": parent.chain}
+    return plan_call(renderer, request, options, parent.index, chains.__getitem__, strict=strict)
+
+
+def test_stripped_reasoning_is_diagnosed_at_the_parents_output_message(
+    stripping_renderer: Renderer, options: RenderOptions
+) -> None:
+    output = {"role": "assistant", "reasoning_content": "look outside", "content": "Sunny."}
+    parent = answered_root(stripping_renderer, options, "<think>look outside</think>Sunny.", output)
+    _, plan = plan_next(stripping_renderer, options, parent, FOLLOW_UP)
+    assert plan.decision.reason is RootReason.TEMPLATE_NOT_APPEND_COMPATIBLE
+    divergence = plan.divergence
+    assert divergence is not None
+    assert (divergence.message_index, divergence.cause) == (2, Cause.STRIPPED_REASONING)
+    prefix = stripping_renderer.render(
+        normalize_messages([*parent.request]).messages, options, add_generation_prompt=True
+    )
+    assert divergence.char_offset == len(prefix)  # right after "<|im_start|>assistant\n"
+    assert divergence.parent.texts[divergence.parent.offset - divergence.parent.start] == "<think>"
+    request = divergence.request
+    assert "".join(request.texts[request.offset - request.start :]).startswith("Sunny.")
+
+
+def test_a_changed_system_prompt_is_diagnosed_at_message_zero(
+    continued_renderer: Renderer, options: RenderOptions
+) -> None:
+    parent = answered_root(continued_renderer, options, "Sunny.")
+    _, plan = plan_next(continued_renderer, options, parent, FOLLOW_UP)
+    assert plan.decision.reason is RootReason.RENDERED_HISTORY_DIFFERS
+    divergence = plan.divergence
+    assert divergence is not None
+    assert (divergence.message_index, divergence.cause) == (0, Cause.CHANGED_CONTENT)
+    assert divergence.char_offset == len(f"<|im_start|>system\n{SYSTEM['content']}")
+    # the parent side is the parent chain's exact tokens, around the token offset
+    window = divergence.parent
+    assert window.token_ids == parent.chain[window.start : window.offset + 16]
+    assert window.texts[window.offset - window.start] == "<|im_end|>"
+    request = divergence.request
+    after = "".join(request.texts[request.offset - request.start :])
+    assert after.startswith(CONTINUED)
+
+
+def test_output_whitespace_a_trimming_template_drops_is_changed_content_at_the_output(
+    options: RenderOptions,
+) -> None:
+    # Like Llama 3's template, which writes every message's content trimmed.
+    trimming = CHATML_TEMPLATE.replace("{{- message.content }}", "{{- message.content | trim }}")
+    renderer = Renderer(build_tokenizer(template=trimming))
+    parent = answered_root(renderer, options, "  Sunny. ")
+    request = normalize_messages([*parent.request, parent.output, FOLLOW_UP])
+    decision = decide_for(renderer, options, request, parent.index)
+    plan = plan_prompt(
+        renderer, request, options, decision, parent.chain, [RawOutput(2, "  Sunny. ")]
+    )
+    assert plan.decision.reason is RootReason.RENDERED_HISTORY_DIFFERS
+    assert plan.divergence is not None
+    assert (plan.divergence.message_index, plan.divergence.cause) == (2, Cause.CHANGED_CONTENT)
+    window = plan.divergence.parent
+    assert window.texts[window.offset - window.start].startswith(" ")
+
+
+def test_a_continuation_and_an_explained_root_carry_no_divergence(
+    renderer: Renderer, options: RenderOptions
+) -> None:
+    parent = answered_root(renderer, options, "Sunny.")
+    _, continued = plan_next(renderer, options, parent, FOLLOW_UP)
+    assert (continued.decision.kind, continued.divergence) == (DecisionKind.CONTINUATION, None)
+    rewritten = plan_prompt(
+        renderer,
+        normalize_messages([SYSTEM, FOLLOW_UP]),
+        options,
+        decide_for(renderer, options, normalize_messages([SYSTEM, FOLLOW_UP]), parent.index),
+    )
+    assert (rewritten.decision.reason, rewritten.divergence) == (
+        RootReason.HISTORY_REWRITTEN,
+        None,
+    )
+
+
+def test_the_admission_record_carries_the_divergence_and_the_fixed_options(
+    continued_renderer: Renderer, options: RenderOptions
+) -> None:
+    parent = answered_root(continued_renderer, options, "Sunny.")
+    plan = plan_strict(continued_renderer, options, parent, strict=False)
+    record = plan.admission_record()
+    assert plan.divergence is not None
+    assert record["divergence"] == plan.divergence.as_payload()
+    assert record[FIXED_OPTIONS_KEY]["model"] == options.model
+    assert {k: v for k, v in record.items() if k not in ("divergence", FIXED_OPTIONS_KEY)} == (
+        plan.decision.as_payload()
+    )
+
+
+def test_strict_planning_refuses_an_unexplained_root_with_its_divergence(
+    continued_renderer: Renderer, options: RenderOptions
+) -> None:
+    parent = answered_root(continued_renderer, options, "Sunny.")
+    with pytest.raises(UnexplainedRootError) as refused:
+        plan_strict(continued_renderer, options, parent, strict=True)
+    error = refused.value
+    assert (error.reason, error.candidate_call_id) == ("rendered_history_differs", "c1")
+    assert error.divergence.message_index == 0
+    assert "continues call c1" in str(error)
+    assert "diverged at message 0" in str(error)
+    assert "likely cause: changed content" in str(error)
+
+
+def test_strict_planning_admits_continuations_and_explained_roots(
+    renderer: Renderer, options: RenderOptions
+) -> None:
+    parent = answered_root(renderer, options, "Sunny.")
+    continued = plan_strict(renderer, options, parent, strict=True)
+    assert continued.decision.kind is DecisionKind.CONTINUATION
+    rewritten = plan_call(
+        renderer,
+        normalize_messages([SYSTEM, TASK, FOLLOW_UP]),
+        options,
+        parent.index,
+        {"c1": parent.chain}.__getitem__,
+        strict=True,
+    )
+    assert rewritten.decision.reason is RootReason.HISTORY_REWRITTEN
+
+
+def test_a_template_that_strips_reasoning_is_refused_in_strict_mode(options: RenderOptions):
+    renderer = Renderer(build_tokenizer(template=REASONING_STRIPPING_TEMPLATE))
+    output = {"role": "assistant", "reasoning_content": "look outside", "content": "Sunny."}
+    parent = answered_root(renderer, options, "<think>look outside</think>Sunny.", output)
+    with pytest.raises(UnexplainedRootError, match="likely cause: stripped reasoning"):
+        plan_strict(renderer, options, parent, strict=True)
