@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from grove_errors import GroveError
+
 if TYPE_CHECKING:
     from capture.divergence import Divergence
 
@@ -45,7 +47,7 @@ __all__ = [
 ]
 
 
-class CaptureError(Exception):
+class CaptureError(GroveError):
     """Root of every error the capture package raises."""
 
 

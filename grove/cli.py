@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from grove.errors import GROVE_ERRORS
+from grove.errors import GroveError, exit_status
 from grove.workspace import Workspace
 
 if TYPE_CHECKING:
@@ -318,7 +318,7 @@ def _ledger(ws: Workspace) -> Iterator[EventStore]:
     """The workspace's event store, closed when the command is done."""
     from ledger.store import EventStore
 
-    store = EventStore.open(ws.database_url, pool=False)
+    store = EventStore.open(ws.existing_ledger(), pool=False)
     try:
         yield store
     finally:
@@ -508,9 +508,11 @@ def gc(
 
 
 def main() -> None:
-    """Entry point: run the app and report Grove's errors as one clear line, exit status 1."""
+    """Entry point: run the app and report any Grove error as one clear line, without a trace,
+    exiting with its status (``grove.errors.exit_status``: 75 when a service did not answer,
+    else 1)."""
     try:
         app()
-    except GROVE_ERRORS as error:
+    except GroveError as error:
         errors.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
-        raise SystemExit(1) from None
+        raise SystemExit(exit_status(error)) from None

@@ -1,35 +1,55 @@
-"""Grove's error tree across the layers; the command line reports any of these without a trace.
+"""Grove's error tree across the layers, and how the command line reports each error.
 
 ::
 
-    ledger.errors.LedgerError         the event ledger, admission and the attempt lifecycle
-    storage.errors.StorageError       object storage: keys, codec, integrity, availability
-    capture.errors.CaptureError       normalization, rendering, splice, engines
-    training.errors.TrainingError     selection, forest, rows, batches, loss, checkpoints
-    grove.config.ConfigurationError   a configuration refused whole, every problem listed
-    grove.errors.JobError             a job cannot run: model, harness, task file, run, export
+    grove_errors.GroveError               the one root (``except GroveError`` catches them all)
+    ├── ledger.errors.LedgerError         the event ledger, admission and the attempt lifecycle
+    ├── storage.errors.StorageError       object storage: keys, codec, integrity, availability
+    ├── capture.errors.CaptureError       normalization, rendering, splice, engines
+    ├── training.errors.TrainingError     selection, forest, rows, batches, loss, checkpoints
+    ├── grove.config.ConfigurationError   a configuration refused whole, every problem listed
+    └── grove.errors.JobError             a job cannot run: model, harness, task file, run, export
 
-Each layer owns its root so that ``ledger`` and ``storage`` stay independent of each other and of
-everything above them; this module is the one place that names them all.
+Each layer owns its branch, so that ``ledger`` and ``storage`` stay independent of each other and
+of everything above them; the root sits below them all in ``grove_errors``, which imports
+nothing. This module is the one place that names every branch.
+
+The command line prints any of them as one ``error: …`` line, without a trace, and exits with
+:func:`exit_status`: 75 (``EX_TEMPFAIL`` of ``sysexits.h``) when a service Grove needs did not
+answer — the ledger database, the blob store, the inference server — so the same command may
+succeed later unchanged; 1 for every other error, which needs a change (input, configuration,
+data) before running again. Usage errors exit 2 and signals 128 + the signal number.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Final
+
 from capture.errors import CaptureError
 from grove.config import ConfigurationError
+from grove_errors import GroveError
 from ledger.errors import LedgerError
 from storage.errors import StorageError
 from training.errors import TrainingError
 
-__all__ = ["GROVE_ERRORS", "JobError"]
+__all__ = [
+    "EXIT_ERROR",
+    "EXIT_STATUS",
+    "EXIT_UNAVAILABLE",
+    "GROVE_ERRORS",
+    "GroveError",
+    "JobError",
+    "exit_status",
+]
 
 
-class JobError(Exception):
+class JobError(GroveError):
     """A command of the application cannot do its job: a model that does not load, a harness
     that fails, a malformed task file, an unknown run, an export refused."""
 
 
-GROVE_ERRORS: tuple[type[Exception], ...] = (
+GROVE_ERRORS: tuple[type[GroveError], ...] = (
     LedgerError,
     StorageError,
     CaptureError,
@@ -37,3 +57,29 @@ GROVE_ERRORS: tuple[type[Exception], ...] = (
     ConfigurationError,
     JobError,
 )
+"""The roots of the branches, one per layer (every one a ``GroveError``)."""
+
+EXIT_ERROR: Final = 1
+"""The exit status of a Grove error that needs a change before the command can succeed."""
+
+EXIT_UNAVAILABLE: Final = 75
+"""The exit status when a service did not answer: try the same command again later."""
+
+EXIT_STATUS: Final[Mapping[str, int]] = {
+    "grove_errors.GroveError": EXIT_ERROR,
+    "ledger.errors.DatabaseUnavailable": EXIT_UNAVAILABLE,
+    "storage.errors.StorageUnavailableError": EXIT_UNAVAILABLE,
+    "capture.vllm.EngineUnavailableError": EXIT_UNAVAILABLE,
+}
+"""Exit statuses by error class (``module.Class``; a class not listed takes its closest listed
+base's). Named rather than imported, so that the command line starts without loading the
+engines: an error of a module that was never imported cannot be raised."""
+
+
+def exit_status(error: GroveError) -> int:
+    """The command line's exit status for ``error``: its closest class in :data:`EXIT_STATUS`."""
+    for cls in type(error).__mro__:
+        status = EXIT_STATUS.get(f"{cls.__module__}.{cls.__qualname__}")
+        if status is not None:
+            return status
+    raise TypeError(f"{type(error).__name__} is not a GroveError; only Grove's errors have one")

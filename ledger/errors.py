@@ -26,6 +26,8 @@ kept as attributes.
 
 from __future__ import annotations
 
+from grove_errors import GroveError
+
 __all__ = [
     "AppendOnlyViolation",
     "DatabaseUnavailable",
@@ -41,8 +43,8 @@ __all__ = [
 ]
 
 
-class LedgerError(Exception):
-    """Root of every error the ledger raises."""
+class LedgerError(GroveError):
+    """Root of every error the ledger raises; a branch of Grove's one tree (``GroveError``)."""
 
 
 class EventValidationError(LedgerError, ValueError):

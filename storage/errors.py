@@ -21,6 +21,8 @@ kept as attributes.
 
 from __future__ import annotations
 
+from grove_errors import GroveError
+
 __all__ = [
     "BlobConflictError",
     "BlobFormatError",
@@ -37,8 +39,9 @@ __all__ = [
 ]
 
 
-class StorageError(Exception):
-    """Root of every error the storage package raises."""
+class StorageError(GroveError):
+    """Root of every error the storage package raises; a branch of Grove's one tree
+    (``GroveError``)."""
 
 
 class InvalidKeyError(StorageError, ValueError):

@@ -23,6 +23,8 @@ where there is one).
 
 from __future__ import annotations
 
+from grove_errors import GroveError
+
 __all__ = [
     "AdvantageError",
     "BatchError",
@@ -34,8 +36,9 @@ __all__ = [
 ]
 
 
-class TrainingError(Exception):
-    """Root of every error the training side raises; ``rule`` names the rule that was broken."""
+class TrainingError(GroveError):
+    """Root of every error the training side raises, a branch of Grove's one tree
+    (``GroveError``); ``rule`` names the rule that was broken."""
 
     def __init__(self, rule: str, message: str) -> None:
         self.rule = str(rule)

@@ -12,11 +12,12 @@ import yaml
 from pydantic import ValidationError
 
 from grove.config.schema import GroveConfig
+from grove_errors import GroveError
 
 __all__ = ["ConfigurationError", "load_config"]
 
 
-class ConfigurationError(ValueError):
+class ConfigurationError(GroveError, ValueError):
     """The configuration was refused; ``problems`` lists every reason, one line each."""
 
     def __init__(self, source: str, problems: list[str]) -> None:

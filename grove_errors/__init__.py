@@ -1,0 +1,33 @@
+"""The root of Grove's error tree, at the bottom of the dependency graph.
+
+Every layer's errors descend from :class:`GroveError`, so ``except GroveError`` catches anything
+Grove raises on purpose, and only that. The root lives in this package of its own, which imports
+nothing, because the layers cannot share any other home: ``ledger`` and ``storage`` import
+neither each other nor anything above them, and ``grove`` (the application) imports them all.
+``grove.errors`` re-exports the root for the application and its users.
+"""
+
+from __future__ import annotations
+
+__all__ = ["GroveError"]
+
+
+class GroveError(Exception):
+    """Root of every error Grove raises; each layer owns the branch below its own root.
+
+    ::
+
+        GroveError
+        ├── ledger.errors.LedgerError         the event ledger, admission, the attempt lifecycle
+        ├── storage.errors.StorageError       object storage: keys, codec, integrity, availability
+        ├── capture.errors.CaptureError       normalization, rendering, splice, engines
+        │   └── EngineError                   (capture.vllm adds the vLLM server's errors)
+        ├── training.errors.TrainingError     selection, forest, rows, batches, loss, checkpoints
+        ├── grove.config.ConfigurationError   a configuration refused whole, every problem listed
+        └── grove.errors.JobError             a job cannot run: model, harness, task file, run,
+                                              export
+
+    Each root's module draws its own branch. The command line prints any of them as one line
+    and exits with the status ``grove.errors.exit_status`` gives it; the gateway answers each
+    with the HTTP status of ``capture.wire.ERROR_STATUS``.
+    """
