@@ -54,9 +54,11 @@ class ChatCompletionRequest(WireRequest):
     Sampling bounds are checked by ``capture.engine.SamplingParams`` (one place); ``stop``
     strings must each be one token of the model's vocabulary; ``n`` must be 1 and
     ``top_logprobs`` 0 or absent (the engine reports the sampled token's logprob only);
-    ``stream`` true answers with buffered chunks. ``tool_choice`` is ``auto`` or ``none``.
-    ``user``, ``metadata`` and ``store`` are accepted and ignored (Grove stores nothing on the
-    provider side: the ledger is the record).
+    ``stream`` true answers with buffered chunks. ``tool_choice`` is ``auto``, ``none``,
+    ``required`` or a named function; ``response_format`` is ``text``, ``json_object`` or
+    ``json_schema`` (both forced calls and formats are decoded under a grammar:
+    ``capture/constraints.py``). ``user``, ``metadata`` and ``store`` are accepted and ignored
+    (Grove stores nothing on the provider side: the ledger is the record).
     """
 
     model: str
@@ -73,6 +75,7 @@ class ChatCompletionRequest(WireRequest):
     tools: list[JSONObject] | None = None
     tool_choice: str | JSONObject | None = None
     parallel_tool_calls: bool | None = None
+    response_format: JSONObject | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
     reasoning_effort: str | None = None

@@ -9,9 +9,11 @@ Tools. Function tools of either API become one form, ``{"type": "function", "fun
 tools render and digest alike on both endpoints; any other tool type is refused. ``tool_choice``
 ``auto`` (or none given) renders the tools and parses tool calls from the generation; ``none``
 renders no tools and parses none (the prompt is the one the model would see without tools, and
-the answer can hold no call). ``required`` and a named function are refused: the engine samples
-freely and cannot force a call, and Grove never approximates one. ``parallel_tool_calls`` is
-accepted but not enforced: every call the model wrote is returned.
+the answer can hold no call); ``required`` and a named function render the tools and force a
+call by grammar. Structured output (``response_format``, the Responses ``text.format``) and a
+forced tool choice become the sampling's output constraint (``capture/constraints.py``), which
+the engine decodes under. ``parallel_tool_calls`` is enforced under a constraint only; otherwise
+every call the model wrote is returned.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from capture.chat_api import ChatCompletionRequest
-from capture.engine import SamplingParams
+from capture.constraints import chat_content_spec, output_constraint, responses_content_spec
+from capture.engine import OutputConstraint, SamplingParams
 from capture.lifecycle import ModelCall
 from capture.refusals import Refused
 from capture.render import Renderer, RenderOptions
@@ -73,16 +76,23 @@ class RequestConverter:
                     "max_completion_tokens",
                 )
             max_tokens = request.max_completion_tokens
-        tools = tool_choice(chat_tools(request.tools), request.tool_choice)
+        tools = chat_tools(request.tools)
+        constraint = output_constraint(
+            chat_content_spec(request.response_format),
+            tools,
+            request.tool_choice,
+            request.parallel_tool_calls,
+            content_param="response_format",
+        )
         options = RenderOptions(
             model=self.model_name,
-            tools=tools,
+            tools=tool_choice(tools, request.tool_choice),
             tool_choice=request.tool_choice,
             reasoning_effort=request.reasoning_effort,
         )
         items = [message.model_dump(exclude_unset=True) for message in request.messages]
         sampling = self._sampling(
-            max_tokens, request.temperature, request.top_p, request.seed, request.stop
+            max_tokens, request.temperature, request.top_p, request.seed, request.stop, constraint
         )
         return ConvertedCall(
             ModelCall(items, options, sampling, call_id),
@@ -137,15 +147,22 @@ class RequestConverter:
         else:
             items.extend(request.input)
         effort = (request.reasoning or {}).get("effort")
-        tools = tool_choice(responses_tools(request.tools), request.tool_choice)
+        tools = responses_tools(request.tools)
+        constraint = output_constraint(
+            responses_content_spec(request.text),
+            tools,
+            request.tool_choice,
+            request.parallel_tool_calls,
+            content_param="text",
+        )
         options = RenderOptions(
             model=self.model_name,
-            tools=tools,
+            tools=tool_choice(tools, request.tool_choice),
             tool_choice=request.tool_choice,
             reasoning_effort=effort if isinstance(effort, str) else None,
         )
         sampling = self._sampling(
-            request.max_output_tokens, request.temperature, request.top_p, None, None
+            request.max_output_tokens, request.temperature, request.top_p, None, None, constraint
         )
         return ConvertedCall(
             ModelCall(items, options, sampling, call_id),
@@ -169,6 +186,7 @@ class RequestConverter:
         top_p: float | None,
         seed: int | None,
         stop: str | list[str] | None,
+        constraint: OutputConstraint | None,
     ) -> SamplingParams:
         return SamplingParams(
             max_tokens=self.default_max_tokens if max_tokens is None else max_tokens,
@@ -176,6 +194,7 @@ class RequestConverter:
             top_p=1.0 if top_p is None else top_p,
             seed=seed,
             stop_token_ids=self._stop_token_ids(stop),
+            constraint=constraint,
         )
 
     def _stop_token_ids(self, stop: str | list[str] | None) -> tuple[int, ...]:
@@ -228,20 +247,11 @@ def tool_choice(
     tools: tuple[dict[str, Any], ...] | None, choice: str | Mapping[str, Any] | None
 ) -> tuple[dict[str, Any], ...] | None:
     """The tools the template renders under ``choice`` (None: no tools, and no tool calls are
-    parsed); ``required`` and a named function are refused (module docstring)."""
-    if choice is None or choice == "auto":
-        return tools or None
+    parsed): all of them, unless ``choice`` is ``none``. Whether a call is forced is the output
+    constraint's business (``capture/constraints.py``), which refuses a choice it cannot honour."""
     if choice == "none":
         return None
-    shown = choice if isinstance(choice, str) else dict(choice)
-    raise Refused(
-        400,
-        "unsupported_tool_choice",
-        f"tool_choice {shown!r} is not supported: the engine samples freely and cannot force a "
-        "tool call, and Grove never approximates one; send 'auto' (the model may call a tool) "
-        "or 'none'",
-        "tool_choice",
-    )
+    return tools or None
 
 
 def _function_tool(index: int, function: Mapping[str, Any]) -> dict[str, Any]:

@@ -7,7 +7,9 @@ is a Qwen2-style decoder with random weights drawn from a fixed seed.
 
 Sampling is at temperature 1 with no top-k or top-p, so the recorded logprob of each token is the
 log-softmax of the model's raw logits at that step: exactly what the trainer recomputes. Other
-sampling parameters are refused rather than approximated.
+sampling parameters are refused rather than approximated. A call with an output constraint is
+sampled from the logits masked by its grammar (``capture/grammar.py``): the recorded logprob is
+the log-softmax of the masked logits, the distribution the token was actually drawn from.
 """
 
 from __future__ import annotations
@@ -20,10 +22,21 @@ from typing import Final
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 from capture.engine import Generation, SamplingParams
 from capture.errors import InvalidPromptError, PromptTooLongError, UnsupportedSamplingError
+from capture.grammar import (
+    ConstraintUnsupportedError,
+    GrammarMask,
+    TokenizerGrammar,
+    grammar_text,
+)
 
 __all__ = [
     "CHATML_TEMPLATE",
@@ -165,6 +178,10 @@ class EmbeddedEngine:
     reports the value it read under the lock. Whoever changes the weights does so, and sets the
     version, inside :meth:`updating`, which holds the same lock: no generation sees half an
     update, and none straddles one.
+
+    ``tokenizer`` (the model's) is needed for calls with an output constraint only: its
+    vocabulary is what the grammar masks; an engine built without it refuses them. The grammar
+    compiler for it is built on the first constrained call and kept.
     """
 
     name: Final = "embedded"
@@ -176,14 +193,17 @@ class EmbeddedEngine:
         stop_token_ids: Iterable[int],
         seed: int = 0,
         policy_version: int = 0,
+        tokenizer: PreTrainedTokenizerBase | None = None,
     ) -> None:
         self.model = model
         self.policy_version = policy_version
         self.stop_token_ids = frozenset(stop_token_ids)
+        self.tokenizer = tokenizer
         self._generator = torch.Generator().manual_seed(seed)
         # Reentrant: a training step holds it across the optimizer step and the publish, which
         # takes it again to set the version.
         self._lock = threading.RLock()
+        self._grammar: TokenizerGrammar | None = None
 
     @classmethod
     def build(
@@ -191,7 +211,7 @@ class EmbeddedEngine:
     ) -> EmbeddedEngine:
         """An engine over :func:`build_model` for ``tokenizer``, stopping at end of turn."""
         model = build_model(tokenizer, seed=model_seed)
-        return cls(model, stop_token_ids=[tokenizer.eos_token_id], seed=seed)
+        return cls(model, stop_token_ids=[tokenizer.eos_token_id], seed=seed, tokenizer=tokenizer)
 
     @contextmanager
     def updating(self) -> Iterator[None]:
@@ -211,6 +231,7 @@ class EmbeddedEngine:
                 if sampling.seed is None
                 else torch.Generator().manual_seed(sampling.seed)
             )
+            mask = None if sampling.constraint is None else self._mask(sampling)
             tokens: list[int] = []
             logprobs: list[float] = []
             finish = "length"
@@ -219,10 +240,15 @@ class EmbeddedEngine:
             for _ in range(sampling.max_tokens):
                 out = self.model(input_ids=inputs, cache=cache, use_cache=True, logits_to_keep=1)
                 cache = out.cache
-                step = torch.log_softmax(out.logits[0, -1].float(), dim=-1)  # (V,)
+                logits = out.logits[0, -1].float()  # (V,)
+                if mask is not None:
+                    logits = mask.apply(logits)  # -inf where the grammar forbids the token
+                step = torch.log_softmax(logits, dim=-1)  # (V,)
                 token = int(torch.multinomial(step.exp(), 1, generator=generator).item())
                 tokens.append(token)
                 logprobs.append(float(step[token]))
+                if mask is not None:
+                    mask.accept(token)
                 if token in stops:
                     finish = "stop"
                     break
@@ -243,6 +269,14 @@ class EmbeddedEngine:
         ):
             if got != supported:
                 raise UnsupportedSamplingError(self.name, name, got, supported)
+        if sampling.constraint is not None:
+            if self.tokenizer is None:
+                raise ConstraintUnsupportedError(
+                    self.name,
+                    "it was built without its tokenizer, whose vocabulary the grammar "
+                    "masks; build it with tokenizer=...",
+                )
+            grammar_text(sampling.constraint)  # a schema it cannot enforce is refused here
         if not prompt_token_ids:
             raise InvalidPromptError("a prompt has at least one token", list(prompt_token_ids))
         vocab = self.model.config.vocab_size
@@ -252,3 +286,14 @@ class EmbeddedEngine:
         context = self.model.config.max_position_embeddings
         if len(prompt_token_ids) + sampling.max_tokens > context:
             raise PromptTooLongError(len(prompt_token_ids), sampling.max_tokens, context)
+
+    def _mask(self, sampling: SamplingParams) -> GrammarMask:
+        """A grammar mask for one generation (the compiler built on first use, under the lock)."""
+        assert sampling.constraint is not None and self.tokenizer is not None  # check() ran
+        if self._grammar is None:
+            self._grammar = TokenizerGrammar(
+                self.tokenizer,
+                vocab_size=self.model.config.vocab_size,
+                stop_token_ids=self.stop_token_ids,
+            )
+        return self._grammar.mask(sampling.constraint)

@@ -2,22 +2,111 @@
 
 The lifecycle hands an engine the exact prompt token ids that ``capture/splice.py`` planned and
 stores what comes back; nothing between them re-tokenizes. Engines: ``capture/embedded.py`` (a
-tiny transformers model, for tests and the demo); a vLLM engine may implement the same protocol.
+tiny transformers model, for tests and the demo) and ``capture/vllm.py`` (a vLLM server).
+
+A call may constrain what it generates (:class:`OutputConstraint`: JSON content, a JSON schema,
+forced tool calls); both engines then decode under the one grammar ``capture/grammar.py`` builds
+from it (``docs/gateway.md``, "Structured output").
 """
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final, Literal, Protocol, get_args, runtime_checkable
+from typing import Any, Final, Literal, Protocol, get_args, runtime_checkable
 
 from capture.errors import InvalidGenerationError, InvalidSamplingError
 
-__all__ = ["FINISH_REASONS", "Engine", "FinishReason", "Generation", "SamplingParams"]
+__all__ = [
+    "FINISH_REASONS",
+    "ContentFormat",
+    "Engine",
+    "FinishReason",
+    "FunctionSchema",
+    "Generation",
+    "OutputConstraint",
+    "SamplingParams",
+    "ToolCalls",
+]
 
 FinishReason = Literal["stop", "length"]
 FINISH_REASONS: Final = frozenset(get_args(FinishReason))
+ContentFormat = Literal["json_object", "json_schema"]
+ToolCalls = Literal["none", "auto", "required"]
+
+
+@dataclass(frozen=True)
+class FunctionSchema:
+    """A function tool a constrained answer may call: its name and the JSON schema of its
+    arguments (``parameters``; None: any JSON object)."""
+
+    name: str
+    parameters: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class OutputConstraint:
+    """What a generation must be, enforced by grammar-constrained decoding.
+
+    Producer: ``capture/conversion.py`` (``response_format``, the Responses ``text.format``,
+    ``tool_choice``); consumers: the engines, through ``capture/grammar.py``, and the call's
+    intent (:meth:`record`). ``docs/gateway.md``, "Structured output", states the rules.
+
+    ``content`` is the format of the answer's text: ``json_object`` (any JSON object) or
+    ``json_schema`` (a JSON value matching ``schema``, whose ``name`` and ``strict`` are the
+    request's, recorded as sent; the schema is enforced either way); None only when a tool call
+    is required. ``tool_calls`` says whether the answer may instead call ``tools``: ``none`` (it
+    may not; ``tools`` is empty), ``auto`` (content, or tool calls and nothing else) or
+    ``required`` (tool calls and nothing else). ``parallel_tool_calls`` False allows one call,
+    True one or more.
+    """
+
+    content: ContentFormat | None = None
+    schema: Mapping[str, Any] | None = None
+    name: str | None = None
+    strict: bool | None = None
+    tools: tuple[FunctionSchema, ...] = ()
+    tool_calls: ToolCalls = "none"
+    parallel_tool_calls: bool = True
+
+    def __post_init__(self) -> None:
+        if (self.content == "json_schema") != (self.schema is not None):
+            raise InvalidSamplingError(
+                "constraint.schema", self.schema, "a schema exactly when content is json_schema"
+            )
+        if (self.tool_calls == "none") != (not self.tools):
+            raise InvalidSamplingError(
+                "constraint.tools",
+                [tool.name for tool in self.tools],
+                "tools exactly when tool_calls is auto or required",
+            )
+        if (self.content is None) != (self.tool_calls == "required"):
+            raise InvalidSamplingError(
+                "constraint.content",
+                self.content,
+                "a content format unless tool calls are required, and none when they are",
+            )
+
+    def record(self) -> dict[str, Any]:
+        """The constraint as JSON values, as the call's intent records it. Schemas are kept as
+        their JSON text, so the property order the grammar enforces survives any JSON store."""
+        return {
+            "content": self.content,
+            "schema": None if self.schema is None else json.dumps(self.schema),
+            "name": self.name,
+            "strict": self.strict,
+            "tool_calls": self.tool_calls,
+            "tools": [
+                {
+                    "name": tool.name,
+                    "parameters": None if tool.parameters is None else json.dumps(tool.parameters),
+                }
+                for tool in self.tools
+            ],
+            "parallel_tool_calls": self.parallel_tool_calls,
+        }
 
 
 @dataclass(frozen=True)
@@ -26,7 +115,9 @@ class SamplingParams:
 
     ``top_k`` 0 and ``top_p`` 1.0 mean no truncation of the distribution. ``seed`` None lets the
     engine use its own random stream. ``stop_token_ids`` are added to the engine's own stop tokens
-    (end of turn, end of text); a stop token is part of the generation.
+    (end of turn, end of text); a stop token is part of the generation. ``constraint`` None
+    samples freely; else every token is drawn from the distribution renormalized over the tokens
+    the constraint's grammar allows, and its logprob is taken under that distribution.
     """
 
     max_tokens: int
@@ -35,6 +126,7 @@ class SamplingParams:
     top_k: int = 0
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+    constraint: OutputConstraint | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or self.max_tokens < 1:

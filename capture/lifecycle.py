@@ -249,6 +249,7 @@ class CaptureService:
                 prompt_tokens=plan.prompt_len,
                 admission=plan.admission_record(),
                 policy_version=getattr(self.engine, "policy_version", None),
+                constraint=None if sampling.constraint is None else sampling.constraint.record(),
             ),
         )
         if not recorded:

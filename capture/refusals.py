@@ -37,16 +37,6 @@ __all__ = [
 ]
 
 REFUSED_FIELD_REASONS: dict[str, str] = {
-    "response_format": (
-        "structured output needs decoding constrained to a schema (grammar-constrained "
-        "sampling), which Grove's engines do not do, and Grove never passes free text off as "
-        "constrained; ask for JSON in the prompt and parse the answer, or offer a function tool"
-    ),
-    "text": (
-        "a Responses text format or verbosity (structured output) needs decoding constrained "
-        "to a schema, which Grove's engines do not do; every answer is plain text, so leave "
-        "text out"
-    ),
     "prompt_cache_key": (
         "Grove keeps no provider-side prompt cache (every prompt is rendered, recorded and "
         "served whole); leave it out"

@@ -47,7 +47,9 @@ class ResponsesRequest(WireRequest):
     ``input`` is a string (one user message) or a list of Responses input items or chat
     messages; ``instructions`` becomes a leading system message. ``stream`` true answers with
     buffered server-sent events. ``include`` may name ``message.output_text.logprobs`` only;
-    ``metadata`` is echoed, ``store`` ignored. Refused: ``previous_response_id`` and
+    ``metadata`` and ``text`` are echoed, ``store`` ignored. ``text.format`` (``text``,
+    ``json_object``, ``json_schema``) and a forced ``tool_choice`` are decoded under a grammar
+    (``capture/constraints.py``). Refused: ``previous_response_id`` and
     ``conversation`` (provider-managed state: send the whole input), ``background``, and
     ``truncation="auto"`` (prompts are never truncated).
     """
@@ -66,6 +68,7 @@ class ResponsesRequest(WireRequest):
     tools: list[JSONObject] | None = None
     tool_choice: str | JSONObject | None = None
     parallel_tool_calls: bool | None = None
+    text: JSONObject | None = None
     reasoning: JSONObject | None = None
     store: bool | None = None
     include: list[str] | None = None
@@ -153,6 +156,7 @@ class ResponseObject(WireReply):
     tools: list[JSONObject] = Field(default_factory=list)
     tool_choice: str | JSONObject = "auto"
     parallel_tool_calls: bool = True
+    text: JSONObject | None = None
     previous_response_id: None = None
     error: None = None
     incomplete_details: dict[str, str] | None = None
@@ -188,6 +192,7 @@ def response_object(
         tools=request.tools or [],
         tool_choice=request.tool_choice or "auto",
         parallel_tool_calls=request.parallel_tool_calls is not False,
+        text=request.text,
         incomplete_details=None if complete else {"reason": "max_output_tokens"},
         metadata=request.metadata or {},
     )

@@ -21,6 +21,12 @@ processed_logprobs`` returns them after temperature, top-k and top-p; an engine 
 those parameters through. Every sampling parameter that shapes the distribution is sent
 explicitly, so the server's ``generation_config.json`` defaults never apply.
 
+Output constraints (``docs/engines.md``, "Structured output on vLLM"): a call with one sends the
+grammar ``capture/grammar.py`` builds as vLLM's ``structured_outputs: {"grammar": ...}``, the same
+text the embedded engine decodes under. vLLM masks the logits with the grammar's bitmask before
+its sampler (``apply_grammar_bitmask`` in its model runner), so the logprobs it returns, raw or
+processed, are those of the masked, renormalized distribution the token was drawn from.
+
 Weight updates (``docs/engines.md``): :meth:`VllmEngine.reload_weights` asks the server to read
 new weights from a directory, in place, through vLLM's development endpoint ``POST
 /collective_rpc`` (method ``reload_weights``, keyword ``weights_path``), which a server exposes
@@ -60,6 +66,7 @@ from capture.errors import (
     PromptTooLongError,
     UnsupportedSamplingError,
 )
+from capture.grammar import grammar_text
 
 __all__ = [
     "EngineRejectedError",
@@ -309,6 +316,8 @@ class VllmEngine:
                 if got != supported:
                     engine = f"{self.name} (server --logprobs-mode raw_logprobs)"
                     raise UnsupportedSamplingError(engine, name, got, supported)
+        if sampling.constraint is not None:
+            grammar_text(sampling.constraint)  # a schema it cannot enforce is refused here
         if not prompt:
             raise InvalidPromptError("a prompt has at least one token", prompt)
         negative = sorted({t for t in prompt if isinstance(t, bool) or t < 0})
@@ -319,7 +328,7 @@ class VllmEngine:
             raise PromptTooLongError(len(prompt), sampling.max_tokens, context)
 
     def _request(self, prompt: list[int], sampling: SamplingParams) -> dict[str, Any]:
-        return {
+        request: dict[str, Any] = {
             "model": self.model,
             "prompt": prompt,
             "max_tokens": sampling.max_tokens,
@@ -339,6 +348,9 @@ class VllmEngine:
             "return_token_ids": True,
             "return_tokens_as_token_ids": True,
         }
+        if sampling.constraint is not None:
+            request["structured_outputs"] = {"grammar": grammar_text(sampling.constraint)}
+        return request
 
     def _read_context_length(self) -> int:
         url = self._url("/v1/models")

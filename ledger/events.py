@@ -167,6 +167,9 @@ class CallIntended(Event):
 
     ``policy_version`` is the version the engine served at admission (None: the engine does not
     say, or the event predates the field); the commit records the one that actually sampled.
+    ``constraint`` is ``capture.engine.OutputConstraint.record()`` of a call decoded under a
+    grammar (structured output, a forced tool call; ``docs/gateway.md``), None for free sampling
+    or an event that predates the field.
     """
 
     type: ClassVar[str] = "call.intended"
@@ -185,6 +188,10 @@ class CallIntended(Event):
     )
     policy_version: int | None = Field(
         default=None, ge=0, description="optimizer steps in the weights served at admission"
+    )
+    constraint: dict[str, Any] | None = Field(
+        default=None,
+        description="the output constraint the call is decoded under (None: sampled freely)",
     )
 
 

@@ -126,6 +126,7 @@ class EmbeddedPolicy:
             stop_token_ids=[tokenizer.eos_token_id],
             seed=seed,
             policy_version=policy_version,
+            tokenizer=tokenizer,
         )
         self.policy_version = policy_version
         self._context = int(loaded.model.config.max_position_embeddings)

@@ -18,7 +18,6 @@ from capture.gateway import CALL_ID_HEADER
 from .conftest import CONTEXT, MODEL, Gateway
 from .test_completions import USER, ask, observe, reply
 
-TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 RESPONSES_TOOL = {"type": "function", "name": "f", "parameters": {"type": "object"}}
 
 
@@ -131,17 +130,23 @@ REFUSALS = {
         "frequency_penalty: Grove does not accept this field",
     ),
     "empty_input": Refusal(lambda g: respond(g, input=[]), 400, "empty_request", "got 0 items"),
-    "tool_choice_required": Refusal(
-        lambda g: chat(g, tools=[TOOL], tool_choice="required"),
+    "tool_choice_required_without_tools": Refusal(
+        lambda g: chat(g, tool_choice="required"),
         400,
-        "unsupported_tool_choice",
-        "cannot force a tool call",
+        "invalid_tool_choice",
+        "'required' needs tools",
     ),
-    "tool_choice_named": Refusal(
-        lambda g: respond(g, tools=[RESPONSES_TOOL], tool_choice={"type": "function", "name": "f"}),
+    "tool_choice_named_not_offered": Refusal(
+        lambda g: respond(g, tools=[RESPONSES_TOOL], tool_choice={"type": "function", "name": "g"}),
         400,
-        "unsupported_tool_choice",
-        "never approximates one",
+        "invalid_tool_choice",
+        "names function 'g', which is not among the tools",
+    ),
+    "response_format_unsupported_type": Refusal(
+        lambda g: chat(g, response_format={"type": "regex"}),
+        400,
+        "unsupported_response_format",
+        "type 'regex' is not supported",
     ),
     "hosted_tool": Refusal(
         lambda g: respond(g, tools=[{"type": "web_search"}]),
