@@ -11,11 +11,15 @@ each translated here and nowhere else:
 - routing: an unknown path (``not_found``) or method (``method_not_allowed``);
 - Grove's errors (``capture.errors``, ``ledger.errors``, ``storage.errors``), through the one
   table ``capture.wire.ERROR_STATUS``;
-- anything else: 500 ``internal_error``.
+- anything else: 500 ``internal_error``. Its text may hold what a client must not see (a
+  database URL, a path, a payload), so the answer names only an incident id, and the exception
+  is logged with its traceback under that id (logger ``capture.refusals``).
 """
 
 from __future__ import annotations
 
+import logging
+import uuid
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -35,6 +39,8 @@ __all__ = [
     "install_error_handlers",
     "validation_refusal",
 ]
+
+logger = logging.getLogger(__name__)
 
 REFUSED_FIELD_REASONS: dict[str, str] = {
     "prompt_cache_key": (
@@ -131,8 +137,19 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(answer.status, answer.code, str(error))
 
     async def unexpected(request: Request, error: Exception) -> JSONResponse:
+        incident = uuid.uuid4().hex[:12]
+        logger.error(
+            "internal error %s answering %s %s",
+            incident,
+            request.method,
+            request.url.path,
+            exc_info=error,
+        )
         return error_response(
-            500, "internal_error", f"Internal error: {type(error).__name__}: {error}"
+            500,
+            "internal_error",
+            f"Internal error {incident}: the gateway failed in a way it does not expect; its "
+            "log holds the details under this id",
         )
 
     app.add_exception_handler(Refused, refused)

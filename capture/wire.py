@@ -20,6 +20,7 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from capture import errors as capture_errors
+from capture import vllm
 from ledger import admission
 from ledger import errors as ledger_errors
 from ledger.attempt import AttemptError, AttemptState, CallStatus
@@ -110,6 +111,12 @@ ERROR_STATUS: Final[Mapping[type[Exception], ErrorStatus]] = {
     capture_errors.InvalidPromptError: ErrorStatus(400, "invalid_prompt"),
     capture_errors.PromptTooLongError: ErrorStatus(400, "prompt_too_long"),
     capture_errors.InvalidGenerationError: ErrorStatus(502, "invalid_generation"),
+    # the vLLM server behind the gateway: unreachable is 503 (retry later), any other failure 502
+    vllm.EngineUnavailableError: ErrorStatus(503, "engine_unavailable"),
+    vllm.EngineRejectedError: ErrorStatus(502, "engine_rejected"),
+    vllm.WeightUpdateUnavailableError: ErrorStatus(502, "weight_reload_unavailable"),
+    vllm.ModelNotServedError: ErrorStatus(502, "model_not_served"),
+    vllm.EngineResponseError: ErrorStatus(502, "engine_bad_response"),
     # ledger
     ledger_errors.LedgerError: ErrorStatus(500, "ledger_error"),
     ledger_errors.EventValidationError: ErrorStatus(400, "invalid_event"),

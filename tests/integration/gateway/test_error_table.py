@@ -8,12 +8,13 @@ from types import ModuleType
 import pytest
 
 from capture import errors as capture_errors
+from capture import vllm
 from capture.wire import ERROR_STATUS, ErrorStatus, error_status
 from ledger import admission, attempt
 from ledger import errors as ledger_errors
 from storage import errors as storage_errors
 
-MODULES = (capture_errors, ledger_errors, admission, attempt, storage_errors)
+MODULES = (capture_errors, vllm, ledger_errors, admission, attempt, storage_errors)
 
 
 def exported_errors(module: ModuleType) -> list[type[Exception]]:
@@ -52,3 +53,8 @@ def test_an_unlisted_subclass_is_answered_as_its_closest_listed_class():
 
 def test_an_error_outside_grove_is_an_internal_error():
     assert error_status(KeyError("x")) == ErrorStatus(500, "internal_error")
+
+
+def test_an_unreachable_vllm_server_is_answered_503_so_the_client_may_retry():
+    unreachable = vllm.EngineUnavailableError("http://127.0.0.1:1/v1/completions", "ConnectError")
+    assert error_status(unreachable) == ErrorStatus(503, "engine_unavailable")
