@@ -23,7 +23,13 @@ records those as ``call.failed`` (``engine_error``). ``docs/gateway.md`` documen
 ``capture`` must not import ``training``: the selection policy arrives as the ``selector``
 callable (``grove/jobs/serve.py`` builds it from ``training/selection.py``). A selector raises
 ``ValueError`` (``training.errors.SelectionError`` is one) when the result cannot select calls;
-the gateway answers 422 with its message.
+the gateway answers 422 with its message. An attempt with no accepted generation (a first-call
+failure) selects no call, so its result is always taken and its prompt group completes.
+
+The server, never an HTTP client, decides which selection policies run and the defaults of an
+attempt (``capture/attempt_settings.py``). A client that disconnects mid-call does not stop the
+call; a committed call whose answer was not delivered records the cancellation
+(``capture/delivery.py``).
 """
 
 from __future__ import annotations
@@ -31,19 +37,20 @@ from __future__ import annotations
 import hmac
 import threading
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Annotated, Any, Final
 
-from fastapi import APIRouter, Depends, FastAPI, Header, Response
-from fastapi.responses import StreamingResponse
+from fastapi import APIRouter, Depends, FastAPI, Header, Request, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from capture import errors as capture_errors
+from capture.attempt_settings import AttemptSettings
 from capture.chat_api import ChatCompletion, ChatCompletionRequest, chat_completion
 from capture.conflicts import opened_differences, selection_differences
 from capture.conversion import ConvertedCall, RequestConverter
+from capture.delivery import CALLER_GONE, DeliveredStream, caller_disconnected
 from capture.lifecycle import CallOutcome, CaptureService, ModelCall
 from capture.refusals import Refused, install_error_handlers
 from capture.responses_api import ResponseObject, ResponsesRequest, response_object
@@ -113,9 +120,11 @@ class _Gateway:
         max_context: int | None,
         default_max_tokens: int,
         settle_timeout_s: float,
+        attempts: AttemptSettings,
     ) -> None:
         self.service = service
         self.selector = selector
+        self.attempts = attempts
         self.model_name = model_name
         self.max_context = max_context
         self.default_max_tokens = default_max_tokens
@@ -182,8 +191,10 @@ class _Gateway:
         return state
 
     def open(self, request: OpenAttemptRequest) -> AttemptStatus:
-        """Open an attempt (idempotent for the same fields; 409 naming the fields that differ)."""
+        """Open an attempt (idempotent for the same fields; 409 naming the fields that differ),
+        with the server's policy and forest mode where the request gives none."""
         validate_stream_id(request.capture_key)
+        request = self.attempts.resolve(request)
         self._refuse_reopening(self.state(request.capture_key), request)
         self.service.open_attempt(
             request.capture_key,
@@ -220,11 +231,48 @@ class _Gateway:
         self.service.fail(capture_key, call_id, "rejected_by_harness", detail)
         return attempt_status(self.opened(capture_key))
 
+    def caller_gone(self, capture_key: str, call_id: str) -> None:
+        """Record that the client of committed call ``call_id`` went away before its answer was
+        delivered (``CALLER_GONE``); the call stays committed."""
+        self.service.fail(
+            capture_key,
+            call_id,
+            CALLER_GONE,
+            "the client disconnected before the answer was delivered",
+        )
+
+    def deliver(
+        self,
+        connection: Request,
+        response: Response,
+        capture_key: str | None,
+        outcome: CallOutcome,
+        answer: Any,
+        events: Iterator[str] | None,
+    ) -> Any:
+        """The answer of a committed call: ``answer``, or ``events`` as server-sent events.
+
+        Runs in the endpoint's worker thread, after the commit: a client that has already
+        disconnected is recorded now (``CALLER_GONE``); a stream cut before its last event
+        records it when it ends.
+        """
+        assert capture_key is not None  # generate refused a call without one
+        call_id = outcome.call_id
+        headers = _decision_headers(outcome)
+        if caller_disconnected(connection):
+            self.caller_gone(capture_key, call_id)
+        if events is not None:
+            return DeliveredStream(events, headers, lambda: self.caller_gone(capture_key, call_id))
+        response.headers.update(headers)
+        return answer
+
     def result(self, capture_key: str, result: dict[str, Any]) -> AttemptStatus:
         """Settle the attempt (the harness returned) and record the selection of its result.
 
         When nothing is pending the selector first runs on the current state, so a result
-        whose evidence cannot select calls is refused before anything is written.
+        whose evidence cannot select calls is refused before anything is written. An attempt
+        with no accepted generation selects no call: its result is recorded whatever its
+        evidence, so its rollout is finalized (masked) and its prompt group completes.
         """
         if self.selector is None:
             raise Refused(
@@ -372,6 +420,7 @@ def create_app(
     max_context: int | None = None,
     default_max_tokens: int = DEFAULT_MAX_TOKENS,
     settle_timeout_s: float = DEFAULT_SETTLE_TIMEOUT_S,
+    attempts: AttemptSettings | None = None,
     on_shutdown: Callable[[], None] | None = None,
 ) -> FastAPI:
     """The gateway as a FastAPI application over ``service``.
@@ -382,7 +431,9 @@ def create_app(
     needs ``Authorization: Bearer <token>``. ``max_context`` (the model's context length) lets
     the gateway refuse a too-long prompt before anything is written, and cap the default
     ``max_tokens`` (``default_max_tokens``, used when a request gives none) to the room left.
-    ``settle_timeout_s`` bounds the wait for pending calls when a result arrives.
+    ``settle_timeout_s`` bounds the wait for pending calls when a result arrives. ``attempts``:
+    the selection policies an attempt may name and the defaults of one that names none (default:
+    the built-in policies, ``returned_history``, forest mode on).
     ``on_shutdown`` runs when the application stops (e.g. closing the ledger).
     """
     if max_context is not None and max_context < 1:
@@ -390,7 +441,13 @@ def create_app(
     if default_max_tokens < 1:
         raise ValueError(f"default_max_tokens must be >= 1, got {default_max_tokens}")
     gateway = _Gateway(
-        service, selector, model_name, max_context, default_max_tokens, settle_timeout_s
+        service,
+        selector,
+        model_name,
+        max_context,
+        default_max_tokens,
+        settle_timeout_s,
+        attempts or AttemptSettings(),
     )
 
     @asynccontextmanager
@@ -431,6 +488,7 @@ def create_app(
     def chat_completions(
         request: ChatCompletionRequest,
         response: Response,
+        connection: Request,
         capture_key: CaptureKey = None,
         call_id: CallId = None,
     ) -> Any:
@@ -440,16 +498,9 @@ def create_app(
         outcome = gateway.generate(capture_key, converted)
         logprobs = gateway.token_logprobs(outcome) if converted.logprobs else None
         answer = chat_completion(outcome, model_name, logprobs)
-        headers = _decision_headers(outcome)
-        if request.stream:
-            usage = bool((request.stream_options or {}).get("include_usage"))
-            return StreamingResponse(
-                chat_sse(answer, include_usage=usage),
-                media_type="text/event-stream",
-                headers=headers,
-            )
-        response.headers.update(headers)
-        return answer
+        usage = bool((request.stream_options or {}).get("include_usage"))
+        events = chat_sse(answer, include_usage=usage) if request.stream else None
+        return gateway.deliver(connection, response, capture_key, outcome, answer, events)
 
     @api.post(
         "/responses",
@@ -459,6 +510,7 @@ def create_app(
     def responses(
         request: ResponsesRequest,
         response: Response,
+        connection: Request,
         capture_key: CaptureKey = None,
         call_id: CallId = None,
     ) -> Any:
@@ -467,13 +519,8 @@ def create_app(
         outcome = gateway.generate(capture_key, converted)
         logprobs = gateway.token_logprobs(outcome) if converted.logprobs else None
         answer = response_object(outcome, model_name, request, logprobs)
-        headers = _decision_headers(outcome)
-        if request.stream:
-            return StreamingResponse(
-                responses_sse(answer), media_type="text/event-stream", headers=headers
-            )
-        response.headers.update(headers)
-        return answer
+        events = responses_sse(answer) if request.stream else None
+        return gateway.deliver(connection, response, capture_key, outcome, answer, events)
 
     @api.post("/attempts", response_model=AttemptStatus)
     def open_attempt(request: OpenAttemptRequest) -> AttemptStatus:

@@ -206,10 +206,14 @@ class OpenAttemptRequest(WireRequest):
     prompt_group: str
     rollout_index: int = Field(ge=0)
     policy_version: int = Field(default=0, ge=0)
-    forest_mode: bool = True
-    selection_policy: str = Field(
-        default="returned_history",
-        description="returned_history, all_captured or module:function (training.selection)",
+    forest_mode: bool | None = Field(
+        default=None, description="None: the server's setting (token_capture.forest_training)"
+    )
+    selection_policy: str | None = Field(
+        default=None,
+        min_length=1,
+        description="a built-in (returned_history, all_captured) or a policy registered in the "
+        "server's configuration; None: the server's own (capture/attempt_settings.py)",
     )
     seed: int | None = Field(
         default=None,

@@ -69,6 +69,20 @@ HtmlOption = Annotated[
 ]
 
 
+def _resolvable_policy(spec: str | None) -> str | None:
+    """A selection policy that resolves now (a custom ``module:function`` is imported here, on
+    the operator's command line, before anything is served or replayed)."""
+    from training.errors import SelectionPolicyError
+    from training.selection import resolve_selection_policy
+
+    if spec is not None:
+        try:
+            resolve_selection_policy(spec)
+        except SelectionPolicyError as error:
+            raise typer.BadParameter(str(error), param_hint="--selection-policy") from error
+    return spec
+
+
 def _workspace(workdir: Path | None, database_url: str | None, blob_url: str | None) -> Workspace:
     return Workspace.resolve(workdir, database_url, blob_url)
 
@@ -229,6 +243,22 @@ def serve(
             "--settle-timeout", min=0.0, help="Seconds a posted result waits for pending calls."
         ),
     ] = 300.0,
+    selection_policy: Annotated[
+        str,
+        typer.Option(
+            "--selection-policy",
+            callback=_resolvable_policy,
+            help="The policy of attempts that name none: returned_history, all_captured or a "
+            "custom module:function, which attempts may then name too (docs/gateway.md).",
+        ),
+    ] = "returned_history",
+    forest_training: Annotated[
+        bool,
+        typer.Option(
+            "--forest-training/--no-forest-training",
+            help="The forest mode of attempts that give none.",
+        ),
+    ] = True,
     engine: Annotated[
         str,
         typer.Option("--engine", help="embedded (in process) or vllm (docs/engines.md)."),
@@ -289,6 +319,8 @@ def serve(
             auth_token=auth_token,
             max_context=policy.context_length,
             settle_timeout_s=settle_timeout,
+            selection_policy=selection_policy,
+            forest_mode=forest_training,
         )
         console.print(
             f"Grove gateway on http://{host}:{port}/v1 ({policy.engine.name} engine, model "
@@ -356,6 +388,15 @@ def replay(
         bool,
         typer.Option("--verify", help="Re-run every recorded decision; exit 1 on a difference."),
     ] = False,
+    selection_policy: Annotated[
+        str | None,
+        typer.Option(
+            "--selection-policy",
+            callback=_resolvable_policy,
+            help="A custom module:function selection that --verify may re-run (built-ins always "
+            "are; a policy the ledger names is never imported).",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     workdir: WorkdirOption = None,
     database_url: DatabaseOption = None,
@@ -365,11 +406,20 @@ def replay(
     from grove.tools.replay import render_replay
     from grove.tools.replay import replay as replay_attempt
     from storage import open_blob_store
+    from training.selection import PolicyRegistry
 
     ws = _workspace(workdir, database_url, blob_url)
     with _ledger(ws) as store:
         blobs = open_blob_store(ws.blob_url) if verify else None
-        result = replay_attempt(store, capture_key, until=until, blobs=blobs)
+        result = replay_attempt(
+            store,
+            capture_key,
+            until=until,
+            blobs=blobs,
+            policies=PolicyRegistry.of(
+                registered=() if selection_policy is None else (selection_policy,)
+            ),
+        )
     if as_json:
         print(json.dumps(result.as_dict()))
     else:

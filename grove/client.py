@@ -94,8 +94,8 @@ class GroveClient:
         rollout_id: str,
         prompt_group: str,
         rollout_index: int,
-        forest_mode: bool = True,
-        selection_policy: str = "returned_history",
+        forest_mode: bool | None = None,
+        selection_policy: str | None = None,
         seed: int | None = None,
         policy_version: int = 0,
     ) -> Attempt:
@@ -103,7 +103,10 @@ class GroveClient:
         ``prompt_group``; a training run groups ``grpo.num_generations_per_prompt`` rollouts of
         one prompt group and trains them together. ``seed`` seeds the calls that send none
         (default: derived from ``rollout_id``); ``policy_version`` is the policy the harness
-        starts the rollout under (each call also records the version it was sampled with)."""
+        starts the rollout under (each call also records the version it was sampled with).
+        ``forest_mode`` and ``selection_policy`` default to the server's configuration; a policy
+        must be a built-in or one the server registered (else 400
+        ``unregistered_selection_policy``)."""
         _checked(
             self.http.post(
                 "/attempts",

@@ -38,6 +38,7 @@ __all__ = [
     "attributed_terminal",
     "explicit_terminal",
     "is_generated_item",
+    "refuse_named_generations",
 ]
 
 GENERATED_ITEM_TYPES: Final = frozenset({"reasoning", "function_call", "custom_tool_call"})
@@ -118,6 +119,8 @@ def _refuse_rejected(call: CapturedCall) -> None:
 
 
 def explicit_terminal(result: Mapping[str, Any]) -> str | None:
+    """The result's ``terminal_response_id`` (None when it gives none); it must be a non-empty
+    string."""
     terminal = result.get("terminal_response_id")
     if terminal is not None and (not isinstance(terminal, str) or not terminal):
         raise SelectionError(
@@ -149,6 +152,20 @@ def agreed_evidence(index: CaptureIndex, result: Mapping[str, Any]) -> list[Capt
             )
     _reject_duplicates(first)
     return first
+
+
+def refuse_named_generations(index: CaptureIndex, result: Mapping[str, Any]) -> None:
+    """For an attempt with no accepted generation: raise when the result names a generation
+    anyway (a returned generated item, response, call reference or terminal response id, which
+    can only be one no call served, or one the harness rejected); return when it names none."""
+    agreed_evidence(index, result)
+    terminal = explicit_terminal(result)
+    if terminal is not None and index.call_for_response(terminal) is None:
+        raise SelectionError(
+            SelectionRule.MISSING_EVIDENCE,
+            f"terminal_response_id {terminal!r} was served by no committed call",
+            response_id=terminal,
+        )
 
 
 def _reject_duplicates(calls: list[CapturedCall]) -> None:

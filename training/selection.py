@@ -19,12 +19,22 @@ forest. Built-in policies (``docs/forest.md``, "Where ``selected`` comes from"):
 - ``module:function``: a custom synchronous function with the same signature, resolved by
   ``resolve_selection_policy`` while the configuration is validated.
 
+A server runs only the policies it was configured with: ``PolicyRegistry`` holds the built-ins
+and the custom ones its configuration registers, resolved once at start; a name it does not hold
+is refused, never imported (``docs/gateway.md``, "Attempts"). Only a trusted caller (the
+configuration, a test) hands ``select_rollout`` a ``module:function`` name to import.
+
 ``select_rollout`` runs a policy, checks its result against the policy contract (a nonempty list
 of unique, unchanged records from this capture, and a terminal response id among them that the
 harness did not reject), and adds the capture-completion check (``completion_mask_reason``): a
 partial history never trains, so any failure in the attempt masks the rollout, except a
 rejection (the harness resampled a complete response) and one cancellation case
-(``docs/forest.md``, "Failures and drops").
+(``docs/forest.md``, "Failures and drops"). An attempt with no accepted generation at all (every
+call failed, is pending or was rejected, or it made none: a first-call failure) has nothing to
+select and no scored response to name: its selection is empty, without running the policy, and
+the rollout is masked (``capture_failed``, or ``empty_selection`` when nothing failed), so its
+prompt group still completes. Its result must then name no generation (one it names could only
+be a response no call served, or one the harness rejected).
 
 The result dictionary (``result``) is the harness's ordinary output. Accepted keys:
 
@@ -52,6 +62,7 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Final, TypeAlias
 
 from ledger.fingerprint import fingerprint_output
@@ -70,6 +81,7 @@ from training.evidence import (
     attributed_terminal,
     explicit_terminal,
     is_generated_item,
+    refuse_named_generations,
 )
 from training.forest import MaskReason
 
@@ -80,6 +92,7 @@ __all__ = [
     "REJECTED_BY_HARNESS",
     "REQUEST_FINISHED_WITHOUT_STAGED_COORDINATES",
     "CapturedCall",
+    "PolicyRegistry",
     "RolloutSelection",
     "SelectionPolicy",
     "SelectionRule",
@@ -102,13 +115,14 @@ class RolloutSelection:
 
     ``call_ids`` is the ordered selection, ``terminal_call_id`` the selected call that served
     ``terminal_response_id``. ``mask_reason`` is the capture-completion decision (None when
-    capture is complete); the forest may add its own.
+    capture is complete); the forest may add its own. An attempt with no accepted generation
+    selects nothing: ``call_ids`` is empty, both terminals are None and ``mask_reason`` is set.
     """
 
     policy: str
     call_ids: tuple[str, ...]
-    terminal_response_id: str
-    terminal_call_id: str
+    terminal_response_id: str | None
+    terminal_call_id: str | None
     reward: float
     mask_reason: MaskReason | None
 
@@ -230,6 +244,63 @@ def resolve_selection_policy(spec: str) -> SelectionPolicy:
     return target
 
 
+@dataclass(frozen=True)
+class PolicyRegistry:
+    """The selection policies a server runs, by name: the built-ins, and the custom
+    ``module:function`` policies its configuration registers, each resolved once when the server
+    starts (producer: ``grove serve`` / ``grove train`` / ``grove replay`` wiring; consumers: the
+    gateway's selector and ``grove replay --verify``).
+
+    An attempt names its policy over HTTP, so the name is looked up here and never imported: a
+    name that is neither built in nor registered raises ``SelectionPolicyError`` (rule
+    ``unregistered``). ``default`` is the policy of an attempt that names none; it is registered
+    too.
+    """
+
+    policies: Mapping[str, SelectionPolicy]
+    default: str = "returned_history"
+
+    def __post_init__(self) -> None:
+        self.resolve(self.default)  # the default is one of the policies
+
+    @classmethod
+    def of(
+        cls, default: str = "returned_history", registered: Sequence[str] = ()
+    ) -> PolicyRegistry:
+        """The built-ins plus ``default`` and ``registered`` resolved now (``SelectionPolicyError``
+        for a name that does not resolve, before anything is served)."""
+        policies = dict(BUILTIN_POLICIES)
+        for spec in (default, *registered):
+            if spec not in policies:
+                policies[spec] = resolve_selection_policy(spec)
+        return cls(MappingProxyType(policies), default)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every name an attempt may give: built-ins first, then registered ones."""
+        return tuple(self.policies)
+
+    def resolve(self, name: str) -> SelectionPolicy:
+        """The policy registered as ``name``; ``SelectionPolicyError`` (``unregistered``) when
+        there is none: nothing is imported."""
+        policy = self.policies.get(name) if isinstance(name, str) else None
+        if policy is None:
+            raise SelectionPolicyError(
+                str(name),
+                "unregistered",
+                f"this server runs only {', '.join(self.names)}; register a custom policy in "
+                "its configuration (token_capture.selection_policy, or --selection-policy on the "
+                "command line) — a policy named over HTTP or in a ledger is never imported",
+            )
+        return policy
+
+    def select(
+        self, name: str, records: Sequence[CapturedCall], result: Mapping[str, Any]
+    ) -> RolloutSelection:
+        """``select_rollout`` with the policy registered as ``name`` (recorded under that name)."""
+        return _checked_selection(name, self.resolve(name), records, result)
+
+
 def select_rollout(
     policy: SelectionPolicy | str,
     records: Sequence[CapturedCall],
@@ -239,10 +310,24 @@ def select_rollout(
 
     The result must be a nonempty list of unique records, each unchanged from ``records``, and a
     terminal response id served by one of them (a missing terminal is rejected, never guessed).
-    The capture-completion check sets ``mask_reason``.
+    The capture-completion check sets ``mask_reason``. An attempt with no accepted generation
+    selects nothing and the policy is not run (``RolloutSelection``); a result that still names
+    a generation is refused. A ``str`` policy is
+    resolved with ``resolve_selection_policy``, which imports ``module:function`` names: pass
+    only trusted names (a server looks names up in its ``PolicyRegistry``).
     """
     name = policy if isinstance(policy, str) else _policy_name(policy)
     function = resolve_selection_policy(policy) if isinstance(policy, str) else policy
+    return _checked_selection(name, function, records, result)
+
+
+def _checked_selection(
+    name: str,
+    function: SelectionPolicy,
+    records: Sequence[CapturedCall],
+    result: Mapping[str, Any],
+) -> RolloutSelection:
+    """``select_rollout`` once the policy is resolved: ``name`` is the one recorded."""
     if not isinstance(result, Mapping):
         raise SelectionError(
             SelectionRule.INVALID_RESULT,
@@ -250,6 +335,16 @@ def select_rollout(
         )
     reward = _reward(result)
     index = CaptureIndex(records)
+    if not any(record.status == "committed" and not record.rejected for record in records):
+        refuse_named_generations(index, result)
+        return RolloutSelection(
+            policy=name,
+            call_ids=(),
+            terminal_response_id=None,
+            terminal_call_id=None,
+            reward=reward,
+            mask_reason=completion_mask_reason(records, ()) or MaskReason.EMPTY_SELECTION,
+        )
     returned = function(list(records), result)
     if not isinstance(returned, tuple | list) or len(returned) != 2:
         raise _policy_error(name, "it must return (selected_records, terminal_response_id)")

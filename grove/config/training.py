@@ -48,7 +48,9 @@ class TokenCaptureConfig(Section):
 
     selection_policy: str = "returned_history"
     """``returned_history``, ``all_captured`` or a custom ``module:function`` taking
-    ``(records, result)``; resolved during validation. Non-default policies need forest training."""
+    ``(records, result)``; resolved during validation. Non-default policies need forest training.
+    It is the gateway's policy: attempts that name none get it, and a custom one is registered,
+    so attempts may name it or a built-in and nothing else (``docs/gateway.md``)."""
 
     min_valid_fraction_per_group: float | None = Field(default=None, gt=0.0, le=1.0)
     """Discard a prompt group whose fraction of verified logical rollouts is below this; ``None``

@@ -14,7 +14,10 @@ stay committed and are marked rejected; fingerprints are the ones capture record
 - the result's returned items (``output`` and ``responses[].output``) are normalized the way
   capture normalizes requests (``docs/normalization.md``), so Chat messages and Responses items
   fingerprint alike, and an item that echoes a response id of the attempt as its ``id`` carries
-  it as ``response_id``.
+  it as ``response_id``;
+- the attempt's policy is looked up in the server's ``PolicyRegistry`` (the built-ins and the
+  custom policy of its configuration, resolved when the gateway is built), never imported by
+  name; the gateway refuses to open an attempt naming another (``AttemptSettings``).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import uvicorn
 from fastapi import FastAPI
 from transformers import PreTrainedTokenizerBase
 
+from capture.attempt_settings import AttemptSettings
 from capture.embedded import EMBEDDED_MODEL_NAME, EmbeddedEngine, build_tokenizer
 from capture.engine import Engine
 from capture.errors import NormalizationError
@@ -42,18 +46,23 @@ from ledger.events import RolloutSelected
 from ledger.store import EventStore
 from storage import open_blob_store
 from training.projector import captured_calls
-from training.selection import select_rollout
+from training.selection import PolicyRegistry
 
 __all__ = ["LedgerSelector", "ServerThread", "build_gateway", "run_server"]
 
 
 class LedgerSelector:
     """A gateway selector: the attempt's calls as ``CapturedCall`` records, the result normalized,
-    then ``training.selection.select_rollout`` with the attempt's own selection policy.
+    then ``training.selection.select_rollout`` with the attempt's own selection policy, looked up
+    in ``policies`` (default: the built-ins only).
 
     Raises ``ValueError`` (``SelectionError``, ``SelectionPolicyError``) when the result cannot
-    select calls; the gateway answers 422 with the message.
+    select calls, or the attempt names a policy ``policies`` does not hold; the gateway answers
+    422 with the message.
     """
+
+    def __init__(self, policies: PolicyRegistry | None = None) -> None:
+        self.policies = policies or PolicyRegistry.of()
 
     def __call__(self, state: AttemptState, result: dict[str, Any]) -> RolloutSelected:
         """The ``rollout.selected`` event for ``state`` and the harness's ``result``."""
@@ -62,7 +71,7 @@ class LedgerSelector:
         records = captured_calls(state)
         served = {r.response_id for r in records if r.response_id is not None}
         normalized = normalized_result(result, served)
-        selection = select_rollout(state.opened.selection_policy, records, normalized)
+        selection = self.policies.select(state.opened.selection_policy, records, normalized)
         return RolloutSelected(
             policy=selection.policy,
             call_ids=selection.call_ids,
@@ -117,6 +126,8 @@ def build_gateway(
     max_context: int | None = None,
     default_max_tokens: int = 256,
     settle_timeout_s: float = 300.0,
+    selection_policy: str = "returned_history",
+    forest_mode: bool = True,
 ) -> FastAPI:
     """The gateway over ``workspace``: ledger migrated and opened, blob store, engine, selector.
 
@@ -125,7 +136,14 @@ def build_gateway(
     read now), so too-long prompts are refused before anything is written. Another engine must
     serve a model whose tokenizer is ``tokenizer`` (default: the embedded one). The ledger is
     closed when the application shuts down.
+
+    ``selection_policy`` (``token_capture.selection_policy``) is the server's policy: attempts
+    that name none get it, and a custom ``module:function`` is resolved now
+    (``SelectionPolicyError`` before anything is served) and registered, so attempts may name it
+    or a built-in, nothing else. ``forest_mode`` (``token_capture.forest_training``) is the
+    forest mode of attempts that give none.
     """
+    policies = PolicyRegistry.of(selection_policy)
     tokenizer = tokenizer or build_tokenizer()
     engine = engine or EmbeddedEngine.build(tokenizer)
     if max_context is None and isinstance(engine, EmbeddedEngine):
@@ -141,12 +159,13 @@ def build_gateway(
     )
     return create_app(
         service,
-        selector=LedgerSelector(),
+        selector=LedgerSelector(policies),
         model_name=model_name,
         auth_token=auth_token,
         max_context=max_context,
         default_max_tokens=default_max_tokens,
         settle_timeout_s=settle_timeout_s,
+        attempts=AttemptSettings(policies.names, policies.default, forest_mode),
         on_shutdown=store.close,
     )
 

@@ -172,6 +172,8 @@ def _gateway(
         max_context=min(policy.context_length, config.policy.max_total_sequence_length),
         default_max_tokens=config.engine.default_max_tokens,
         settle_timeout_s=config.token_capture.pending_call_timeout_s,
+        selection_policy=config.token_capture.selection_policy,
+        forest_mode=config.token_capture.forest_training,
     )
 
 

@@ -7,7 +7,10 @@ every decision the ledger recorded for the attempt with today's code and reports
   recorded boundary);
 - selection: ``training.selection.select_rollout`` with the recorded policy on the recorded
   harness result, against the calls as they stood when the selection was recorded
-  (``training.projector.captured_calls``); call ids, terminal and reward must agree;
+  (``training.projector.captured_calls``); call ids, terminal and reward must agree. The policy
+  is looked up in a ``PolicyRegistry`` (the built-ins, plus the custom policies the command line
+  registers): a ledger's policy name is never imported, and one the registry lacks is reported
+  as skipped, naming it;
 - finalization: ``training.projector.finalization_forest`` (the projector's own code, reading the
   blobs) on the state the projector saw, turned into its ``rollout.finalized`` event;
 - publication: the step that published the rollout (read with :data:`QUERIES`): its number is its
@@ -49,7 +52,7 @@ from ledger.upcasting import decode_payload
 from storage import BlobStore
 from training.errors import TrainingError
 from training.projector import captured_calls, finalization_event, finalization_forest
-from training.selection import select_rollout
+from training.selection import PolicyRegistry
 
 __all__ = [
     "QUERIES",
@@ -121,9 +124,13 @@ def _first(events: Sequence[StoredEvent], event_type: str, until: int | None) ->
 
 
 def verify_selection(
-    capture_key: str, events: Sequence[StoredEvent], until: int | None = None
+    capture_key: str,
+    events: Sequence[StoredEvent],
+    until: int | None = None,
+    policies: PolicyRegistry | None = None,
 ) -> list[DecisionCheck]:
-    """Re-run the recorded selection policy on the recorded result (no check before one)."""
+    """Re-run the recorded selection policy, looked up in ``policies`` (default: the built-ins),
+    on the recorded result (no check before one)."""
     stored = _first(events, RolloutSelected.type, until)
     if stored is None:
         return []
@@ -140,9 +147,22 @@ def verify_selection(
                 note="the selection carries no harness result, so the policy cannot be re-run",
             )
         ]
+    policies = policies or PolicyRegistry.of()
+    if recorded.policy not in policies.names:
+        return [
+            DecisionCheck(
+                "selection",
+                subject,
+                stored.position,
+                CheckOutcome.SKIPPED,
+                note=f"the selection names policy {recorded.policy!r}, which is neither built in "
+                "nor registered here, so it is not re-run (a ledger's policy is never imported): "
+                "give it with --selection-policy to re-run it",
+            )
+        ]
     records = captured_calls(state_before(capture_key, events, stored.position))
     try:
-        today = select_rollout(recorded.policy, records, recorded.result)
+        today = policies.select(recorded.policy, records, recorded.result)
     except TrainingError as error:
         refused = f"recorded {list(recorded.call_ids)}; today the policy refuses: {error}"
         return [
@@ -387,8 +407,10 @@ def replay(
     *,
     until: int | None = None,
     blobs: BlobStore | None = None,
+    policies: PolicyRegistry | None = None,
 ) -> AttemptReplay:
-    """The attempt's steps up to ``until``; with ``blobs``, every recorded decision re-run too."""
+    """The attempt's steps up to ``until``; with ``blobs``, every recorded decision re-run too
+    (the selection with the policies of ``policies``, default: the built-ins)."""
     capture_key, events = attempt_events(store, key)
     steps = replay_attempt(capture_key, events, until)
     if blobs is None:
@@ -398,7 +420,7 @@ def replay(
     finalized = _first(events, RolloutFinalized.type, until)
     checks = [
         *verify_admissions(capture_key, events, until),
-        *verify_selection(capture_key, events, until),
+        *verify_selection(capture_key, events, until, policies),
         *verify_finalization(capture_key, events, blobs, until),
         *verify_publication(
             store, state.opened.rollout_id, finalized.position if finalized else None, until

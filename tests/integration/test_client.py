@@ -101,10 +101,27 @@ def test_posting_the_result_selects_the_returned_calls(grove: GroveClient) -> No
 
 def test_a_gateway_refusal_arrives_with_its_code(grove: GroveClient) -> None:
     attempt = _open(grove, "refused")
+    attempt.openai().chat.completions.create(model=grove.model(), messages=MESSAGES, max_tokens=4)
     with pytest.raises(GroveClientError) as caught:
         attempt.post_result({"output": [], "reward": 1.0})
     assert caught.value.status == 422
     assert caught.value.code == "selection_refused"
+
+
+def test_an_attempt_opened_without_policy_or_forest_mode_gets_the_servers(
+    grove: GroveClient,
+) -> None:
+    status = _open(grove, "defaults").status()
+    assert (status["selection_policy"], status["forest_mode"]) == ("returned_history", True)
+
+
+def test_an_attempt_naming_a_policy_the_server_does_not_run_is_refused(grove: GroveClient) -> None:
+    with pytest.raises(GroveClientError) as caught:
+        grove.open_attempt(
+            "unregistered", rollout_id="u", prompt_group="g", rollout_index=0,
+            selection_policy="os:getcwd",
+        )  # fmt: skip
+    assert (caught.value.status, caught.value.code) == (400, "unregistered_selection_policy")
 
 
 def test_reopening_an_attempt_with_the_same_fields_is_idempotent(grove: GroveClient) -> None:

@@ -84,6 +84,7 @@ class Gateway:
     base_url: str
     service: CaptureService
     http: httpx.Client
+    server: ServerThread | None = None
 
     @property
     def engine(self) -> ScriptedEngine:
@@ -153,4 +154,4 @@ def serve(
     options.setdefault("max_context", CONTEXT)
     app = create_app(service, model_name=MODEL, on_shutdown=store.close, **options)
     with ServerThread(app) as server, httpx.Client(base_url=server.base_url) as http:
-        yield Gateway(server.base_url, service, http)
+        yield Gateway(server.base_url, service, http, server)

@@ -36,6 +36,7 @@ PUBLIC = {
         "REJECTED_BY_HARNESS",
         "REQUEST_FINISHED_WITHOUT_STAGED_COORDINATES",
         "CapturedCall",
+        "PolicyRegistry",
         "RolloutSelection",
         "SelectionPolicy",
         "SelectionRule",
@@ -61,6 +62,7 @@ PUBLIC = {
         "attributed_terminal",
         "explicit_terminal",
         "is_generated_item",
+        "refuse_named_generations",
     },
     "training.rows": {
         "ROUTE_MISSING_SENTINEL",
