@@ -23,7 +23,12 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from capture.chat_api import ChatCompletionRequest
-from capture.constraints import chat_content_spec, output_constraint, responses_content_spec
+from capture.constraints import (
+    ContentSpec,
+    chat_content_spec,
+    output_constraint,
+    responses_content_spec,
+)
 from capture.engine import OutputConstraint, SamplingParams
 from capture.lifecycle import ModelCall
 from capture.refusals import Refused
@@ -76,19 +81,13 @@ class RequestConverter:
                     "max_completion_tokens",
                 )
             max_tokens = request.max_completion_tokens
-        tools = chat_tools(request.tools)
-        constraint = output_constraint(
-            chat_content_spec(request.response_format),
-            tools,
+        options, constraint = self._shape(
+            chat_tools(request.tools),
             request.tool_choice,
             request.parallel_tool_calls,
-            content_param="response_format",
-        )
-        options = RenderOptions(
-            model=self.model_name,
-            tools=tool_choice(tools, request.tool_choice),
-            tool_choice=request.tool_choice,
-            reasoning_effort=request.reasoning_effort,
+            request.reasoning_effort,
+            chat_content_spec(request.response_format),
+            "response_format",
         )
         items = [message.model_dump(exclude_unset=True) for message in request.messages]
         sampling = self._sampling(
@@ -147,19 +146,13 @@ class RequestConverter:
         else:
             items.extend(request.input)
         effort = (request.reasoning or {}).get("effort")
-        tools = responses_tools(request.tools)
-        constraint = output_constraint(
-            responses_content_spec(request.text),
-            tools,
+        options, constraint = self._shape(
+            responses_tools(request.tools),
             request.tool_choice,
             request.parallel_tool_calls,
-            content_param="text",
-        )
-        options = RenderOptions(
-            model=self.model_name,
-            tools=tool_choice(tools, request.tool_choice),
-            tool_choice=request.tool_choice,
-            reasoning_effort=effort if isinstance(effort, str) else None,
+            effort if isinstance(effort, str) else None,
+            responses_content_spec(request.text),
+            "text",
         )
         sampling = self._sampling(
             request.max_output_tokens, request.temperature, request.top_p, None, None, constraint
@@ -169,6 +162,27 @@ class RequestConverter:
             request.max_output_tokens is not None,
             logprobs=LOGPROBS_INCLUDE in include,
         )
+
+    def _shape(
+        self,
+        tools: tuple[dict[str, Any], ...] | None,
+        choice: str | Mapping[str, Any] | None,
+        parallel_tool_calls: bool | None,
+        reasoning_effort: str | None,
+        content: ContentSpec | None,
+        content_param: str,
+    ) -> tuple[RenderOptions, OutputConstraint | None]:
+        """The render options and the output constraint of a request, either API."""
+        constraint = output_constraint(
+            content, tools, choice, parallel_tool_calls, content_param=content_param
+        )
+        options = RenderOptions(
+            model=self.model_name,
+            tools=tool_choice(tools, choice),
+            tool_choice=choice,
+            reasoning_effort=reasoning_effort,
+        )
+        return options, constraint
 
     def _check_model(self, model: str) -> None:
         if model != self.model_name:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Final
 
 import jsonschema
 import pytest
@@ -21,37 +20,16 @@ import torch
 from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
 from capture.embedded import build_model, build_tokenizer
-from capture.engine import FunctionSchema, Generation, OutputConstraint, SamplingParams
+from capture.engine import Generation, SamplingParams
 from capture.grammar import TokenizerGrammar
 from capture.toolcalls import parse_output
 from capture.vllm import VllmEngine
+from tests.unit.capture.test_grammar import FORCED_LOOKUP, JSON_WEATHER, WEATHER
 from tests.vllm.build_model import HIDDEN_SIZE
 from tests.vllm.server import VllmServer
 from tests.vllm.test_vllm_engine import LOGPROB_TOLERANCE, PROMPT_TEXT
 
 pytestmark = pytest.mark.vllm
-
-WEATHER: Final = {
-    "type": "object",
-    "properties": {
-        "city": {"enum": ["Paris", "Rome"]},
-        "degrees": {"type": "integer", "minimum": -30, "maximum": 45},
-        "sunny": {"type": "boolean"},
-    },
-    "required": ["city", "degrees", "sunny"],
-    "additionalProperties": False,
-}
-JSON_WEATHER: Final = OutputConstraint(content="json_schema", schema=WEATHER, name="weather")
-FORCED_LOOKUP: Final = OutputConstraint(
-    tools=(
-        FunctionSchema(
-            "lookup",
-            {"type": "object", "properties": {"unit": {"enum": ["c", "f"]}}, "required": ["unit"]},
-        ),
-    ),
-    tool_calls="required",
-    parallel_tool_calls=False,
-)
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +39,7 @@ def tokenizer() -> PreTrainedTokenizerFast:
 
 @pytest.fixture(scope="module")
 def embedded_model(tokenizer: PreTrainedTokenizerFast) -> Qwen2ForCausalLM:
+    """The embedded model with the width the served model was saved with."""
     return build_model(tokenizer, hidden_size=HIDDEN_SIZE)
 
 
