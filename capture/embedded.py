@@ -296,4 +296,5 @@ class EmbeddedEngine:
                 vocab_size=self.model.config.vocab_size,
                 stop_token_ids=self.stop_token_ids,
             )
-        return self._grammar.mask(sampling.constraint)
+        stops = self.stop_token_ids | set(sampling.stop_token_ids)
+        return self._grammar.mask(sampling.constraint, stops)

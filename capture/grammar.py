@@ -19,7 +19,8 @@ Sampling under a grammar (:class:`GrammarMask`), at each step: the logits of the
 grammar does not allow next are set to ``-inf``; the token is drawn from the softmax of the masked
 logits (the model's distribution renormalized over the allowed tokens) and its logprob is taken
 under that same distribution; the matcher then accepts it. Once the grammar is complete only the
-end-of-turn tokens are allowed, so a generation ends at the grammar's end (``stop``), or at
+end-of-turn tokens (and the request's stop tokens, which are never allowed inside the answer,
+as vLLM does) are allowed, so a generation ends at the grammar's end (``stop``), or at
 ``max_tokens`` (``length``, the text cut where it was). ``docs/gateway.md``, "Structured output",
 says what these logprobs mean for the loss.
 
@@ -238,8 +239,10 @@ class GrammarMask:
     Not thread-safe; one per generation (:meth:`TokenizerGrammar.mask`).
     """
 
-    def __init__(self, compiled: xgr.CompiledGrammar, vocab_size: int) -> None:
-        self._matcher = xgr.GrammarMatcher(compiled)
+    def __init__(
+        self, compiled: xgr.CompiledGrammar, vocab_size: int, stop_token_ids: Iterable[int]
+    ) -> None:
+        self._matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=sorted(stop_token_ids))
         self._bitmask = xgr.allocate_token_bitmask(1, vocab_size)  # (1, ceil(V / 32)) int32
         self.vocab_size = vocab_size
 
@@ -258,11 +261,6 @@ class GrammarMask:
                 "constrained decoding; report it with the request"
             )
 
-    @property
-    def complete(self) -> bool:
-        """Whether the tokens accepted so far form a whole answer of the grammar."""
-        return self._matcher.is_completed()
-
 
 class TokenizerGrammar:
     """Compiles grammars for one tokenizer and model; built once per engine, as its tokenizer
@@ -280,7 +278,11 @@ class TokenizerGrammar:
         self.info = tokenizer_info(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
         self._compiler = xgr.GrammarCompiler(self.info, max_threads=_COMPILER_THREADS)
 
-    def mask(self, constraint: OutputConstraint) -> GrammarMask:
-        """A fresh mask for one generation under ``constraint``."""
+    def mask(
+        self, constraint: OutputConstraint, stop_token_ids: Iterable[int] | None = None
+    ) -> GrammarMask:
+        """A fresh mask for one generation under ``constraint``, ended by ``stop_token_ids``
+        (default: the end-of-turn tokens this compiler was built with)."""
         compiled = self._compiler.compile_grammar(grammar_text(constraint))
-        return GrammarMask(compiled, self.vocab_size)
+        stops = self.info.stop_token_ids if stop_token_ids is None else stop_token_ids
+        return GrammarMask(compiled, self.vocab_size, stops)

@@ -237,6 +237,20 @@ def test_control_tokens_are_never_allowed_even_where_their_spelling_would_be(
     assert (start in inside, end_of_text in inside, think in inside) == (False, False, True)
 
 
+def test_a_request_stop_token_is_allowed_only_where_the_grammar_is_complete(
+    tokenizer: PreTrainedTokenizerFast, engine: EmbeddedEngine, grammar: TokenizerGrammar
+) -> None:
+    dot, eos = tokenizer.convert_tokens_to_ids("."), tokenizer.eos_token_id
+    vocab = engine.model.config.vocab_size
+    mask = grammar.mask(OutputConstraint(content="json_object"), {eos, dot})
+    for token in tokenizer.encode('{"a', add_special_tokens=False):
+        mask.accept(token)
+    inside = allowed(mask, vocab)
+    for token in tokenizer.encode('": 1}', add_special_tokens=False):
+        mask.accept(token)
+    assert (dot in inside, allowed(mask, vocab)) == (False, {eos, dot})
+
+
 def test_the_engine_builds_its_grammar_compiler_once(
     tokenizer: PreTrainedTokenizerFast, prompt: list[int]
 ) -> None:
