@@ -171,14 +171,17 @@ class RolloutOutcome:
 
 @dataclass(frozen=True)
 class GroupDecision:
-    """Whether a prompt group trains: ``reason`` is ``no_valid_layout`` or
-    ``below_min_valid_fraction`` when it is dropped, else None."""
+    """Whether a prompt group trains: ``reason`` is why it is dropped, else None
+    (``group_decisions`` decides ``no_valid_layout`` and ``below_min_valid_fraction``;
+    ``training.groups.decide_group`` the others). ``detail`` says more where there is more to
+    say: the rollout, the harness's error, the policy versions."""
 
     group_id: str
     kept: bool
     reason: str | None
     verified_rollouts: int
     rollouts: int
+    detail: str = ""
 
 
 @dataclass(frozen=True, eq=False)

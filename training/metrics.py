@@ -12,8 +12,10 @@ verified generations. These are generation statistics before learner-side filter
 
 Step counters: ``finalize/selection_not_closed_rollouts`` (rollouts masked because a selected
 continuation's parent was left out), ``finalize/masked_rollouts`` (every mask reason),
-``dropped_prompt_groups``, ``num_mask_sample_filtered`` (rollouts the environment flagged, once
-each), ``forest/masked_rows`` (real rows excluded by a rollout decision), ``forest/rows``,
+``dropped_prompt_groups`` and ``dropped_prompt_groups/<reason>`` (the prompt groups dropped for
+the step, whose rollouts are not in its batch, in all and by reason),
+``num_mask_sample_filtered`` (rollouts the environment flagged, once each),
+``forest/masked_rows`` (real rows excluded by a rollout decision), ``forest/rows``,
 ``forest/padding_rows``, ``forest/rows_per_rollout`` (mean over rollouts with rows),
 ``scheduler_step_increment`` (logical rollouts in the step — the schedule never advances by
 rows), ``optimizer_steps`` (1), and ``forest/logical_advantages/mean`` and ``/sum`` (over logical
@@ -60,6 +62,7 @@ TOTAL_TOKENS_PER_SAMPLE: Final = "total_tokens_per_sample"
 SELECTION_NOT_CLOSED_ROLLOUTS: Final = "finalize/selection_not_closed_rollouts"
 MASKED_ROLLOUTS: Final = "finalize/masked_rollouts"
 DROPPED_PROMPT_GROUPS: Final = "dropped_prompt_groups"
+_DROPPED_BY_REASON: Final = "dropped_prompt_groups/{reason}"
 NUM_MASK_SAMPLE_FILTERED: Final = "num_mask_sample_filtered"
 MASKED_ROWS: Final = "forest/masked_rows"
 ROWS: Final = "forest/rows"
@@ -122,8 +125,8 @@ def step_metrics(
 ) -> dict[str, float]:
     """Counters of one optimizer step.
 
-    ``outcomes`` are every rollout finalized for the step (dropped groups included),
-    ``decisions`` their groups' decisions, ``advantages`` and ``batch`` those of the kept groups.
+    ``outcomes``, ``advantages`` and ``batch`` are those of the step's batch (its kept groups);
+    ``decisions`` every group decision of the step: the batch's groups and the dropped ones.
     """
     if advantages.rollout_ids != batch.rollout_ids:
         raise AdvantageError(
@@ -131,12 +134,18 @@ def step_metrics(
         )
     trained_rows = advantages.trained[batch.parent_indices.clamp(min=0)]
     real_rows = batch.parent_indices >= 0
+    by_reason: dict[str, float] = {}
+    for decision in decisions:
+        if not decision.kept:
+            name = _DROPPED_BY_REASON.format(reason=decision.reason)
+            by_reason[name] = by_reason.get(name, 0.0) + 1.0
     return {
         SELECTION_NOT_CLOSED_ROLLOUTS: float(
             sum(o.masked_reason == MaskReason.SELECTION_NOT_CLOSED for o in outcomes)
         ),
         MASKED_ROLLOUTS: float(sum(o.masked_reason is not None for o in outcomes)),
         DROPPED_PROMPT_GROUPS: float(sum(not decision.kept for decision in decisions)),
+        **by_reason,
         NUM_MASK_SAMPLE_FILTERED: float(
             sum(f == RolloutFilter.ENVIRONMENT for f in advantages.filters)
         ),

@@ -1,26 +1,23 @@
 """The projector: follows the ledger, finalizes selected rollouts, publishes training batches.
 
 It reads the ledger with the gap-free reader and, for each attempt that is settled and has a
-selection, reconstructs its forest from the calls' delta blobs (sizes and digests verified, each
-row checked against the calls' recorded chain digests) and records ``rollout.finalized``:
-trainable with its paths and owned calls, or masked with a reason (capture incomplete, a failed
-or pending call, a missing or corrupt blob, routes or media that do not fit a row, no owned
-generated token, selection not closed, ...; ``docs/forest.md``, "Failures and drops"). Rows are
-built as tensors before the decision is recorded, so a ``RowError`` masks its rollout rather
-than escaping ``poll`` or ``batch_for_step``. Two settings can mask an otherwise trainable
-rollout as well: with ``forest_training`` off, a forest of more than one path
-(``forest_training_disabled``); with ``max_row_tokens``, a forest with a longer row
-(``row_too_long``). The whole rollout is masked in every case, never part of its history.
+selection, records ``rollout.finalized``: trainable with its paths and owned calls, or masked with
+a reason (``training.finalization``; ``docs/forest.md``, "Failures and drops").
 
-Complete prompt groups (every logical rollout of the group finalized) are published in order of
-completion, ``groups_per_step`` groups per optimizer step, as ``batch.published`` on the training
-stream with the rollout ids, row ids, padding ids and the ledger position read so far; a complete
-group none of whose rollouts has a row (every one masked: no valid input layout) is dropped,
-never published (it has no valid input layout, ``docs/forest.md``). The step
+A prompt group is complete when every one of its logical rollouts is finalized. Each complete group
+is then kept or dropped by the group rules (``training.groups.decide_group``: an attempt Grove
+abandoned, no valid input layout, too few verified rollouts, calls too far apart in policy version
+or too far behind the step). A dropped group is never published. A step publishes
+``groups_per_step`` kept groups in order of completion — or exactly the groups its caller names,
+fewer when its drop budget allows (an in-process harness, whose step is the groups it played) — as
+``batch.published`` on the training stream with the rollout ids, row ids, padding ids and the
+ledger position read so far. Each dropped group is counted once, in the first step published after
+the projector read its completion at which it is dropped (``PublishedBatch.dropped``). The step
 number is the training stream's version, appended with an expected version, so two projectors
 cannot publish the same step; a rollout published once is never published again. Everything the
 projector knows is rebuilt from the ledger, so after a crash or resume it rebuilds the batch of an
-already published step exactly instead of assembling a new one: each rollout trains in one step.
+already published step exactly — its drops included — instead of assembling a new one: each
+rollout trains in one step.
 """
 
 from __future__ import annotations
@@ -28,17 +25,32 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ledger.attempt import AttemptLog, AttemptState, CallStatus
+from ledger.attempt import AttemptLog, AttemptState
 from ledger.errors import WrongExpectedVersion
-from ledger.events import BatchPublished, LedgerPosition, RolloutFinalized
+from ledger.events import AttemptOpened, BatchPublished, LedgerPosition, RolloutFinalized
 from ledger.store import EventStore, StoredEvent
-from storage import BlobRef, BlobStore, UnusableBlobError, row_chain_digests
-from training.advantages import RolloutOutcome
+from storage import BlobStore
+from training.advantages import GroupDecision, RolloutOutcome
 from training.batch import LogicalRollout, TrainingBatch, assemble_batch
-from training.errors import BatchError, RowError
-from training.forest import MASK_REASONS, CallRecord, Forest, MaskReason, build_forest
-from training.rows import CallExtras, RowTensors, rollout_rows
-from training.selection import CapturedCall, completion_mask_reason
+from training.errors import BatchError
+from training.finalization import (
+    Decision,
+    call_policy_versions,
+    captured_calls,
+    decide,
+    finalization_event,
+    finalization_forest,
+    masked_forest,
+    setting_mask_reason,
+)
+from training.forest import MASK_REASONS, Forest, MaskReason
+from training.groups import (
+    DropReason,
+    GroupMember,
+    GroupRules,
+    abandonment_reason,
+    decide_group,
+)
 
 __all__ = [
     "FinalizedRollout",
@@ -63,6 +75,8 @@ class ProjectorSettings:
     ``max_row_tokens`` (``policy.max_total_sequence_length``): None for no limit, else >= 1; a
     rollout with a longer row is masked (``row_too_long``). Both decide ``rollout.finalized``,
     so ``grove replay --verify`` must pass the same values to ``finalization_forest``.
+    ``min_valid_fraction`` (``token_capture.min_valid_fraction_per_group``) and
+    ``max_policy_lag`` (``async_rl.max_policy_lag``) are the group rules; None turns each off.
     """
 
     rollouts_per_group: int
@@ -73,6 +87,8 @@ class ProjectorSettings:
     capture_prefix: str = ""
     forest_training: bool = True
     max_row_tokens: int | None = None
+    min_valid_fraction: float | None = None
+    max_policy_lag: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("rollouts_per_group", "groups_per_step", "row_multiple"):
@@ -83,10 +99,19 @@ class ProjectorSettings:
                 "max_row_tokens", f"max_row_tokens must be >= 1 or None, got {self.max_row_tokens}"
             )
 
+    @property
+    def group_rules(self) -> GroupRules:
+        """The group rules these settings name."""
+        return GroupRules(self.min_valid_fraction, self.max_policy_lag)
+
 
 @dataclass(frozen=True, eq=False)
 class FinalizedRollout:
-    """One logical rollout after finalization: its forest, reward, and rows as tensors."""
+    """One logical rollout after finalization: its forest, reward, and rows as tensors.
+
+    ``abandoned`` is why Grove abandoned its attempt (None when its harness returned);
+    ``policy_versions`` the known policy versions of the calls its rows train, ascending.
+    """
 
     capture_key: str
     rollout_id: str
@@ -94,53 +119,36 @@ class FinalizedRollout:
     reward: float
     forest: Forest
     rollout: LogicalRollout
+    abandoned: DropReason | None = None
+    policy_versions: tuple[int, ...] = ()
 
     @property
     def outcome(self) -> RolloutOutcome:
         """The advantage stage's view of this rollout (no trainer diagnostics yet)."""
         return RolloutOutcome.from_forest(self.rollout_id, self.group_id, self.reward, self.forest)
 
+    @property
+    def member(self) -> GroupMember:
+        """The group rules' view of this rollout."""
+        return GroupMember(self.outcome, self.abandoned, self.policy_versions)
+
 
 @dataclass(frozen=True, eq=False)
 class PublishedBatch:
-    """The rows of one optimizer step, as published (or re-built) from the ledger."""
+    """The rows of one optimizer step, as published (or re-built) from the ledger, and the
+    complete prompt groups dropped for it (``dropped``: each counted in this one step)."""
 
     step: int
     batch: TrainingBatch
     rollouts: tuple[FinalizedRollout, ...]
     position: LedgerPosition
     rebuilt: bool
+    dropped: tuple[GroupDecision, ...] = ()
 
     @property
     def outcomes(self) -> list[RolloutOutcome]:
         """One outcome per logical rollout, in batch order."""
         return [r.outcome for r in self.rollouts]
-
-
-def captured_calls(state: AttemptState) -> list[CapturedCall]:
-    """The attempt's calls as selection policies see them, in intent order.
-
-    A commit recorded after the attempt settled (late) counts as pending: it never trains. A
-    committed call the harness rejected stays committed with ``failure_reason``
-    ``rejected_by_harness`` (``CapturedCall.rejected``): a rejection is not a failure, so
-    ``all_captured`` keeps it as an abandoned retry, while ``returned_history`` never matches it.
-    """
-    records = []
-    for call in state.calls.values():
-        committed = call.committed
-        status = CallStatus.PENDING.value if call.late else call.status.value
-        records.append(
-            CapturedCall(
-                call_id=call.call_id,
-                parent_id=call.parent_call_id,
-                status=status,
-                response_id=committed.response_id if committed else None,
-                output_fingerprint=committed.output_fingerprint if committed else None,
-                finish_reason=committed.finish_reason if committed else None,
-                failure_reason=call.failure.reason if call.failure else None,
-            )
-        )
-    return records
 
 
 @dataclass
@@ -150,11 +158,15 @@ class _Progress:
     mark: LedgerPosition = field(default_factory=lambda: LedgerPosition(position=0))
     events_read: int = 0
     dirty: set[str] = field(default_factory=set)
+    unselected: dict[str, None] = field(default_factory=dict)  # opened attempts, in order
     finalized: dict[str, FinalizedRollout] = field(default_factory=dict)  # by rollout id
     groups: dict[str, list[str]] = field(default_factory=dict)  # group -> rollout ids
     complete: list[str] = field(default_factory=list)  # groups, in order of completion
+    completed_at: dict[str, int] = field(default_factory=dict)  # group -> ledger position
     published: dict[int, BatchPublished] = field(default_factory=dict)  # step -> event
     published_rollouts: set[str] = field(default_factory=set)
+    drops: list[tuple[GroupDecision, ...]] = field(default_factory=list)  # by step
+    counted: set[str] = field(default_factory=set)  # dropped groups already counted
 
 
 class Projector:
@@ -168,7 +180,7 @@ class Projector:
         self._progress = _Progress()
         # Forests decided in this process, with their rows, kept until their finalized event is
         # read back.
-        self._decided: dict[str, _Decision] = {}
+        self._decided: dict[str, Decision] = {}
 
     @property
     def position(self) -> LedgerPosition:
@@ -182,14 +194,15 @@ class Projector:
 
     @property
     def dropped_groups(self) -> tuple[str, ...]:
-        """Complete prompt groups none of whose rollouts has a row (no valid input layout), in
-        order of completion: dropped, never published, so no step's metrics count them."""
-        progress = self._progress
-        return tuple(
-            group
-            for group in progress.complete
-            if not any(progress.finalized[r].rollout.rows for r in progress.groups[group])
-        )
+        """Complete prompt groups that a rule independent of the step drops (an abandoned
+        attempt, no valid layout, too few verified rollouts, calls too far apart in policy
+        version), in order of completion: never published."""
+        return tuple(g for g in self._progress.complete if not self._decision(g, None).kept)
+
+    @property
+    def unselected_attempts(self) -> tuple[str, ...]:
+        """Capture keys of the attempts opened without a selection yet, in order of opening."""
+        return tuple(self._progress.unselected)
 
     @property
     def published_steps(self) -> int:
@@ -205,6 +218,13 @@ class Projector:
             values = [progress.finalized[r].reward for r in ids if r in progress.finalized]
             rewards.append(sum(values) / len(values) if values else 0.0)
         return rewards
+
+    def group_decision(self, group_id: str, step: int) -> GroupDecision | None:
+        """Whether the complete group ``group_id`` may train at ``step``; None while some of its
+        rollouts are not finalized."""
+        if group_id not in self._progress.completed_at:
+            return None
+        return self._decision(group_id, step)
 
     # -- following the ledger ----------------------------------------------------------------
 
@@ -248,9 +268,13 @@ class Projector:
             return
         if not stored.stream_id.startswith(self.settings.capture_prefix):
             return
-        if stored.event_type == RolloutFinalized.type:
-            self._join_group(stored.stream_id)
+        if stored.event_type == AttemptOpened.type:
+            progress.unselected[stored.stream_id] = None
+        elif stored.event_type == RolloutFinalized.type:
+            self._join_group(stored.stream_id, stored.position)
         elif stored.event_type in ("attempt.settled", "rollout.selected"):
+            if stored.event_type == "rollout.selected":
+                progress.unselected.pop(stored.stream_id, None)
             progress.dirty.add(stored.stream_id)
 
     def _maybe_finalize(self, capture_key: str) -> None:
@@ -261,7 +285,7 @@ class Projector:
         if state.finalized is None:
             self._record_finalization(state)
 
-    def _join_group(self, capture_key: str) -> None:
+    def _join_group(self, capture_key: str, position: int) -> None:
         """A ``rollout.finalized`` was read: the rollout joins its group (first attempt wins)."""
         progress = self._progress
         state = self.log.load(capture_key)
@@ -274,11 +298,12 @@ class Projector:
         members.append(rollout.rollout_id)
         if len(members) == self.settings.rollouts_per_group:
             progress.complete.append(rollout.group_id)
+            progress.completed_at[rollout.group_id] = position
 
     # -- finalization ------------------------------------------------------------------------
 
-    def _decide(self, state: AttemptState) -> _Decision:
-        return _decide(
+    def _decide(self, state: AttemptState) -> Decision:
+        return decide(
             state,
             self.blobs,
             forest_training=self.settings.forest_training,
@@ -311,30 +336,73 @@ class Projector:
             # never train on it. A recorded mask keeps its reason (its unselected blobs may
             # since have been cleaned); otherwise today's reason, or blob_invalid.
             kept = recorded.masked_reason if recorded.masked_reason in MASK_REASONS else None
-            forest = _masked(forest, kept or forest.masked_reason or MaskReason.BLOB_INVALID)
+            forest = masked_forest(forest, kept or forest.masked_reason or MaskReason.BLOB_INVALID)
             rows = ()
+        selection = state.selection
         return FinalizedRollout(
             capture_key=state.capture_key,
             rollout_id=state.opened.rollout_id,
             group_id=state.opened.prompt_group,
-            reward=state.selection.reward,
+            reward=selection.reward,
             forest=forest,
             rollout=LogicalRollout(state.opened.rollout_id, state.opened.prompt_group, rows),
+            abandoned=abandonment_reason(selection.policy, selection.call_ids, selection.result),
+            policy_versions=call_policy_versions(
+                state, [c for row in forest.rows for c in row.call_ids]
+            ),
         )
+
+    # -- groups ------------------------------------------------------------------------------
+
+    def _decision(self, group_id: str, step: int | None) -> GroupDecision:
+        progress = self._progress
+        members = [progress.finalized[r].member for r in progress.groups[group_id]]
+        return decide_group(group_id, members, self.settings.group_rules, step)
+
+    def _published(self, group_id: str) -> bool:
+        return bool(set(self._progress.groups[group_id]) & self._progress.published_rollouts)
+
+    def _dropped_for(self, step: int, position: int) -> tuple[GroupDecision, ...]:
+        """The groups counted as dropped at ``step``, published with the reader at ``position``:
+        complete by then, never published, not counted before, and dropped at ``step``. (A group
+        published at a later step was kept at every earlier one: a group the rules drop at one
+        step they drop at every later step too.)"""
+        progress = self._progress
+        candidates = [
+            g
+            for g in progress.complete
+            if progress.completed_at[g] <= position
+            and g not in progress.counted
+            and not self._published(g)
+        ]
+        decisions = (self._decision(g, step) for g in candidates)
+        return tuple(d for d in decisions if not d.kept)
+
+    def _count_drops(self, step: int, dropped: tuple[GroupDecision, ...]) -> None:
+        progress = self._progress
+        assert len(progress.drops) == step
+        progress.drops.append(dropped)
+        progress.counted.update(d.group_id for d in dropped)
+
+    def _count_drops_before(self, step: int) -> None:
+        """Count the drops of every published step before ``step`` not counted yet, in order."""
+        progress = self._progress
+        for earlier in range(len(progress.drops), step):
+            position = progress.published[earlier].ledger_position.position
+            self._count_drops(earlier, self._dropped_for(earlier, position))
 
     # -- publication -------------------------------------------------------------------------
 
-    def batch_for_step(self, step: int, *, groups: int | None = None) -> PublishedBatch | None:
-        """The batch of ``step``: re-built when already published, else newly published when
-        enough complete groups wait (``groups``, default ``groups_per_step``: fewer when the
-        caller knows some of the step's groups were dropped); None when it cannot be formed yet."""
-        wanted = self.settings.groups_per_step if groups is None else groups
-        if not 1 <= wanted <= self.settings.groups_per_step:
-            raise BatchError(
-                "groups",
-                f"a step publishes 1 to {self.settings.groups_per_step} prompt groups, "
-                f"asked for {wanted}",
-            )
+    def batch_for_step(
+        self, step: int, *, groups: Sequence[str] | None = None
+    ) -> PublishedBatch | None:
+        """The batch of ``step``: re-built when already published, else newly published.
+
+        Without ``groups`` the step takes the first ``groups_per_step`` complete groups in order
+        of completion that the group rules keep, and is None until enough wait. ``groups`` names
+        the step's groups instead (1 to ``groups_per_step``, each complete and kept: a
+        ``BatchError`` otherwise), for a caller that decided which groups form the step.
+        """
         progress = self._progress
         if step in progress.published:
             return self._rebuild(progress.published[step])
@@ -343,17 +411,13 @@ class Projector:
                 "step",
                 f"step {step} cannot be published before step {len(progress.published)}",
             )
-        waiting = [
-            g
-            for g in progress.complete
-            if not set(progress.groups[g]) & progress.published_rollouts
-            and any(progress.finalized[r].rollout.rows for r in progress.groups[g])
-        ]
-        if len(waiting) < wanted:
+        self._count_drops_before(step)
+        dropped = self._dropped_for(step, progress.mark.position)
+        chosen = self._chosen(step, groups, {d.group_id for d in dropped})
+        if chosen is None:
             return None
-        chosen = waiting[:wanted]
         rollouts = [progress.finalized[r] for g in chosen for r in progress.groups[g]]
-        batch = self._assemble(rollouts)
+        batch = self.assemble(rollouts)
         event = BatchPublished(
             step=step,
             rollout_ids=tuple(r.rollout_id for r in rollouts),
@@ -370,7 +434,38 @@ class Projector:
             return self.batch_for_step(step)
         progress.published[step] = event
         progress.published_rollouts.update(event.rollout_ids)
-        return PublishedBatch(step, batch, tuple(rollouts), progress.mark, rebuilt=False)
+        self._count_drops(step, dropped)
+        return PublishedBatch(
+            step, batch, tuple(rollouts), progress.mark, rebuilt=False, dropped=dropped
+        )
+
+    def _chosen(
+        self, step: int, groups: Sequence[str] | None, dropped: set[str]
+    ) -> list[str] | None:
+        """The groups ``step`` publishes, or None when too few complete kept groups wait."""
+        progress = self._progress
+        waiting = [
+            g
+            for g in progress.complete
+            if g not in dropped and g not in progress.counted and not self._published(g)
+        ]
+        if groups is None:
+            wanted = self.settings.groups_per_step
+            return waiting[:wanted] if len(waiting) >= wanted else None
+        if not 1 <= len(groups) <= self.settings.groups_per_step:
+            raise BatchError(
+                "groups",
+                f"a step publishes 1 to {self.settings.groups_per_step} prompt groups, "
+                f"asked for {len(groups)}",
+            )
+        unfit = [g for g in groups if g not in waiting]
+        if unfit or len(set(groups)) != len(groups):
+            raise BatchError(
+                "groups",
+                f"step {step} can publish only complete prompt groups that are kept and not yet "
+                f"published, once each; asked for {list(groups)}, of which {unfit} are not",
+            )
+        return list(groups)
 
     def _rebuild(self, event: BatchPublished) -> PublishedBatch:
         missing = [r for r in event.rollout_ids if r not in self._progress.finalized]
@@ -380,181 +475,21 @@ class Projector:
                 f"step {event.step} was published with rollouts {missing[:3]} that the ledger "
                 "does not show as finalized; the ledger is inconsistent (replay it to see why)",
             )
+        self._count_drops_before(event.step + 1)
         rollouts = [self._progress.finalized[r] for r in event.rollout_ids]
         return PublishedBatch(
-            event.step, self._assemble(rollouts), tuple(rollouts), event.ledger_position, True
+            event.step,
+            self.assemble(rollouts),
+            tuple(rollouts),
+            event.ledger_position,
+            True,
+            self._progress.drops[event.step],
         )
 
-    def _assemble(self, rollouts: Sequence[FinalizedRollout]) -> TrainingBatch:
+    def assemble(self, rollouts: Sequence[FinalizedRollout]) -> TrainingBatch:
+        """``rollouts``' rows as one batch, padded to the row multiple with the padding token."""
         return assemble_batch(
             [r.rollout for r in rollouts],
             row_multiple=self.settings.row_multiple,
             pad_token_id=self.settings.pad_token_id,
         )
-
-
-def _masked(forest: Forest, reason: str) -> Forest:
-    return Forest([], [], MaskReason(reason), forest.selected, forest.terminal, forest.truncated)
-
-
-@dataclass(frozen=True, eq=False)
-class _Decision:
-    """A finalization decision with what training needs of it: the forest (masked or not), its
-    calls' extras and, when it trains, its rows as tensors."""
-
-    forest: Forest
-    extras: dict[str, CallExtras]
-    rows: tuple[RowTensors, ...]
-
-
-def finalization_forest(
-    state: AttemptState,
-    blobs: BlobStore,
-    *,
-    forest_training: bool = True,
-    max_row_tokens: int | None = None,
-) -> tuple[Forest, dict[str, CallExtras]]:
-    """The forest the projector decides for a settled, selected attempt, and its calls' extras.
-
-    Tokens come from the selected calls' blobs (sizes and digests verified, each row checked
-    against the recorded chain digests); any failed check masks the forest with its reason; a
-    forest that passes them all is then held to the settings (``setting_mask_reason``). The
-    projector records ``rollout.finalized`` from it; ``grove replay --verify`` and ``grove show``
-    call it on the attempt's state as it stood when that decision was recorded, with the
-    projector's ``forest_training`` and ``max_row_tokens``: the decision depends on nothing else.
-    The checks, in order: the ledger's lifecycle (``ledger_contradiction``), capture completion
-    (``completion_mask_reason``, then calls still pending when the attempt settled), the blobs,
-    the forest's own rules, the recorded chain digests, the rows as tensors (a ``RowError``:
-    ``blob_invalid``), at least one owned generated token (``no_trainable_tokens``), then the
-    settings (``setting_mask_reason``).
-    """
-    decision = _decide(state, blobs, forest_training=forest_training, max_row_tokens=max_row_tokens)
-    return decision.forest, decision.extras
-
-
-def _decide(
-    state: AttemptState,
-    blobs: BlobStore,
-    *,
-    forest_training: bool,
-    max_row_tokens: int | None,
-) -> _Decision:
-    """``finalization_forest``'s decision, with the rows of a trainable forest as tensors."""
-    assert state.selection is not None
-    selection = state.selection
-    selected = list(selection.call_ids)
-    mask = (
-        MaskReason.LEDGER_CONTRADICTION
-        if state.contradictions
-        else completion_mask_reason(captured_calls(state), selected)
-    )
-    if state.settled is not None and state.settled.pending_call_ids and mask is None:
-        mask = MaskReason.CAPTURE_PENDING
-    terminal = next(
-        (
-            c.call_id
-            for c in state.calls.values()
-            if c.committed and c.committed.response_id == selection.terminal_response_id
-        ),
-        None,
-    )
-    records, extras, blob_mask = _records(state, selected, blobs)
-    forest = build_forest(records, selected, terminal=terminal)
-    mask = mask or blob_mask or forest.masked_reason or _chain_mismatch(state, forest)
-    rows: tuple[RowTensors, ...] = ()
-    if mask is None:
-        try:
-            rows = tuple(rollout_rows(forest, extras))
-        except RowError as error:
-            mask = MaskReason(error.mask_reason)
-    if mask is None and not any(1 in row.loss_mask for row in forest.rows):
-        mask = MaskReason.NO_TRAINABLE_TOKENS
-    mask = mask or setting_mask_reason(
-        forest, forest_training=forest_training, max_row_tokens=max_row_tokens
-    )
-    if mask is not None:
-        if forest.masked_reason != mask:
-            forest = _masked(forest, mask)
-        rows = ()
-    return _Decision(forest, extras, rows)
-
-
-def setting_mask_reason(
-    forest: Forest, *, forest_training: bool = True, max_row_tokens: int | None = None
-) -> MaskReason | None:
-    """Why the projector's settings keep a forest from training, or None.
-
-    ``forest_training_disabled`` when forest training is off and the forest has more than one
-    path; else ``row_too_long`` when a row has more than ``max_row_tokens`` tokens (exactly
-    ``max_row_tokens`` trains). A masked forest (no rows) passes.
-    """
-    if not forest_training and len(forest.rows) > 1:
-        return MaskReason.FOREST_TRAINING_DISABLED
-    if max_row_tokens is not None and any(len(r.token_ids) > max_row_tokens for r in forest.rows):
-        return MaskReason.ROW_TOO_LONG
-    return None
-
-
-def finalization_event(
-    rollout_id: str,
-    forest: Forest,
-    *,
-    forest_training: bool = True,
-    max_row_tokens: int | None = None,
-) -> RolloutFinalized:
-    """The ``rollout.finalized`` decision for ``forest``, made under the given settings: its
-    paths and owned calls, or why it is masked."""
-    return RolloutFinalized(
-        rollout_id=rollout_id,
-        trainable=forest.trainable,
-        masked_reason=None if forest.trainable else str(forest.masked_reason),
-        paths=tuple(tuple(row.call_ids) for row in forest.rows),
-        owned=tuple(tuple(row.owned_call_ids) for row in forest.rows),
-        forest_training=forest_training,
-        max_row_tokens=max_row_tokens,
-    )
-
-
-def _records(
-    state: AttemptState, selected: Sequence[str], blobs: BlobStore
-) -> tuple[list[CallRecord], dict[str, CallExtras], str | None]:
-    """Call records for the forest: tokens from the blobs of the selected calls."""
-    wanted = set(selected)
-    records, extras = [], {}
-    for call in state.calls.values():
-        committed = call.committed
-        status = call.status.value
-        if call.late:
-            status = CallStatus.PENDING.value  # acknowledged after settling: never trains
-        if committed is None or call.call_id not in wanted or call.late:
-            records.append(CallRecord(call.call_id, call.parent_call_id, [], [], [], status))
-            continue
-        ref = BlobRef(committed.blob_key, committed.blob_sha256, committed.blob_bytes)
-        try:
-            delta = blobs.get_delta(ref)
-        except UnusableBlobError:
-            return [], {}, MaskReason.BLOB_INVALID
-        prompt, generated = delta.prompt_delta.tolist(), delta.generated.tolist()
-        records.append(
-            CallRecord(
-                call.call_id,
-                call.parent_call_id,
-                prompt,
-                generated,
-                delta.logprobs.tolist(),
-                status,
-                committed.finish_reason,
-            )
-        )
-        extras[call.call_id] = CallExtras(routes=delta.routes, media=delta.media)
-    return records, extras, None
-
-
-def _chain_mismatch(state: AttemptState, forest: Forest) -> str | None:
-    """``blob_invalid`` when a row's tokens do not hash to its calls' recorded chain."""
-    for row in forest.rows:
-        lengths = [(s.generated_start - s.start, s.end - s.generated_start) for s in row.segments]
-        recorded = [state.calls[c].committed.chain_digest for c in row.call_ids]
-        if row_chain_digests(row.token_ids, lengths) != recorded:
-            return MaskReason.BLOB_INVALID
-    return None

@@ -218,17 +218,34 @@ class PolicyConfig(Section):
 
 
 class RolloutFailureConfig(Section):
-    """``async_rl.rollout_failure``: how many dropped prompt groups a step tolerates."""
+    """``async_rl.rollout_failure``: when a rollout is abandoned, and how many dropped prompt groups
+    a step tolerates or replaces (``docs/forest.md``, "Failures and drops")."""
 
     min_step_batch_fraction: float = Field(default=1.0, gt=0.0, le=1.0)
     """Stop training when a step retains fewer than this fraction of its configured groups."""
+
+    rollout_timeout_s: float | None = Field(default=None, gt=0.0, le=604_800.0)
+    """Backstop for a hung rollout, not a deadline per model call: a rollout whose harness has not
+    returned its result this many seconds after it started (an external attempt: after the run
+    first saw it open) is abandoned and its prompt group dropped (``rollout_timeout``); ``None``:
+    no backstop."""
+
+    max_replacement_groups: int = Field(default=0, ge=0, le=1_000_000)
+    """Per step, how many dropped prompt groups an in-process harness replaces with freshly
+    played groups before the step trains (external runs replace implicitly: the step waits
+    for other complete groups)."""
 
 
 class AsyncRLConfig(Section):
     """``async_rl``: rollout collection policies."""
 
     rollout_failure: RolloutFailureConfig = Field(default_factory=RolloutFailureConfig)
-    """Drop budget of a training step."""
+    """Abandoned rollouts, and the drop and replacement budgets of a training step."""
+
+    max_policy_lag: int = Field(default=0, ge=0, le=1_000_000)
+    """How many policy versions (optimizer steps) the calls of one prompt group may span, and how
+    far the oldest may lag behind the step that trains it; a group beyond it is dropped
+    (``policy_lag_exceeded``). 0: strictly on-policy."""
 
 
 class CheckpointingConfig(Section):

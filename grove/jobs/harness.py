@@ -5,7 +5,11 @@ A harness is a function ``play(client, task, seed, **options) -> result``: ``cli
 ``grove.client.reject(client, response_id)``), ``task`` the task record, ``seed`` the rollout's
 seed (``rollout_seed``), ``options`` the configuration's ``harness.options``. It returns its
 ordinary result: the returned history as ``output`` (Chat messages or Responses items) and the
-verifier's ``reward``. Grove opens the attempt before and posts the result after.
+verifier's ``reward``. Grove opens the attempt before (``open_rollout``), runs the harness
+(``run_harness``) and posts the result after (``post_result``). A ``HarnessError`` from the last
+two — the harness raised, returned no finite reward, or its result was refused or could not be
+posted — is the harness's failure on that rollout: the training run drops the rollout's prompt
+group (``harness_failed``) and its drop budget decides whether training goes on.
 """
 
 from __future__ import annotations
@@ -17,16 +21,21 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from grove.client import GroveClient
+import httpx
+
+from grove.client import Attempt, GroveClient, GroveClientError
 from grove.errors import JobError
 
 __all__ = [
     "Harness",
     "HarnessError",
     "RolloutSpec",
+    "open_rollout",
     "play_rollout",
+    "post_result",
     "resolve_harness",
     "rollout_seed",
+    "run_harness",
 ]
 
 Harness = Callable[..., Mapping[str, Any]]
@@ -84,17 +93,11 @@ class RolloutSpec:
     policy_version: int = 0
 
 
-def play_rollout(
-    grove: GroveClient,
-    harness: Harness,
-    spec: RolloutSpec,
-    options: Mapping[str, Any],
-    *,
-    forest_mode: bool,
-    selection_policy: str,
-) -> float:
-    """Open the attempt, run the harness on its bound client, post its result; the reward."""
-    attempt = grove.open_attempt(
+def open_rollout(
+    grove: GroveClient, spec: RolloutSpec, *, forest_mode: bool, selection_policy: str
+) -> Attempt:
+    """Open the rollout's attempt on the gateway."""
+    return grove.open_attempt(
         spec.capture_key,
         rollout_id=spec.rollout_id,
         prompt_group=spec.prompt_group,
@@ -104,6 +107,13 @@ def play_rollout(
         seed=spec.seed,
         policy_version=spec.policy_version,
     )
+
+
+def run_harness(
+    attempt: Attempt, harness: Harness, spec: RolloutSpec, options: Mapping[str, Any]
+) -> Mapping[str, Any]:
+    """Run the harness on a client bound to ``attempt``; its result, checked. A ``HarnessError``
+    naming the rollout when the harness raises or returns no finite ``reward``."""
     client = attempt.openai()
     try:
         result = harness(client, dict(spec.task), spec.seed, **options)
@@ -119,5 +129,33 @@ def play_rollout(
             + (f" with reward {reward!r}" if isinstance(result, Mapping) else ""),
             spec.rollout_id,
         )
-    attempt.post_result(result)
-    return float(reward)
+    return result
+
+
+def post_result(attempt: Attempt, spec: RolloutSpec, result: Mapping[str, Any]) -> float:
+    """Post the harness's result (the gateway settles the attempt and selects its calls); the
+    reward. A ``HarnessError`` when the gateway refuses the result as one that cannot select
+    calls (422) or cannot be reached."""
+    try:
+        attempt.post_result(result)
+    except GroveClientError as error:
+        if error.status != 422:
+            raise
+        raise HarnessError(f"the gateway refused its result: {error}", spec.rollout_id) from error
+    except httpx.TransportError as error:
+        raise HarnessError(f"its result could not be posted: {error!r}", spec.rollout_id) from error
+    return float(result["reward"])
+
+
+def play_rollout(
+    grove: GroveClient,
+    harness: Harness,
+    spec: RolloutSpec,
+    options: Mapping[str, Any],
+    *,
+    forest_mode: bool,
+    selection_policy: str,
+) -> float:
+    """Open the attempt, run the harness on its bound client, post its result; the reward."""
+    attempt = open_rollout(grove, spec, forest_mode=forest_mode, selection_policy=selection_policy)
+    return post_result(attempt, spec, run_harness(attempt, harness, spec, options))

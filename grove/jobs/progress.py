@@ -87,6 +87,12 @@ class StepProgress:
                 f"{len(self.history)} steps in {time.monotonic() - self.started:.0f} s"
             )
 
+    def extend(self, rollouts: int) -> None:
+        """``rollouts`` more rollouts will be played (replacement groups)."""
+        if self._progress is not None and self._task is not None:
+            total = self._progress.tasks[self._task].total or 0
+            self._progress.update(self._task, total=total + rollouts)
+
     def advance(self) -> None:
         """One rollout was played (or found complete)."""
         if self._progress is not None and self._task is not None:

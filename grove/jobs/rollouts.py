@@ -3,30 +3,61 @@
 Step ``s`` plays the tasks ``grove.jobs.tasks.step_tasks`` gives it, ``grpo.num_generations_per_
 prompt`` rollouts each, ``harness.concurrency`` at a time. Rollout ``r`` of group ``g`` is the
 attempt ``{run}-s{s}-g{g}-r{r}``, seeded with ``rollout_seed(seed, s, g, r)``. A rollout whose
-attempt already posted its result (a resumed run) is not played again; an attempt an interrupted
-run left open is abandoned and the rollout is played under the next key, ``…-a1``.
+attempt already has a selection (a resumed run: its result was posted, or Grove abandoned it) is
+not played again; an attempt an interrupted run left open is abandoned and the rollout is played
+under the next key, ``…-a1``.
+
+A rollout that fails — its harness raises, returns no finite reward, or its result is refused —
+or whose harness has not returned its result ``async_rl.rollout_failure.rollout_timeout_s`` after
+it started, is abandoned (``grove.jobs.abandonment``): its prompt group is dropped
+(``harness_failed``, ``rollout_timeout``), the run goes on. A timed-out harness is not waited for:
+its thread is left to unwind (its calls are refused once admissions close) and whatever it returns
+is never posted. Errors that are not the harness's (the ledger, the gateway refusing to open an
+attempt) and ``KeyboardInterrupt`` stop the run.
+
+Replacement ``k`` of step ``s`` (``async_rl.rollout_failure.max_replacement_groups``) is group
+``g = N + k``, where ``N`` is ``grpo.num_prompts_per_step``: the attempt ``{run}-s{s}-g{N+k}-r{r}``,
+seeded with ``rollout_seed(seed, s, N + k, r)``, playing task ``replacement_task(...)`` — a draw
+from the whole task file seeded by ``data.shuffle_seed``, ``s`` and ``k`` alone, so a resumed run
+plays the same replacements whatever was dropped.
 """
 
 from __future__ import annotations
 
+import hashlib
+import queue
+import threading
+import time
+from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 from grove.client import GroveClient
 from grove.config import GroveConfig
-from grove.jobs.harness import Harness, RolloutSpec, play_rollout, rollout_seed
+from grove.jobs.abandonment import abandon_attempt
+from grove.jobs.harness import (
+    Harness,
+    HarnessError,
+    RolloutSpec,
+    open_rollout,
+    post_result,
+    rollout_seed,
+    run_harness,
+)
 from grove.jobs.tasks import step_tasks, task_order
 from ledger.attempt import AttemptLog
 from ledger.store import EventStore
+from training.groups import DropReason
 
-__all__ = ["StepPlayer", "fresh_key"]
+__all__ = ["RolloutFailure", "StepPlayer", "fresh_key", "replacement_task"]
 
 MAX_ABANDONED = 100
+WAKE_S = 1.0  # the longest the scheduler sleeps between looks (so an interrupt is seen)
 
 
 def fresh_key(log: AttemptLog, rollout_id: str) -> str | None:
     """The capture key to play ``rollout_id`` under, or None when an attempt already completed
-    it (``…-aN`` after N abandoned attempts)."""
+    it: its result was selected, or Grove abandoned it (``…-aN`` after N abandoned attempts)."""
     for attempt in range(MAX_ABANDONED):
         key = rollout_id if attempt == 0 else f"{rollout_id}-a{attempt}"
         state = log.load(key)
@@ -35,6 +66,51 @@ def fresh_key(log: AttemptLog, rollout_id: str) -> str | None:
         if state.selection is not None:
             return None
     raise RuntimeError(f"rollout {rollout_id} was abandoned {MAX_ABANDONED} times")
+
+
+def replacement_task(tasks: int, *, seed: int, step: int, index: int) -> int:
+    """The task (an index into the task file of ``tasks`` tasks) that replacement ``index`` of
+    step ``step`` plays: the same in every run with the same ``data.shuffle_seed``."""
+    digest = hashlib.sha256(f"grove-replacement/{seed}/{step}/{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % tasks
+
+
+@dataclass(frozen=True)
+class RolloutFailure:
+    """A rollout Grove abandoned: why (``rollout_timeout`` or ``harness_failed``) and what
+    happened, naming the rollout."""
+
+    rollout_id: str
+    prompt_group: str
+    reason: DropReason
+    detail: str
+
+
+_PLAYING, _POSTING, _FAILED, _ABANDONED = "playing", "posting", "failed", "abandoned"
+
+
+@dataclass(eq=False)
+class _Slot:
+    """One rollout in play: the handshake between its thread and the scheduler. It leaves
+    ``playing`` once: to ``posting`` (the harness returned; its thread posts the result) or
+    ``failed`` (the harness failed), both claimed by the thread, or to ``abandoned``, claimed by
+    the scheduler when the deadline passes first. So a result is posted in time, or never."""
+
+    spec: RolloutSpec
+    deadline: float
+    state: str = _PLAYING
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def claim(self, new: str) -> bool:
+        """Move from ``playing`` to ``new``; False when the other side got there first."""
+        with self.lock:
+            if self.state != _PLAYING:
+                return False
+            self.state = new
+            return True
+
+
+_Done = tuple[_Slot, str | None, BaseException | None]  # the slot, a failure, an error
 
 
 class StepPlayer:
@@ -60,60 +136,155 @@ class StepPlayer:
         self.order = task_order(
             len(tasks), shuffle=data.shuffle, seed=data.shuffle_seed, epochs=data.epochs
         )
+        self.failures: dict[str, RolloutFailure] = {}  # the first of each group of this step
 
-    def specs(self, step: int) -> list[RolloutSpec] | None:
-        """The rollouts of ``step`` still to play; None once the task file is used up."""
+    @property
+    def groups_per_step(self) -> int:
+        """``grpo.num_prompts_per_step``: replacements are numbered after the step's groups."""
+        return self.config.grpo.num_prompts_per_step
+
+    def group_id(self, step: int, group: int) -> str:
+        """Group ``group`` of step ``step``."""
+        return f"{self.run_id}-s{step}-g{group}"
+
+    def specs(self, step: int, group: int, task: int) -> list[RolloutSpec]:
+        """The rollouts of group ``group`` of ``step`` (playing ``task``) still to play."""
         config = self.config
-        tasks = step_tasks(self.order, step, config.grpo.num_prompts_per_step)
-        if tasks is None:
-            return None
+        group_id = self.group_id(step, group)
         specs = []
-        for g, task in enumerate(tasks):
-            group = f"{self.run_id}-s{step}-g{g}"
-            for r in range(config.grpo.num_generations_per_prompt):
-                rollout_id = f"{group}-r{r}"
-                key = fresh_key(self.log, rollout_id)
-                if key is not None:
-                    seed = rollout_seed(config.seed, step, g, r)
-                    task_record = self.tasks[task]
-                    specs.append(RolloutSpec(key, rollout_id, group, r, task_record, seed, step))
+        for r in range(config.grpo.num_generations_per_prompt):
+            rollout_id = f"{group_id}-r{r}"
+            key = fresh_key(self.log, rollout_id)
+            if key is not None:
+                seed = rollout_seed(config.seed, step, group, r)
+                specs.append(
+                    RolloutSpec(key, rollout_id, group_id, r, self.tasks[task], seed, step)
+                )
         return specs
 
-    def play(self, step: int, advance: Callable[[], None]) -> bool:
-        """Play ``step``'s rollouts, calling ``advance`` as each ends; False when the task file
-        is used up (nothing played)."""
-        specs = self.specs(step)
-        if specs is None:
-            return False
-        config = self.config
-        for _ in range(self._rollouts_per_step() - len(specs)):
-            advance()  # completed before a resume
-        token = config.engine.auth_token or "grove"
-        with GroveClient(self.base_url, api_key=token) as grove, ThreadPoolExecutor(
-            config.harness.concurrency
-        ) as pool:  # fmt: skip
-            futures = [
-                pool.submit(
-                    play_rollout,
-                    grove,
-                    self.harness,
-                    spec,
-                    config.harness.options,
-                    forest_mode=config.token_capture.forest_training,
-                    selection_policy=config.token_capture.selection_policy,
-                )
-                for spec in specs
-            ]
-            for future in futures:
-                future.result()
-                advance()
-        return True
+    def play(self, step: int, advance: Callable[[], None]) -> list[str] | None:
+        """Play ``step``'s groups, calling ``advance`` as each rollout ends; their ids, or None
+        when the task file is used up (nothing played)."""
+        tasks = step_tasks(self.order, step, self.groups_per_step)
+        if tasks is None:
+            return None
+        self.failures = {}
+        self._play_groups(step, list(enumerate(tasks)), advance)
+        return [self.group_id(step, g) for g in range(len(tasks))]
 
-    def groups_of(self, step: int, groups: Sequence[str]) -> list[str]:
-        """Those of ``groups`` that belong to ``step``."""
+    def play_replacements(
+        self, step: int, first: int, count: int, advance: Callable[[], None]
+    ) -> list[str]:
+        """Play replacements ``first`` to ``first + count - 1`` of ``step``; their group ids."""
+        data = self.config.data
+        groups = [
+            (
+                self.groups_per_step + k,
+                replacement_task(len(self.tasks), seed=data.shuffle_seed, step=step, index=k),
+            )
+            for k in range(first, first + count)
+        ]
+        self._play_groups(step, groups, advance)
+        return [self.group_id(step, g) for g, _ in groups]
+
+    def replacements_in(self, step: int, groups: Sequence[str]) -> int:
+        """How many of ``groups`` are replacement groups of ``step``."""
         prefix = f"{self.run_id}-s{step}-g"
-        return [g for g in groups if g.startswith(prefix)]
+        numbers = [g.removeprefix(prefix) for g in groups if g.startswith(prefix)]
+        return sum(1 for n in numbers if n.isdigit() and int(n) >= self.groups_per_step)
 
-    def _rollouts_per_step(self) -> int:
-        grpo = self.config.grpo
-        return grpo.num_prompts_per_step * grpo.num_generations_per_prompt
+    def _play_groups(
+        self, step: int, groups: Sequence[tuple[int, int]], advance: Callable[[], None]
+    ) -> None:
+        rollouts = len(groups) * self.config.grpo.num_generations_per_prompt
+        specs = [spec for group, task in groups for spec in self.specs(step, group, task)]
+        for _ in range(rollouts - len(specs)):
+            advance()  # completed before a resume
+        for failure in self._play_specs(specs, advance):
+            self.failures.setdefault(failure.prompt_group, failure)
+
+    def _play_specs(
+        self, specs: Sequence[RolloutSpec], advance: Callable[[], None]
+    ) -> list[RolloutFailure]:
+        """Play ``specs``, ``harness.concurrency`` at a time; the rollouts abandoned."""
+        config = self.config
+        timeout = config.async_rl.rollout_failure.rollout_timeout_s
+        waiting = deque(specs)
+        running: set[_Slot] = set()
+        done: queue.Queue[_Done] = queue.Queue()
+        failures: list[RolloutFailure] = []
+        with GroveClient(self.base_url, api_key=config.engine.auth_token or "grove") as grove:
+            while waiting or running:
+                while waiting and len(running) < config.harness.concurrency:
+                    spec = waiting.popleft()
+                    deadline = time.monotonic() + timeout if timeout else float("inf")
+                    slot = _Slot(spec, deadline)
+                    running.add(slot)
+                    threading.Thread(
+                        target=self._play_one,
+                        args=(grove, slot, done),
+                        name=f"rollout {spec.rollout_id}",
+                        daemon=True,  # a hung harness never keeps the process alive
+                    ).start()
+                failures += self._next_ended(running, done, advance)
+        return failures
+
+    def _next_ended(
+        self, running: set[_Slot], done: queue.Queue[_Done], advance: Callable[[], None]
+    ) -> list[RolloutFailure]:
+        """Wait for the next rollout to end or run out of time; the rollouts abandoned."""
+        wait = min(WAKE_S, max(0.0, min(s.deadline for s in running) - time.monotonic()))
+        failures = []
+        try:
+            slot, failure, error = done.get(timeout=wait)
+        except queue.Empty:
+            pass
+        else:
+            if slot in running:  # else the scheduler abandoned it already
+                running.discard(slot)
+                if error is not None:
+                    raise error
+                if failure is not None:
+                    failures.append(self._abandon(slot.spec, DropReason.HARNESS_FAILED, failure))
+                advance()
+        now = time.monotonic()
+        for slot in [s for s in running if s.deadline <= now]:
+            if not slot.claim(_ABANDONED):
+                slot.deadline = float("inf")  # it returned in time: its thread reports
+                continue
+            running.discard(slot)
+            timeout = self.config.async_rl.rollout_failure.rollout_timeout_s
+            detail = (
+                f"rollout {slot.spec.rollout_id}: the harness did not return its result within "
+                f"{timeout:g} s (async_rl.rollout_failure.rollout_timeout_s)"
+            )
+            failures.append(self._abandon(slot.spec, DropReason.ROLLOUT_TIMEOUT, detail))
+            advance()
+        return failures
+
+    def _abandon(self, spec: RolloutSpec, reason: DropReason, detail: str) -> RolloutFailure:
+        """Abandon the rollout's attempt (``grove.jobs.abandonment``)."""
+        abandon_attempt(self.log, spec.capture_key, reason)
+        return RolloutFailure(spec.rollout_id, spec.prompt_group, reason, detail)
+
+    def _play_one(self, grove: GroveClient, slot: _Slot, done: queue.Queue[_Done]) -> None:
+        """A rollout's thread: open the attempt, run the harness, post its result in time."""
+        spec = slot.spec
+        config = self.config
+        try:
+            attempt = open_rollout(
+                grove,
+                spec,
+                forest_mode=config.token_capture.forest_training,
+                selection_policy=config.token_capture.selection_policy,
+            )
+            result = run_harness(attempt, self.harness, spec, config.harness.options)
+            if slot.claim(_POSTING):
+                post_result(attempt, spec, result)
+        except HarnessError as error:
+            ours = slot.state == _POSTING or slot.claim(_FAILED)
+            done.put((slot, str(error) if ours else None, None))
+        except BaseException as error:  # not the harness's failure: the run stops
+            done.put((slot, None, error))
+        else:
+            done.put((slot, None, None))

@@ -23,7 +23,6 @@ its rollouts are played again under fresh capture keys.
 from __future__ import annotations
 
 import random
-import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -41,6 +40,7 @@ from grove.jobs.rollouts import StepPlayer
 from grove.jobs.run_log import RunLog
 from grove.jobs.runs import RunDirectory, find_run, new_run
 from grove.jobs.serve import ServerThread, build_gateway
+from grove.jobs.step_batches import OverdueAttempts, awaited_batch, played_batch
 from grove.jobs.training_run import StepSummary, TrainingRun
 from grove.workspace import Workspace
 from ledger.attempt import AttemptLog
@@ -51,7 +51,7 @@ from training.projector import PublishedBatch
 
 __all__ = ["TrainSummary", "run_training"]
 
-POLL_INTERVAL_S = 0.5  # how often an external run looks for complete prompt groups
+REPLACEMENT_GROUPS = "replacement_groups"  # the metric: replacement groups played for a step
 
 
 @dataclass(frozen=True)
@@ -187,6 +187,7 @@ class _Loop:
     policy: PolicyEngine
     player: StepPlayer | None
     store: EventStore
+    overdue: OverdueAttempts | None = None  # external: attempts open without a result
 
     def run(self, target: int, log: RunLog, console: Console | None) -> list[StepSummary]:
         """Steps until ``target`` (or until the task file is used up)."""
@@ -197,16 +198,17 @@ class _Loop:
         history: list[StepSummary] = []
         with StepProgress(console, total_rollouts=total) as progress:
             while training.step < target:
-                if self.player is not None and not self.player.play(
-                    training.step, progress.advance
-                ):
+                published = self._next_batch(progress)
+                if published is None:
                     progress.note(f"the task file is used up after {training.step} steps")
                     break
-                published = _next_batch(training, self.player, progress)
                 with self.policy.updating():  # no call samples weights that are changing
                     summary = training.train(published)
                     self.policy.publish(summary.step)
-                log.log(summary.step, {**summary.metrics, **_root_counts(self.store, published)})
+                metrics = {**summary.metrics, **_root_counts(self.store, published)}
+                if self.player is not None:
+                    metrics[REPLACEMENT_GROUPS] = float(self._replacements(published))
+                log.log(summary.step, metrics)
                 clean_step(
                     self.store,
                     training.projector.blobs,
@@ -217,28 +219,21 @@ class _Loop:
                 progress.step_done(summary)
         return history
 
+    def _next_batch(self, progress: StepProgress) -> PublishedBatch | None:
+        """The next step's batch (``grove.jobs.step_batches``); None once the task file is used
+        up."""
+        if self.player is not None:
+            return played_batch(self.training, self.player, progress)
+        timeout = self.config.async_rl.rollout_failure.rollout_timeout_s
+        if timeout is not None and self.overdue is None:
+            self.overdue = OverdueAttempts(timeout)
+        return awaited_batch(self.training, self.overdue, progress)
 
-def _next_batch(
-    training: TrainingRun, player: StepPlayer | None, progress: StepProgress
-) -> PublishedBatch:
-    """The next step's batch. After an in-process harness played the step, its groups whose
-    rollouts were all masked are dropped and the step is formed from the others; an external
-    run waits for agents to complete prompt groups (a dropped group is simply never chosen)."""
-    while True:
-        published = training.next_batch()
-        if published is not None:
-            return published
-        if player is not None:
-            dropped = player.groups_of(training.step, training.projector.dropped_groups)
-            published = training.next_batch(dropped=dropped) if dropped else None
-            if published is None:
-                raise RuntimeError(
-                    f"step {training.step}: the harness played every rollout, yet only "
-                    f"{len(dropped)} dropped prompt groups reached the projector"
-                )
-            return published
-        progress.waiting(training.step)
-        time.sleep(POLL_INTERVAL_S)
+    def _replacements(self, published: PublishedBatch) -> int:
+        """Replacement groups played for the step: in its batch, or dropped themselves."""
+        assert self.player is not None
+        groups = {r.group_id for r in published.rollouts} | {d.group_id for d in published.dropped}
+        return self.player.replacements_in(published.step, sorted(groups))
 
 
 def _root_counts(store: EventStore, published: PublishedBatch) -> dict[str, float]:

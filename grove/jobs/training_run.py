@@ -1,10 +1,15 @@
 """One training run: the projector's batches through GRPO into optimizer steps and checkpoints.
 
-For each step the projector hands over a published batch (or rebuilds it after a restart), the
-trainer's recomputed logprobs give each rollout's pooled token multiplicative probability error
-(used by ``grpo.seq_logprob_error_threshold``), groups are kept or dropped, advantages are computed
-per logical rollout, the trainer takes one optimizer step, and a schema-5 checkpoint records the
-model, optimizer, scheduler, generators, step and the projector's ledger position.
+For each step the projector hands over a published batch (or rebuilds it after a restart) from
+the prompt groups its group rules keep (``training.groups``); a group of the batch that the rules
+drop after all (a batch published by an earlier Grove, or laid out by hand) is taken out of it,
+never trained with advantage 0. The drop budget (``async_rl.rollout_failure.
+min_step_batch_fraction``) is checked before a step is published and again before it trains: a
+step that retains too few logical rollouts — or none — stops training before the optimizer.
+Then the trainer's recomputed logprobs give each rollout's pooled token multiplicative probability
+error (used by ``grpo.seq_logprob_error_threshold``), advantages are computed per logical rollout,
+the trainer takes one optimizer step, and a schema-5 checkpoint records the model, optimizer,
+scheduler, generators, step and the projector's ledger position.
 """
 
 from __future__ import annotations
@@ -126,6 +131,8 @@ class TrainingRun:
                 else capture_prefix,
                 forest_training=config.token_capture.forest_training,
                 max_row_tokens=policy.max_total_sequence_length,
+                min_valid_fraction=config.token_capture.min_valid_fraction_per_group,
+                max_policy_lag=config.async_rl.max_policy_lag,
             ),
         )
         optimizer = torch.optim.AdamW(
@@ -143,7 +150,6 @@ class TrainingRun:
             min_step_batch_fraction=config.async_rl.rollout_failure.min_step_batch_fraction,
         )
         self.advantages = advantage_config(config)
-        self._unpublished: list[GroupDecision] = []
 
     @property
     def step(self) -> int:
@@ -173,27 +179,46 @@ class TrainingRun:
         """Mean reward per trained step of this run, from the ledger."""
         return self.projector.step_rewards()[: self.trainer.step]
 
-    def next_batch(self, *, dropped: Sequence[str] = ()) -> PublishedBatch | None:
-        """The batch of the next step, when the ledger holds enough complete prompt groups.
+    def next_batch(self) -> PublishedBatch | None:
+        """The batch of the next step: rebuilt when it was published already, else published
+        from the first ``grpo.num_prompts_per_step`` complete prompt groups the group rules keep,
+        once the ledger holds that many (None until then)."""
+        self._catch_up()
+        return self.projector.batch_for_step(self.trainer.step)
 
-        ``dropped`` names the step's groups that will never be published (every rollout masked:
-        no valid layout): the step is formed from its other groups — when the drop budget
-        (``async_rl.rollout_failure.min_step_batch_fraction``) allows it — and its metrics
-        count them.
-        """
-        self.projector.store.wait_for_horizon(self.HORIZON_WAIT_S)
-        self.projector.poll()
-        per_group = self.config.grpo.num_generations_per_prompt
-        self._unpublished = [
-            GroupDecision(g, kept=False, reason="no_valid_layout", verified_rollouts=0,
-                          rollouts=per_group)
-            for g in dropped
-        ]  # fmt: skip
-        if not dropped:
-            return self.projector.batch_for_step(self.trainer.step)
-        self._check_drop_budget(self.trainer.step, self._unpublished)
-        groups = self.config.grpo.num_prompts_per_step - len(dropped)
-        return self.projector.batch_for_step(self.trainer.step, groups=groups)
+    def published_batch(self) -> PublishedBatch | None:
+        """The batch of the next step when it was published already (a resumed run), else None."""
+        self._catch_up()
+        if self.projector.published_steps <= self.trainer.step:
+            return None
+        return self.projector.batch_for_step(self.trainer.step)
+
+    def group_decisions(self, groups: Sequence[str]) -> list[GroupDecision]:
+        """Whether each of ``groups`` may train in the next step; every one must be complete (an
+        in-process harness played all of their rollouts)."""
+        self._catch_up()
+        step = self.trainer.step
+        decisions = [self.projector.group_decision(g, step) for g in groups]
+        incomplete = [g for g, d in zip(groups, decisions, strict=True) if d is None]
+        if incomplete:
+            raise BatchError(
+                "incomplete_groups",
+                f"step {step}: the harness played every rollout of prompt groups {incomplete}, "
+                "yet the projector holds fewer finalized rollouts than each needs; the ledger "
+                "is behind or inconsistent (grove lineage shows the attempts)",
+            )
+        return [d for d in decisions if d is not None]
+
+    def publish(self, decisions: Sequence[GroupDecision]) -> PublishedBatch:
+        """Publish the next step from the kept groups of ``decisions`` (every group played for
+        it), unless the dropped ones leave fewer logical rollouts than the drop budget allows."""
+        step = self.trainer.step
+        kept = [d for d in decisions if d.kept]
+        dropped = [d for d in decisions if not d.kept]
+        self._check_drop_budget(step, sum(d.rollouts for d in kept), dropped)
+        published = self.projector.batch_for_step(step, groups=[d.group_id for d in kept])
+        assert published is not None
+        return published
 
     def train(self, published: PublishedBatch) -> StepSummary:
         """One optimizer step on ``published`` and its checkpoint."""
@@ -202,9 +227,8 @@ class TrainingRun:
                 "step", f"batch of step {published.step} offered at step {self.trainer.step}"
             )
         started = time.perf_counter()
-        outcomes, decisions = self._outcomes(published)
-        decisions = [*decisions, *self._unpublished]
-        self._check_drop_budget(published.step, decisions)
+        published, decisions = self._kept_groups(published)
+        outcomes = self._outcomes(published)
         advantages = compute_advantages(outcomes, self.advantages)
         report = self.trainer.train_step(step_batch(published.batch, advantages))
         metrics = {
@@ -224,57 +248,72 @@ class TrainingRun:
         checkpoint = self._checkpoint(published)
         return _summary(published, outcomes, decisions, report, checkpoint, metrics)
 
-    def _check_drop_budget(self, step: int, decisions: list[GroupDecision]) -> None:
-        """Stop training when dropped prompt groups leave the step fewer logical rollouts than
-        ``async_rl.rollout_failure.min_step_batch_fraction`` allows (a step that retains no
-        group never reaches the optimizer)."""
-        dropped_rollouts = sum(d.rollouts for d in decisions if not d.kept)
-        kept = self.trainer.global_batch_rollouts - dropped_rollouts
+    def _catch_up(self) -> None:
+        self.projector.store.wait_for_horizon(self.HORIZON_WAIT_S)
+        self.projector.poll()
+
+    def _kept_groups(self, published: PublishedBatch) -> tuple[PublishedBatch, list[GroupDecision]]:
+        """``published`` without the groups the rules drop after all, and every group decision of
+        the step (the batch's, then those dropped before it was published); stops training when
+        what is left is below the drop budget."""
+        decisions = group_decisions(
+            published.outcomes, self.advantages.min_valid_fraction_per_group
+        )
+        kept = [d for d in decisions if d.kept]
+        dropped = [*published.dropped, *(d for d in decisions if not d.kept)]
+        self._check_drop_budget(published.step, sum(d.rollouts for d in kept), dropped)
+        if len(kept) < len(decisions):
+            groups = {d.group_id for d in kept}
+            rollouts = tuple(r for r in published.rollouts if r.group_id in groups)
+            batch = self.projector.assemble(rollouts)
+            published = replace(published, batch=batch, rollouts=rollouts)
+        return published, [*kept, *dropped]
+
+    def _check_drop_budget(
+        self, step: int, kept_rollouts: int, dropped: Sequence[GroupDecision]
+    ) -> None:
+        """Stop training when the step retains fewer logical rollouts than
+        ``async_rl.rollout_failure.min_step_batch_fraction`` allows (a step that retains no group
+        never reaches the optimizer), naming each dropped group and why."""
         floor = self.trainer.min_step_rollouts
-        if kept >= floor:
+        if kept_rollouts >= floor:
             return
-        dropped = ", ".join(f"{d.group_id} ({d.reason})" for d in decisions if not d.kept)
+        named = ", ".join(
+            f"{d.group_id} ({d.reason}" + (f": {d.detail})" if d.detail else ")") for d in dropped
+        )
         raise BatchError(
             "min_step_batch_fraction",
-            f"step {step}: dropped prompt groups {dropped} leave {kept} of "
+            f"step {step}: dropped prompt groups {named} leave {kept_rollouts} of "
             f"{self.trainer.global_batch_rollouts} logical rollouts, below the floor of {floor} "
             "(async_rl.rollout_failure.min_step_batch_fraction): training stops. Lower the "
-            "fraction to tolerate drops, or see why the rollouts were masked (grove lineage)",
+            "fraction to tolerate drops, allow replacements "
+            "(async_rl.rollout_failure.max_replacement_groups), or see why the rollouts were "
+            "dropped (grove lineage)",
         )
 
-    def _outcomes(
-        self, published: PublishedBatch
-    ) -> tuple[list[RolloutOutcome], list[GroupDecision]]:
-        """Each rollout's outcome with its pooled logprob error; rollouts of dropped groups are
-        masked with the group's reason. Also returns each group's decision."""
+    def _outcomes(self, published: PublishedBatch) -> list[RolloutOutcome]:
+        """Each rollout's outcome, with its pooled logprob error when
+        ``grpo.seq_logprob_error_threshold`` is set."""
         outcomes = published.outcomes
-        if self.advantages.seq_logprob_error_threshold is not None:
-            batch = published.batch
-            trainer_logprobs = recompute_token_logprobs(
-                self.model,
-                batch.input_ids,
-                micro_batch_size=self.config.policy.logprob_micro_batch_size,
-            )
-            errors = pooled_logprob_error(
-                batch.generation_logprobs,
-                trainer_logprobs,
-                batch.loss_mask,
-                batch.token_owners(),
-                batch.num_rollouts,
-            ).tolist()
-            outcomes = [
-                replace(o, logprob_error=None if math.isnan(e) else e)
-                for o, e in zip(outcomes, errors, strict=True)
-            ]
-        decisions = group_decisions(outcomes, self.advantages.min_valid_fraction_per_group)
-        dropped = {d.group_id: d.reason for d in decisions if not d.kept}
-        kept = [
-            replace(o, masked_reason=o.masked_reason or dropped[o.group_id])
-            if o.group_id in dropped
-            else o
-            for o in outcomes
+        if self.advantages.seq_logprob_error_threshold is None:
+            return outcomes
+        batch = published.batch
+        trainer_logprobs = recompute_token_logprobs(
+            self.model,
+            batch.input_ids,
+            micro_batch_size=self.config.policy.logprob_micro_batch_size,
+        )
+        errors = pooled_logprob_error(
+            batch.generation_logprobs,
+            trainer_logprobs,
+            batch.loss_mask,
+            batch.token_owners(),
+            batch.num_rollouts,
+        ).tolist()
+        return [
+            replace(o, logprob_error=None if math.isnan(e) else e)
+            for o, e in zip(outcomes, errors, strict=True)
         ]
-        return kept, decisions
 
     def _checkpoint(self, published: PublishedBatch) -> str | None:
         checkpointing = self.config.checkpointing

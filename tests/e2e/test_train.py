@@ -140,6 +140,8 @@ def test_an_external_agent_trains_two_steps(tmp_path: Path) -> None:
                 "token_capture": {"forest_training": True, "pending_call_timeout_s": 10},
                 "grpo": {"num_prompts_per_step": 2, "num_generations_per_prompt": 2},
                 "policy": {"train_global_batch_size": 4, "train_micro_batch_size": 2},
+                # the agent plays on while step 0 trains: its later groups straddle a publish
+                "async_rl": {"max_policy_lag": 1},
             }
         )
     )

@@ -38,6 +38,8 @@ WORKER_CONFIG: Final[dict[str, Any]] = {
         "logprob_micro_batch_size": 4,
         "learning_rate": 1e-2,
     },
+    # The gateway's engine never receives the worker's weights: every call records version 0.
+    "async_rl": {"max_policy_lag": 1_000_000},
 }
 
 

@@ -75,6 +75,15 @@ EFFECTS: dict[str, Callable[..., None]] = {
     "policy.data_parallel_size": (
         run.test_data_parallel_size_pads_each_step_to_its_execution_row_multiple
     ),
+    "async_rl.rollout_failure.rollout_timeout_s": (
+        run.test_rollout_timeout_s_abandons_a_rollout_whose_harness_has_not_returned_in_time
+    ),
+    "async_rl.rollout_failure.max_replacement_groups": (
+        run.test_max_replacement_groups_replaces_a_dropped_group_before_the_step_trains
+    ),
+    "async_rl.max_policy_lag": (
+        run.test_max_policy_lag_drops_a_group_whose_calls_span_more_policy_versions
+    ),
     # the learner
     "grpo.normalize_rewards": learner.test_normalize_rewards_divides_advantages_by_the_group_std,
     "grpo.use_leave_one_out_baseline": learner.test_leave_one_out_baseline_changes_advantages,

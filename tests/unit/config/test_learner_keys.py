@@ -191,6 +191,42 @@ def test_min_step_batch_fraction_stops_a_step_that_retains_too_few_prompt_groups
     )
 
 
+def test_a_group_below_min_valid_fraction_is_taken_out_of_the_batch_before_it_trains(
+    tmp_path: Path,
+) -> None:
+    # a batch holding group b (1 of 2 verified) was published, as an earlier Grove would
+    dropped = _two_group_step(
+        tmp_path,
+        {"token_capture": {"min_valid_fraction_per_group": 1.0}},
+        {"async_rl": {"rollout_failure": {"min_step_batch_fraction": 0.5}}},
+    )
+
+    # group a alone: 2 rollouts, 2 rows of 3 owned generated tokens; b's rows are gone
+    assert (dropped["logical_rollouts"], dropped["forest/rows"]) == (2.0, 2.0)
+    assert (dropped["train/retained_tokens"], dropped["forest/masked_rows"]) == (6.0, 0.0)
+    assert dropped["dropped_prompt_groups/below_min_valid_fraction"] == 1.0
+    assert dropped["scheduler_step_increment"] == 2.0
+
+
+def test_a_step_that_retains_no_group_never_reaches_the_optimizer(tmp_path: Path) -> None:
+    training = training_run(
+        tmp_path,
+        TWO_GROUPS,
+        {"token_capture": {"min_valid_fraction_per_group": 1.0}},
+        {"async_rl": {"rollout_failure": {"min_step_batch_fraction": 0.25}}},  # floor: 1
+    )
+    mine = own_logprobs(training.model)
+    rollouts = [
+        rollout(f"{g}{i}", float(i), mine, group=g, masked=i == 0) for g in "ab" for i in (0, 1)
+    ]
+    before = _parameters(training.model)
+
+    with pytest.raises(BatchError, match=r"leave 0 of 4 logical rollouts, below the floor of 1"):
+        training.train(published(training, rollouts))
+    assert (training.step, training.trainer.optimizer.state) == (0, {})
+    assert all(torch.equal(a, b) for a, b in zip(before, training.model.parameters(), strict=True))
+
+
 # -- loss ----------------------------------------------------------------------------------------
 
 

@@ -20,9 +20,11 @@ from capture.embedded import EMBEDDED_MODEL_NAME
 from grove.config import load_config
 from grove.jobs.harness import rollout_seed
 from grove.jobs.models import EMBEDDED, load_model, save_embedded_model
+from grove.jobs.rollouts import replacement_task
 from grove.jobs.tasks import task_order
 from grove.jobs.training_run import TrainingRun
 from ledger.attempt import AttemptLog
+from tests.e2e.external_run import ExternalRun
 from tests.unit.config.runs import TASKS, Run, train, write_tasks
 from training.forest import MaskReason
 from training.projector import finalization_forest
@@ -388,3 +390,97 @@ def test_data_parallel_size_pads_each_step_to_its_execution_row_multiple(
     assert [(m["forest/rows"], m["forest/padding_rows"]) for m in base_run.metrics()] == [
         (2.0, 0.0)
     ] * 2
+
+
+# -- rollout failures and policy lag -------------------------------------------------------------
+
+TWO_GROUPS_HALF_BUDGET = {
+    "grpo": {"num_prompts_per_step": 2},
+    "policy": {"train_global_batch_size": 4},
+    "async_rl": {"rollout_failure": {"min_step_batch_fraction": 0.5}},
+}
+"""Two groups a step, of which one may be dropped."""
+
+
+def _failing(directory: Path, *tasks: dict) -> dict:
+    """The drop harness (``tests/e2e/drop_harness.py``) on ``tasks`` in file order."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = write_tasks(directory / "failing.jsonl", tasks)
+    return {
+        "harness": {"target": "tests.e2e.drop_harness:play"},
+        "data": {"path": str(path), "shuffle": False},
+    }
+
+
+@pytest.mark.slow
+def test_rollout_timeout_s_abandons_a_rollout_whose_harness_has_not_returned_in_time(
+    tmp_path: Path,
+) -> None:
+    # rollout 1 of the second task takes 10 s to return, the others well under 5 s
+    slow = _failing(tmp_path, {"prompt": "red"}, {"prompt": "gold", "slow": [1]})
+    slow["harness"]["options"] = {"slow_s": 10.0}
+
+    def run(directory: Path, timeout_s: float) -> Run:
+        timeout = {"async_rl": {"rollout_failure": {"rollout_timeout_s": timeout_s}}}
+        return train(directory, slow, TWO_GROUPS_HALF_BUDGET, timeout, steps=1)
+
+    impatient = run(tmp_path / "impatient", 5.0)
+    patient = run(tmp_path / "patient", 60.0)
+
+    (cut,) = impatient.metrics()
+    assert (cut["logical_rollouts"], cut["dropped_prompt_groups/rollout_timeout"]) == (2.0, 1.0)
+    abandoned = impatient.attempt("keys-s0-g1-r1").selection
+    assert abandoned is not None and abandoned.policy == "abandoned:rollout_timeout"
+    (waited,) = patient.metrics()
+    assert (waited["logical_rollouts"], waited["dropped_prompt_groups"]) == (4.0, 0.0)
+
+
+def test_max_replacement_groups_replaces_a_dropped_group_before_the_step_trains(
+    tmp_path: Path,
+) -> None:
+    # the second task's rollout 1 raises; replacement 0 of step 0 plays task 2 (blue)
+    tasks = ({"prompt": "red"}, {"prompt": "gold", "raise": [1]}, {"prompt": "blue"}, TASKS[1])
+    assert replacement_task(len(tasks), seed=0, step=0, index=0) == 2
+    failing = _failing(tmp_path, *tasks)
+
+    def run(directory: Path, replacements: int) -> Run:
+        budget = {"async_rl": {"rollout_failure": {"max_replacement_groups": replacements}}}
+        return train(directory, failing, TWO_GROUPS_HALF_BUDGET, budget, steps=1)
+
+    shrunk = run(tmp_path / "none", 0)
+    replaced = run(tmp_path / "one", 1)
+
+    (small,) = shrunk.metrics()
+    assert (small["logical_rollouts"], small["replacement_groups"]) == (2.0, 0.0)
+    (full,) = replaced.metrics()
+    assert (full["logical_rollouts"], full["replacement_groups"]) == (4.0, 1.0)
+    assert full["dropped_prompt_groups/harness_failed"] == 1.0
+    opened = replaced.attempt("keys-s0-g2-r0").opened  # group 2: the step's first replacement
+    assert opened is not None and opened.prompt_group == "keys-s0-g2"
+
+
+@pytest.mark.slow
+def test_max_policy_lag_drops_a_group_whose_calls_span_more_policy_versions(
+    tmp_path: Path,
+) -> None:
+    # an external run: g0's rollout 0 is sampled before step 0 trains, rollout 1 after
+    def second_step(directory: Path, lag: int) -> dict[str, float]:
+        with ExternalRun(directory, {"async_rl": {"max_policy_lag": lag}}, steps=2) as run:
+            run.rollout("g0", 0)
+            run.rollout("g1", 0)
+            run.rollout("g1", 1)
+            run.wait_for_steps(1)
+            run.rollout("g0", 1)
+            if not lag:
+                run.rollout("g2", 0)  # g0 is dropped: the step waits for another group
+                run.rollout("g2", 1)
+            run.finish()
+        return run.metrics()[1]
+
+    strict = second_step(tmp_path / "strict", 0)
+    lenient = second_step(tmp_path / "lenient", 1)
+
+    # versions 0 and 1 are 1 apart: more than a lag of 0, within a lag of 1
+    assert strict["dropped_prompt_groups/policy_lag_exceeded"] == 1.0
+    assert lenient["dropped_prompt_groups"] == 0.0
+    assert strict["logical_rollouts"] == lenient["logical_rollouts"] == 2.0

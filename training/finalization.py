@@ -1,0 +1,247 @@
+"""Finalization: the decision the projector records for a settled, selected attempt.
+
+``finalization_forest`` reconstructs the attempt's forest from the selected calls' delta blobs
+(sizes and digests verified, each row checked against the calls' recorded chain digests) and
+decides: trainable with its paths and owned calls, or masked with a reason (capture incomplete, a
+failed or pending call, a missing or corrupt blob, routes or media that do not fit a row, no owned
+generated token, selection not closed, ...; ``docs/forest.md``, "Failures and drops"). Rows are
+built as tensors before the decision, so a ``RowError`` masks its rollout rather than escaping.
+Two settings can mask an otherwise trainable rollout as well: with ``forest_training`` off, a
+forest of more than one path (``forest_training_disabled``); with ``max_row_tokens``, a forest with
+a longer row (``row_too_long``). The whole rollout is masked in every case, never part of its
+history. ``finalization_event`` is the ``rollout.finalized`` the projector records from it;
+``grove replay --verify`` and ``grove show`` run the same code on the recorded state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ledger.attempt import AttemptState, CallStatus
+from ledger.events import RolloutFinalized
+from storage import BlobRef, BlobStore, UnusableBlobError, row_chain_digests
+from training.errors import RowError
+from training.forest import CallRecord, Forest, MaskReason, build_forest
+from training.rows import CallExtras, RowTensors, rollout_rows
+from training.selection import CapturedCall, completion_mask_reason
+
+__all__ = [
+    "Decision",
+    "call_policy_versions",
+    "captured_calls",
+    "decide",
+    "finalization_event",
+    "finalization_forest",
+    "masked_forest",
+    "setting_mask_reason",
+]
+
+
+def captured_calls(state: AttemptState) -> list[CapturedCall]:
+    """The attempt's calls as selection policies see them, in intent order.
+
+    A commit recorded after the attempt settled (late) counts as pending: it never trains. A
+    committed call the harness rejected stays committed with ``failure_reason``
+    ``rejected_by_harness`` (``CapturedCall.rejected``): a rejection is not a failure, so
+    ``all_captured`` keeps it as an abandoned retry, while ``returned_history`` never matches it.
+    """
+    records = []
+    for call in state.calls.values():
+        committed = call.committed
+        status = CallStatus.PENDING.value if call.late else call.status.value
+        records.append(
+            CapturedCall(
+                call_id=call.call_id,
+                parent_id=call.parent_call_id,
+                status=status,
+                response_id=committed.response_id if committed else None,
+                output_fingerprint=committed.output_fingerprint if committed else None,
+                finish_reason=committed.finish_reason if committed else None,
+                failure_reason=call.failure.reason if call.failure else None,
+            )
+        )
+    return records
+
+
+def call_policy_versions(state: AttemptState, call_ids: Sequence[str]) -> tuple[int, ...]:
+    """The known policy versions of ``call_ids``, ascending and distinct: each call's generation
+    version (``call.committed``), else the version served at its admission (``call.intended``);
+    a call that records neither adds nothing."""
+    versions = set()
+    for call_id in call_ids:
+        call = state.calls[call_id]
+        committed = call.committed.policy_version if call.committed else None
+        version = committed if committed is not None else call.intended.policy_version
+        if version is not None:
+            versions.add(version)
+    return tuple(sorted(versions))
+
+
+def masked_forest(forest: Forest, reason: str) -> Forest:
+    """``forest`` with no rows, masked with ``reason`` (its selection, terminal and truncation
+    kept)."""
+    return Forest([], [], MaskReason(reason), forest.selected, forest.terminal, forest.truncated)
+
+
+@dataclass(frozen=True, eq=False)
+class Decision:
+    """A finalization decision with what training needs of it: the forest (masked or not), its
+    calls' extras and, when it trains, its rows as tensors."""
+
+    forest: Forest
+    extras: dict[str, CallExtras]
+    rows: tuple[RowTensors, ...]
+
+
+def finalization_forest(
+    state: AttemptState,
+    blobs: BlobStore,
+    *,
+    forest_training: bool = True,
+    max_row_tokens: int | None = None,
+) -> tuple[Forest, dict[str, CallExtras]]:
+    """The forest the projector decides for a settled, selected attempt, and its calls' extras.
+
+    Tokens come from the selected calls' blobs (sizes and digests verified, each row checked
+    against the recorded chain digests); any failed check masks the forest with its reason; a
+    forest that passes them all is then held to the settings (``setting_mask_reason``). The
+    projector records ``rollout.finalized`` from it; ``grove replay --verify`` and ``grove show``
+    call it on the attempt's state as it stood when that decision was recorded, with the
+    projector's ``forest_training`` and ``max_row_tokens``: the decision depends on nothing else.
+    The checks, in order: the ledger's lifecycle (``ledger_contradiction``), capture completion
+    (``completion_mask_reason``, then calls still pending when the attempt settled), the blobs,
+    the forest's own rules, the recorded chain digests, the rows as tensors (a ``RowError``:
+    ``blob_invalid``), at least one owned generated token (``no_trainable_tokens``), then the
+    settings (``setting_mask_reason``).
+    """
+    decision = decide(state, blobs, forest_training=forest_training, max_row_tokens=max_row_tokens)
+    return decision.forest, decision.extras
+
+
+def decide(
+    state: AttemptState,
+    blobs: BlobStore,
+    *,
+    forest_training: bool,
+    max_row_tokens: int | None,
+) -> Decision:
+    """``finalization_forest``'s decision, with the rows of a trainable forest as tensors."""
+    assert state.selection is not None
+    selection = state.selection
+    selected = list(selection.call_ids)
+    mask = (
+        MaskReason.LEDGER_CONTRADICTION
+        if state.contradictions
+        else completion_mask_reason(captured_calls(state), selected)
+    )
+    if state.settled is not None and state.settled.pending_call_ids and mask is None:
+        mask = MaskReason.CAPTURE_PENDING
+    terminal = next(
+        (
+            c.call_id
+            for c in state.calls.values()
+            if c.committed and c.committed.response_id == selection.terminal_response_id
+        ),
+        None,
+    )
+    records, extras, blob_mask = _records(state, selected, blobs)
+    forest = build_forest(records, selected, terminal=terminal)
+    mask = mask or blob_mask or forest.masked_reason or _chain_mismatch(state, forest)
+    rows: tuple[RowTensors, ...] = ()
+    if mask is None:
+        try:
+            rows = tuple(rollout_rows(forest, extras))
+        except RowError as error:
+            mask = MaskReason(error.mask_reason)
+    if mask is None and not any(1 in row.loss_mask for row in forest.rows):
+        mask = MaskReason.NO_TRAINABLE_TOKENS
+    mask = mask or setting_mask_reason(
+        forest, forest_training=forest_training, max_row_tokens=max_row_tokens
+    )
+    if mask is not None:
+        if forest.masked_reason != mask:
+            forest = masked_forest(forest, mask)
+        rows = ()
+    return Decision(forest, extras, rows)
+
+
+def setting_mask_reason(
+    forest: Forest, *, forest_training: bool = True, max_row_tokens: int | None = None
+) -> MaskReason | None:
+    """Why the projector's settings keep a forest from training, or None.
+
+    ``forest_training_disabled`` when forest training is off and the forest has more than one
+    path; else ``row_too_long`` when a row has more than ``max_row_tokens`` tokens (exactly
+    ``max_row_tokens`` trains). A masked forest (no rows) passes.
+    """
+    if not forest_training and len(forest.rows) > 1:
+        return MaskReason.FOREST_TRAINING_DISABLED
+    if max_row_tokens is not None and any(len(r.token_ids) > max_row_tokens for r in forest.rows):
+        return MaskReason.ROW_TOO_LONG
+    return None
+
+
+def finalization_event(
+    rollout_id: str,
+    forest: Forest,
+    *,
+    forest_training: bool = True,
+    max_row_tokens: int | None = None,
+) -> RolloutFinalized:
+    """The ``rollout.finalized`` decision for ``forest``, made under the given settings: its
+    paths and owned calls, or why it is masked."""
+    return RolloutFinalized(
+        rollout_id=rollout_id,
+        trainable=forest.trainable,
+        masked_reason=None if forest.trainable else str(forest.masked_reason),
+        paths=tuple(tuple(row.call_ids) for row in forest.rows),
+        owned=tuple(tuple(row.owned_call_ids) for row in forest.rows),
+        forest_training=forest_training,
+        max_row_tokens=max_row_tokens,
+    )
+
+
+def _records(
+    state: AttemptState, selected: Sequence[str], blobs: BlobStore
+) -> tuple[list[CallRecord], dict[str, CallExtras], str | None]:
+    """Call records for the forest: tokens from the blobs of the selected calls."""
+    wanted = set(selected)
+    records, extras = [], {}
+    for call in state.calls.values():
+        committed = call.committed
+        status = call.status.value
+        if call.late:
+            status = CallStatus.PENDING.value  # acknowledged after settling: never trains
+        if committed is None or call.call_id not in wanted or call.late:
+            records.append(CallRecord(call.call_id, call.parent_call_id, [], [], [], status))
+            continue
+        ref = BlobRef(committed.blob_key, committed.blob_sha256, committed.blob_bytes)
+        try:
+            delta = blobs.get_delta(ref)
+        except UnusableBlobError:
+            return [], {}, MaskReason.BLOB_INVALID
+        prompt, generated = delta.prompt_delta.tolist(), delta.generated.tolist()
+        records.append(
+            CallRecord(
+                call.call_id,
+                call.parent_call_id,
+                prompt,
+                generated,
+                delta.logprobs.tolist(),
+                status,
+                committed.finish_reason,
+            )
+        )
+        extras[call.call_id] = CallExtras(routes=delta.routes, media=delta.media)
+    return records, extras, None
+
+
+def _chain_mismatch(state: AttemptState, forest: Forest) -> str | None:
+    """``blob_invalid`` when a row's tokens do not hash to its calls' recorded chain."""
+    for row in forest.rows:
+        lengths = [(s.generated_start - s.start, s.end - s.generated_start) for s in row.segments]
+        recorded = [state.calls[c].committed.chain_digest for c in row.call_ids]
+        if row_chain_digests(row.token_ids, lengths) != recorded:
+            return MaskReason.BLOB_INVALID
+    return None
