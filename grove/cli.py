@@ -259,6 +259,14 @@ def serve(
             help="The forest mode of attempts that give none.",
         ),
     ] = True,
+    strict: Annotated[
+        bool,
+        typer.Option(
+            "--strict",
+            help="Refuse (409) a call the template cannot continue from its parent's exact "
+            "tokens, with its divergence (docs/normalization.md).",
+        ),
+    ] = False,
     engine: Annotated[
         str,
         typer.Option("--engine", help="embedded (in process) or vllm (docs/engines.md)."),
@@ -321,6 +329,7 @@ def serve(
             settle_timeout_s=settle_timeout,
             selection_policy=selection_policy,
             forest_mode=forest_training,
+            strict=strict,
         )
         console.print(
             f"Grove gateway on http://{host}:{port}/v1 ({policy.engine.name} engine, model "

@@ -64,6 +64,11 @@ class TokenCaptureConfig(Section):
     pending_call_timeout_s: float = Field(default=300.0, gt=0.0, le=86_400.0)
     """After the harness returns, how long pending calls are awaited before masking the rollout."""
 
+    strict: bool = False
+    """Refuse (409, with its divergence diagnostic) a call the gateway would root unexplained:
+    one that continues a committed call whose exact tokens the chat template cannot extend
+    (``docs/normalization.md``, "Strict mode"); off, such a call is recorded as a root."""
+
     @model_validator(mode="before")
     @classmethod
     def _refuse_renamed_keys(cls, data: Any) -> Any:

@@ -128,6 +128,7 @@ def build_gateway(
     settle_timeout_s: float = 300.0,
     selection_policy: str = "returned_history",
     forest_mode: bool = True,
+    strict: bool = False,
 ) -> FastAPI:
     """The gateway over ``workspace``: ledger migrated and opened, blob store, engine, selector.
 
@@ -141,7 +142,8 @@ def build_gateway(
     that name none get it, and a custom ``module:function`` is resolved now
     (``SelectionPolicyError`` before anything is served) and registered, so attempts may name it
     or a built-in, nothing else. ``forest_mode`` (``token_capture.forest_training``) is the
-    forest mode of attempts that give none.
+    forest mode of attempts that give none. ``strict`` (``token_capture.strict``) refuses
+    unexplained roots (``docs/normalization.md``, "Strict mode").
     """
     policies = PolicyRegistry.of(selection_policy)
     tokenizer = tokenizer or build_tokenizer()
@@ -155,7 +157,7 @@ def build_gateway(
     blobs = open_blob_store(workspace.blob_url)
     renderer = Renderer(tokenizer)
     service = CaptureService(
-        AttemptLog(store), blobs, renderer, engine, model_fingerprint=model_name
+        AttemptLog(store), blobs, renderer, engine, model_fingerprint=model_name, strict=strict
     )
     return create_app(
         service,

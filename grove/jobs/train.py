@@ -37,13 +37,13 @@ from grove.jobs.models import LoadedModel, load_model
 from grove.jobs.preflight import preflight
 from grove.jobs.progress import StepProgress
 from grove.jobs.rollouts import StepPlayer
+from grove.jobs.roots import root_metrics
 from grove.jobs.run_log import RunLog
 from grove.jobs.runs import RunDirectory, find_run, new_run
 from grove.jobs.serve import ServerThread, build_gateway
 from grove.jobs.step_batches import OverdueAttempts, awaited_batch, played_batch
 from grove.jobs.training_run import StepSummary, TrainingRun
 from grove.workspace import Workspace
-from ledger.attempt import AttemptLog
 from ledger.store import EventStore
 from storage import open_blob_store
 from training.cleanup import clean_step
@@ -174,6 +174,7 @@ def _gateway(
         settle_timeout_s=config.token_capture.pending_call_timeout_s,
         selection_policy=config.token_capture.selection_policy,
         forest_mode=config.token_capture.forest_training,
+        strict=config.token_capture.strict,
     )
 
 
@@ -205,7 +206,7 @@ class _Loop:
                 with self.policy.updating():  # no call samples weights that are changing
                     summary = training.train(published)
                     self.policy.publish(summary.step)
-                metrics = {**summary.metrics, **_root_counts(self.store, published)}
+                metrics = {**summary.metrics, **root_metrics(self.store, published, progress.note)}
                 if self.player is not None:
                     metrics[REPLACEMENT_GROUPS] = float(self._replacements(published))
                 log.log(summary.step, metrics)
@@ -234,18 +235,6 @@ class _Loop:
         assert self.player is not None
         groups = {r.group_id for r in published.rollouts} | {d.group_id for d in published.dropped}
         return self.player.replacements_in(published.step, sorted(groups))
-
-
-def _root_counts(store: EventStore, published: PublishedBatch) -> dict[str, float]:
-    """``roots/<reason>``: the step's root calls by the reason admission gave."""
-    log = AttemptLog(store)
-    counts: dict[str, float] = {}
-    for rollout in published.rollouts:
-        for call in log.load(rollout.capture_key).calls.values():
-            if call.intended.decision == "root":
-                name = f"roots/{call.intended.root_reason}"
-                counts[name] = counts.get(name, 0.0) + 1.0
-    return counts
 
 
 def _summarize(history: list[StepSummary], training: TrainingRun, run_id: str) -> TrainSummary:

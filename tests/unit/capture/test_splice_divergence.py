@@ -15,15 +15,15 @@ from capture.fixed_options import FIXED_OPTIONS_KEY
 from capture.render import Renderer, RenderOptions, normalize_messages
 from capture.splice import RawOutput, plan_call, plan_prompt
 from ledger.admission import DecisionKind, RootReason
-from tests.fixtures.templates import CONTINUED, CONTINUED_SYSTEM_TEMPLATE
+from tests.fixtures.templates import TURN_MARKING_TEMPLATE, turn_mark
 
 from .test_splice import FOLLOW_UP, SYSTEM, TASK, Parent, answered_root, decide_for, plan_next
 
 
 @pytest.fixture(scope="module")
-def continued_renderer() -> Renderer:
-    """A renderer whose system prompt changes once the conversation holds an answer."""
-    return Renderer(build_tokenizer(template=CONTINUED_SYSTEM_TEMPLATE))
+def turn_marking_renderer() -> Renderer:
+    """A renderer whose system prompt counts the conversation's answers."""
+    return Renderer(build_tokenizer(template=TURN_MARKING_TEMPLATE))
 
 
 def plan_strict(renderer: Renderer, options: RenderOptions, parent: Parent, *, strict: bool):
@@ -53,10 +53,10 @@ def test_stripped_reasoning_is_diagnosed_at_the_parents_output_message(
 
 
 def test_a_changed_system_prompt_is_diagnosed_at_message_zero(
-    continued_renderer: Renderer, options: RenderOptions
+    turn_marking_renderer: Renderer, options: RenderOptions
 ) -> None:
-    parent = answered_root(continued_renderer, options, "Sunny.")
-    _, plan = plan_next(continued_renderer, options, parent, FOLLOW_UP)
+    parent = answered_root(turn_marking_renderer, options, "Sunny.")
+    _, plan = plan_next(turn_marking_renderer, options, parent, FOLLOW_UP)
     assert plan.decision.reason is RootReason.RENDERED_HISTORY_DIFFERS
     divergence = plan.divergence
     assert divergence is not None
@@ -68,7 +68,7 @@ def test_a_changed_system_prompt_is_diagnosed_at_message_zero(
     assert window.texts[window.offset - window.start] == "<|im_end|>"
     request = divergence.request
     after = "".join(request.texts[request.offset - request.start :])
-    assert after.startswith(CONTINUED)
+    assert after.startswith(turn_mark(1))
 
 
 def test_output_whitespace_a_trimming_template_drops_is_changed_content_at_the_output(
@@ -109,10 +109,10 @@ def test_a_continuation_and_an_explained_root_carry_no_divergence(
 
 
 def test_the_admission_record_carries_the_divergence_and_the_fixed_options(
-    continued_renderer: Renderer, options: RenderOptions
+    turn_marking_renderer: Renderer, options: RenderOptions
 ) -> None:
-    parent = answered_root(continued_renderer, options, "Sunny.")
-    plan = plan_strict(continued_renderer, options, parent, strict=False)
+    parent = answered_root(turn_marking_renderer, options, "Sunny.")
+    plan = plan_strict(turn_marking_renderer, options, parent, strict=False)
     record = plan.admission_record()
     assert plan.divergence is not None
     assert record["divergence"] == plan.divergence.as_payload()
@@ -123,11 +123,11 @@ def test_the_admission_record_carries_the_divergence_and_the_fixed_options(
 
 
 def test_strict_planning_refuses_an_unexplained_root_with_its_divergence(
-    continued_renderer: Renderer, options: RenderOptions
+    turn_marking_renderer: Renderer, options: RenderOptions
 ) -> None:
-    parent = answered_root(continued_renderer, options, "Sunny.")
+    parent = answered_root(turn_marking_renderer, options, "Sunny.")
     with pytest.raises(UnexplainedRootError) as refused:
-        plan_strict(continued_renderer, options, parent, strict=True)
+        plan_strict(turn_marking_renderer, options, parent, strict=True)
     error = refused.value
     assert (error.reason, error.candidate_call_id) == ("rendered_history_differs", "c1")
     assert error.divergence.message_index == 0

@@ -9,6 +9,7 @@ here to a test that changes it and shows what happens:
 - ``test_learner_keys``: a training step of ``TrainingRun`` built from the configuration;
 - ``test_refused_keys``: keys whose only supported value is their default; their effect is the
   refusal of any other value when the configuration is loaded;
+- ``test_capture_keys``: capture keys (``token_capture.strict``), shown on a tiny run;
 - ``tests/unit/jobs/test_engines.py``: the engine keys (``engine.kind``, ``engine.vllm_*``), shown
   on what the run launches or connects to (a real vLLM run is ``make test-vllm``'s).
 """
@@ -19,6 +20,7 @@ import inspect
 from collections.abc import Callable
 
 from grove.config import config_field_paths
+from tests.unit.config import test_capture_keys as capture
 from tests.unit.config import test_learner_keys as learner
 from tests.unit.config import test_refused_keys as refused
 from tests.unit.config import test_run_keys as run
@@ -66,6 +68,9 @@ EFFECTS: dict[str, Callable[..., None]] = {
         run.test_pending_call_timeout_masks_a_rollout_whose_call_outlives_it
     ),
     "token_capture.selection_policy": run.test_selection_policy_chooses_the_calls_that_train,
+    "token_capture.strict": (
+        capture.test_token_capture_strict_refuses_the_calls_the_template_cannot_continue
+    ),
     "token_capture.forest_training": (
         run.test_forest_training_trains_a_rewritten_rollout_instead_of_masking_it
     ),
@@ -157,7 +162,7 @@ def test_every_configuration_key_has_a_behavioural_test() -> None:
 
 
 def test_each_key_has_its_own_collected_test() -> None:
-    modules = {learner.__name__, refused.__name__, run.__name__, engines.__name__}
+    modules = {learner.__name__, refused.__name__, run.__name__, engines.__name__, capture.__name__}
     for key, effect in EFFECTS.items():
         module = inspect.getmodule(effect)
         assert module is not None and module.__name__ in modules, key
