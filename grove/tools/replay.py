@@ -137,28 +137,19 @@ def verify_selection(
     recorded = stored.decode()
     assert isinstance(recorded, RolloutSelected)
     subject = capture_key
-    if recorded.result is None:
-        return [
-            DecisionCheck(
-                "selection",
-                subject,
-                stored.position,
-                CheckOutcome.SKIPPED,
-                note="the selection carries no harness result, so the policy cannot be re-run",
-            )
-        ]
     policies = policies or PolicyRegistry.of()
-    if recorded.policy not in policies.names:
+    skipped = None
+    if recorded.result is None:
+        skipped = "the selection carries no harness result, so the policy cannot be re-run"
+    elif recorded.policy not in policies.names:
+        skipped = (
+            f"the selection names policy {recorded.policy!r}, which is neither built in nor "
+            "registered here, so it is not re-run (a ledger's policy is never imported): give it "
+            "with --selection-policy to re-run it"
+        )
+    if skipped is not None:
         return [
-            DecisionCheck(
-                "selection",
-                subject,
-                stored.position,
-                CheckOutcome.SKIPPED,
-                note=f"the selection names policy {recorded.policy!r}, which is neither built in "
-                "nor registered here, so it is not re-run (a ledger's policy is never imported): "
-                "give it with --selection-policy to re-run it",
-            )
+            DecisionCheck("selection", subject, stored.position, CheckOutcome.SKIPPED, note=skipped)
         ]
     records = captured_calls(state_before(capture_key, events, stored.position))
     try:

@@ -9,6 +9,8 @@
 - ``scripted_gateway`` (every backend) and ``local_scripted_gateway`` (SQLite, local blobs): a
   gateway whose engine answers with scripted text (``ScriptedEngine``), for the flows a random
   tiny model almost never produces by itself (tool calls, reasoning, multi-byte text).
+- ``held``: a local gateway whose engine holds the calls that ask for 7 tokens until released
+  (``HeldEngine``), for a call still running while the test acts (a settle wait, a disconnect).
 
 Each gateway serves ``MODEL`` with the embedded engine (one per session; its calls are
 serialized) and the application's selector (``grove.jobs.serve.LedgerSelector``). Clients are the
@@ -27,10 +29,28 @@ from typing import Any
 
 import pytest
 
-from .support import CONTEXT, MODEL, Gateway, ScriptedEngine, engine, serve, tokenizer
+from .support import (
+    CONTEXT,
+    MODEL,
+    Gateway,
+    HeldEngine,
+    ScriptedEngine,
+    engine,
+    serve,
+    tokenizer,
+)
 
 # The test modules import these from here.
-__all__ = ["CONTEXT", "MODEL", "Gateway", "ScriptedEngine", "engine", "serve", "tokenizer"]
+__all__ = [
+    "CONTEXT",
+    "MODEL",
+    "Gateway",
+    "HeldEngine",
+    "ScriptedEngine",
+    "engine",
+    "serve",
+    "tokenizer",
+]
 
 
 @pytest.fixture
@@ -52,6 +72,19 @@ def serve_gateway(tmp_path: Path) -> Iterator[Callable[..., Gateway]]:
             return stack.enter_context(serve(ledger, blobs, **options))
 
         yield start
+
+
+@pytest.fixture
+def held(serve_gateway: Callable[..., Gateway]) -> Iterator[tuple[Gateway, HeldEngine]]:
+    """A gateway on SQLite and local blobs whose engine holds calls (``HeldEngine``); a result
+    waits 0.3 s for pending calls."""
+    gateway = serve_gateway(settle_timeout_s=0.3)
+    held_engine = HeldEngine()
+    gateway.service.engine = held_engine
+    try:
+        yield gateway, held_engine
+    finally:
+        held_engine.release.set()
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ each call with chosen text, for the flows a random tiny model almost never produ
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -32,7 +33,16 @@ from ledger.attempt import AttemptLog, AttemptState
 from ledger.store import EventStore
 from storage import BlobRef, open_blob_store
 
-__all__ = ["CONTEXT", "MODEL", "Gateway", "ScriptedEngine", "engine", "serve", "tokenizer"]
+__all__ = [
+    "CONTEXT",
+    "MODEL",
+    "Gateway",
+    "HeldEngine",
+    "ScriptedEngine",
+    "engine",
+    "serve",
+    "tokenizer",
+]
 
 MODEL = "grove/test-tiny"
 CONTEXT = 256  # the gateway's max_context: small, so that a too-long prompt is cheap to build
@@ -75,6 +85,24 @@ class ScriptedEngine:
         finish = "stop" if len(tokens) <= sampling.max_tokens else "length"
         tokens = tokens[: sampling.max_tokens]
         return Generation(tuple(tokens), (-0.5,) * len(tokens), finish)
+
+
+class HeldEngine:
+    """The embedded engine, holding the calls whose max_tokens is 7 until released (``started``
+    is set when one arrives): a call that is still running while the test acts."""
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.release = threading.Event()
+
+    def check(self, prompt_token_ids: Sequence[int], sampling: SamplingParams) -> None:
+        engine().check(prompt_token_ids, sampling)
+
+    def generate(self, prompt_token_ids: Sequence[int], sampling: SamplingParams) -> Generation:
+        if sampling.max_tokens == 7:
+            self.started.set()
+            self.release.wait(30)
+        return engine().generate(prompt_token_ids, sampling)
 
 
 @dataclass

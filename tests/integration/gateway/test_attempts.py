@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-import pytest
-
-from capture.engine import Generation, SamplingParams
 from capture.gateway import CALL_ID_HEADER
 from ledger.events import CallFailed
 
-from .conftest import MODEL, Gateway, engine
+from .conftest import MODEL, Gateway, HeldEngine
 from .test_completions import USER, ask, observe, reply
 
 
@@ -191,34 +188,6 @@ def test_a_gateway_without_a_selector_refuses_results(serve_gateway: Callable[..
     assert answer.status_code == 501
     assert answer.json()["error"]["code"] == "selection_not_configured"
     assert gateway.written() == before
-
-
-class HeldEngine:
-    """The embedded engine, holding the calls whose max_tokens is 7 until released."""
-
-    def __init__(self) -> None:
-        self.started = threading.Event()
-        self.release = threading.Event()
-
-    def check(self, prompt_token_ids: list[int], sampling: SamplingParams) -> None:
-        engine().check(prompt_token_ids, sampling)
-
-    def generate(self, prompt_token_ids: list[int], sampling: SamplingParams) -> Generation:
-        if sampling.max_tokens == 7:
-            self.started.set()
-            self.release.wait(30)
-        return engine().generate(prompt_token_ids, sampling)
-
-
-@pytest.fixture
-def held(serve_gateway: Callable[..., Gateway]) -> Iterator[tuple[Gateway, HeldEngine]]:
-    gateway = serve_gateway(settle_timeout_s=0.3)
-    held_engine = HeldEngine()
-    gateway.service.engine = held_engine
-    try:
-        yield gateway, held_engine
-    finally:
-        held_engine.release.set()
 
 
 def test_a_result_settles_after_the_timeout_with_the_pending_call_recorded(

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import openai
@@ -15,23 +15,11 @@ from capture.delivery import CALLER_GONE
 from ledger.attempt import CallState
 from training.projector import Projector, ProjectorSettings
 
-from .conftest import Gateway
-from .test_attempts import HeldEngine
+from .conftest import Gateway, HeldEngine
 from .test_completions import USER, ask, reply
 
 HELD_MAX_TOKENS = 7  # HeldEngine holds the calls that ask for 7 tokens
 WAIT_S = 30.0  # how long the server may take to notice; only a bound for polling
-
-
-@pytest.fixture
-def held(serve_gateway: Callable[..., Gateway]) -> Iterator[tuple[Gateway, HeldEngine]]:
-    gateway = serve_gateway()
-    engine = HeldEngine()
-    gateway.service.engine = engine
-    try:
-        yield gateway, engine
-    finally:
-        engine.release.set()
 
 
 def wait_until(condition: Callable[[], Any], what: str) -> Any:
