@@ -163,10 +163,10 @@ class _Progress:
     groups: dict[str, list[str]] = field(default_factory=dict)  # group -> rollout ids
     complete: list[str] = field(default_factory=list)  # groups, in order of completion
     completed_at: dict[str, int] = field(default_factory=dict)  # group -> ledger position
+    open: dict[str, None] = field(default_factory=dict)  # complete, not published nor counted
     published: dict[int, BatchPublished] = field(default_factory=dict)  # step -> event
     published_rollouts: set[str] = field(default_factory=set)
     drops: list[tuple[GroupDecision, ...]] = field(default_factory=list)  # by step
-    counted: set[str] = field(default_factory=set)  # dropped groups already counted
 
 
 class Projector:
@@ -299,6 +299,7 @@ class Projector:
         if len(members) == self.settings.rollouts_per_group:
             progress.complete.append(rollout.group_id)
             progress.completed_at[rollout.group_id] = position
+            progress.open[rollout.group_id] = None
 
     # -- finalization ------------------------------------------------------------------------
 
@@ -367,22 +368,24 @@ class Projector:
         complete by then, never published, not counted before, and dropped at ``step``. (A group
         published at a later step was kept at every earlier one: a group the rules drop at one
         step they drop at every later step too.)"""
-        progress = self._progress
-        candidates = [
-            g
-            for g in progress.complete
-            if progress.completed_at[g] <= position
-            and g not in progress.counted
-            and not self._published(g)
-        ]
+        candidates = [g for g in self._open() if self._progress.completed_at[g] <= position]
         decisions = (self._decision(g, step) for g in candidates)
         return tuple(d for d in decisions if not d.kept)
+
+    def _open(self) -> list[str]:
+        """The complete groups neither published nor counted as dropped, in order of completion
+        (a group leaves them for good, so each step looks at few groups)."""
+        progress = self._progress
+        for group in [g for g in progress.open if self._published(g)]:
+            del progress.open[group]
+        return list(progress.open)
 
     def _count_drops(self, step: int, dropped: tuple[GroupDecision, ...]) -> None:
         progress = self._progress
         assert len(progress.drops) == step
         progress.drops.append(dropped)
-        progress.counted.update(d.group_id for d in dropped)
+        for decision in dropped:
+            progress.open.pop(decision.group_id, None)
 
     def _count_drops_before(self, step: int) -> None:
         """Count the drops of every published step before ``step`` not counted yet, in order."""
@@ -443,12 +446,7 @@ class Projector:
         self, step: int, groups: Sequence[str] | None, dropped: set[str]
     ) -> list[str] | None:
         """The groups ``step`` publishes, or None when too few complete kept groups wait."""
-        progress = self._progress
-        waiting = [
-            g
-            for g in progress.complete
-            if g not in dropped and g not in progress.counted and not self._published(g)
-        ]
+        waiting = [g for g in self._open() if g not in dropped]
         if groups is None:
             wanted = self.settings.groups_per_step
             return waiting[:wanted] if len(waiting) >= wanted else None

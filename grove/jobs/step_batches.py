@@ -20,6 +20,7 @@ abandons them (``grove.jobs.abandonment``): their groups are dropped.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -36,6 +37,14 @@ from training.projector import PublishedBatch
 __all__ = ["OverdueAttempts", "awaited_batch", "played_batch"]
 
 POLL_INTERVAL_S = 0.5  # how often an external run looks for complete prompt groups
+
+logger = logging.getLogger(__name__)
+
+
+def _report(progress: StepProgress, line: str) -> None:
+    """A drop or an abandonment: on the terminal, and in the log (``--json`` runs too)."""
+    logger.warning("%s", line)
+    progress.note(line)
 
 
 def played_batch(
@@ -59,7 +68,7 @@ def played_batch(
         for decision in dropped:
             if decision.group_id not in noted:
                 noted.add(decision.group_id)
-                progress.note(f"step {step}: dropped prompt group {_named(decision)}")
+                _report(progress, f"step {step}: dropped prompt group {_named(decision)}")
         more = min(len(dropped), budget) - replaced
         if more <= 0:
             return training.publish(decisions)
@@ -119,9 +128,10 @@ def awaited_batch(
         if overdue is not None:
             for key in overdue.overdue(training.projector.unselected_attempts):
                 if abandon_attempt(log, key, DropReason.ROLLOUT_TIMEOUT):
-                    progress.note(
+                    _report(
+                        progress,
                         f"step {training.step}: abandoned attempt {key}: no result within "
-                        f"{overdue.timeout_s:g} s (async_rl.rollout_failure.rollout_timeout_s)"
+                        f"{overdue.timeout_s:g} s (async_rl.rollout_failure.rollout_timeout_s)",
                     )
         progress.waiting(training.step)
         time.sleep(POLL_INTERVAL_S)

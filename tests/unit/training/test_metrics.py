@@ -110,6 +110,7 @@ def test_step_metrics_count_logical_rollouts_rows_and_decisions() -> None:
         SELECTION_NOT_CLOSED_ROLLOUTS: 2.0,
         MASKED_ROLLOUTS: 2.0,
         DROPPED_PROMPT_GROUPS: 1.0,
+        "dropped_prompt_groups/no_valid_layout": 1.0,  # the same group, by its reason
         NUM_MASK_SAMPLE_FILTERED: 1.0,
         MASKED_ROWS: 1.0,  # r1's one row, excluded by its rollout's environment flag
         ROWS: 3.0,
