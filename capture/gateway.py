@@ -51,7 +51,8 @@ from capture.chat_api import ChatCompletion, ChatCompletionRequest, chat_complet
 from capture.conflicts import opened_differences, selection_differences
 from capture.conversion import ConvertedCall, RequestConverter
 from capture.delivery import CALLER_GONE, DeliveredStream, caller_disconnected
-from capture.lifecycle import CallOutcome, CaptureService, ModelCall
+from capture.engine import SamplingParams
+from capture.lifecycle import CallOutcome, CaptureService
 from capture.refusals import Refused, install_error_handlers
 from capture.responses_api import ResponseObject, ResponsesRequest, response_object
 from capture.streaming import chat_sse, responses_sse
@@ -136,19 +137,9 @@ class _Gateway:
     # -- attempts ----------------------------------------------------------------------------
 
     def state(self, capture_key: str) -> AttemptState:
-        """The attempt's state, read incrementally from the ledger (only events not yet seen)."""
-        validate_stream_id(capture_key)
-        with self._lock:
-            cached = self._states.get(capture_key) or AttemptState(capture_key)
-        state = self.service.log.refresh(cached)
-        with self._lock:
-            latest = self._states.get(capture_key)
-            if latest is None or latest.version <= state.version:
-                self._states[capture_key] = state
-            self._states.move_to_end(capture_key)
-            while len(self._states) > _STATE_CACHE_SIZE:
-                self._states.popitem(last=False)
-        return state
+        """The attempt's state, read incrementally from the ledger (only events not yet seen):
+        the capture service's view of it, which a model call then plans against unread."""
+        return self.service.state(validate_stream_id(capture_key))
 
     def opened(self, capture_key: str) -> AttemptState:
         """The state of an attempt that was opened; 404 otherwise."""
@@ -336,11 +327,12 @@ class _Gateway:
     # -- model calls -------------------------------------------------------------------------
 
     def generate(self, capture_key: str | None, converted: ConvertedCall) -> CallOutcome:
-        """Capture one model call: checks that write nothing first, then the lifecycle."""
+        """Capture one model call: checks that write nothing first, then the lifecycle, which
+        plans the call against the state these checks read (one read, one plan per call)."""
         self.admitting(capture_key, converted.call.call_id)
         assert capture_key is not None
-        call = self._fit(capture_key, converted)
-        return self.service.generate(capture_key, call)
+        fit = None if self.max_context is None else lambda prompt: self._fit(converted, prompt)
+        return self.service.generate(capture_key, converted.call, fit=fit, refresh=False)
 
     def measure(self, capture_key: str, converted: ConvertedCall) -> Measurement:
         """The prompt length and decision the call would get now; writes nothing."""
@@ -371,20 +363,19 @@ class _Gateway:
             )
         ]
 
-    def _fit(self, capture_key: str, converted: ConvertedCall) -> ModelCall:
-        """The call with max tokens fitted to the context, or ``PromptTooLongError`` before
-        anything is written. Without ``max_context`` the engine checks (after the intent)."""
-        call = converted.call
-        if self.max_context is None:
-            return call
-        prompt = self.service.measure(capture_key, call).prompt_tokens
+    def _fit(self, converted: ConvertedCall, prompt: int) -> SamplingParams:
+        """The call's sampling with max tokens fitted to the context left after its planned
+        ``prompt``, or ``PromptTooLongError`` before anything is written (called only with a
+        ``max_context``; without one the engine checks, after the intent)."""
+        assert self.max_context is not None
+        sampling = converted.call.sampling
         room = self.max_context - prompt
-        wanted = call.sampling.max_tokens
+        wanted = sampling.max_tokens
         if wanted <= room:
-            return call
+            return sampling
         if converted.explicit_max_tokens or room < 1:
             raise capture_errors.PromptTooLongError(prompt, wanted, self.max_context)
-        return replace(call, sampling=replace(call.sampling, max_tokens=room))
+        return replace(sampling, max_tokens=room)
 
 
 def _decision_headers(outcome: CallOutcome) -> dict[str, str]:

@@ -17,7 +17,11 @@ still resumes from the exact generated tokens (``capture/splice.py``, ``RawOutpu
 The service keeps, per attempt, the folded state and the admission index in memory and brings them
 up to date by reading only the events after the version it has, so admitting a call costs the
 same at call 1,000 as at call 10. Parent chains are read from their blobs (digests verified)
-once and cached.
+once and cached. The ledger is read outside any lock, and the view is brought up to date under a
+lock of its own attempt, so calls of different attempts never wait for each other; a call reads
+the ledger once (``generate(refresh=False)`` plans against the view a caller has just brought up
+to date through ``state``) and is planned once (``fit`` adjusts its sampling to the planned
+prompt before anything is written).
 """
 
 from __future__ import annotations
@@ -25,8 +29,9 @@ from __future__ import annotations
 import hashlib
 import threading
 import uuid
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from capture.engine import Engine, Generation, SamplingParams
@@ -122,12 +127,20 @@ def output_message(text: str, *, tools: bool = False) -> dict[str, Any]:
     return assistant_message(parsed, [f"call_{uuid.uuid4().hex[:24]}" for _ in parsed.tool_calls])
 
 
+Fit = Callable[[int], SamplingParams]
+"""``prompt tokens -> sampling``: the sampling a call runs with once its prompt is planned (max
+tokens fitted to the context), or an error that refuses the call before anything is written."""
+
+DEFAULT_CACHED_VIEWS = 4096
+
+
 @dataclass
 class _AttemptView:
     state: AttemptState
     index: AdmissionIndex
     chains: dict[str, tuple[int, ...]]
     outputs: dict[str, tuple[RawOutput, ...]]
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 def derived_seed(state: AttemptState, ordinal: int) -> int:
@@ -160,6 +173,7 @@ class CaptureService:
         *,
         model_fingerprint: str,
         strict: bool = False,
+        cached_views: int = DEFAULT_CACHED_VIEWS,
     ) -> None:
         self.log = log
         self.blobs = blobs
@@ -167,8 +181,9 @@ class CaptureService:
         self.engine = engine
         self.model_fingerprint = model_fingerprint
         self.strict = strict  # refuse unexplained roots (docs/normalization.md, "Strict mode")
-        self._views: dict[str, _AttemptView] = {}
-        self._lock = threading.Lock()
+        self.cached_views = cached_views
+        self._views: OrderedDict[str, _AttemptView] = OrderedDict()
+        self._lock = threading.Lock()  # guards _views only; each view has its own lock
 
     # -- attempts ----------------------------------------------------------------------------
 
@@ -217,6 +232,11 @@ class CaptureService:
         """Record the selection policy's result for the attempt."""
         self.log.select(capture_key, selected)
 
+    def state(self, capture_key: str) -> AttemptState:
+        """The attempt's state, brought up to date from the ledger (only the events not yet seen);
+        ``generate(refresh=False)`` then plans against it without reading again."""
+        return self._view(capture_key).state
+
     # -- calls -------------------------------------------------------------------------------
 
     def measure(self, capture_key: str, call: ModelCall) -> Measurement:
@@ -226,14 +246,26 @@ class CaptureService:
         plan = self._plan(view, call)
         return Measurement(prompt_tokens=plan.prompt_len, decision=plan.decision)
 
-    def generate(self, capture_key: str, call: ModelCall) -> CallOutcome:
-        """Run one model call: admit, plan, intend, generate, store, commit."""
+    def generate(
+        self,
+        capture_key: str,
+        call: ModelCall,
+        *,
+        fit: Fit | None = None,
+        refresh: bool = True,
+    ) -> CallOutcome:
+        """Run one model call: admit, plan, intend, generate, store, commit.
+
+        ``fit`` (given the planned prompt length) decides the sampling the call runs with, or
+        refuses it, before the intent. ``refresh=False``: the caller has just brought the
+        attempt up to date through ``state`` for this request; it is not read again.
+        """
         call_id = call.call_id or f"call-{uuid.uuid4().hex[:16]}"
-        view = self._view(capture_key)
+        view = self._view(capture_key, read=refresh)
         self._require_open(view.state, capture_key, call_id)
         plan = self._plan(view, call)
         decision, summary = plan.decision, plan.request_summary
-        sampling = call.sampling
+        sampling = call.sampling if fit is None else fit(plan.prompt_len)
         if sampling.seed is None:
             sampling = replace(sampling, seed=derived_seed(view.state, len(view.state.calls)))
         self.engine.check(plan.prompt_token_ids, sampling)  # refuse before recording
@@ -311,7 +343,7 @@ class CaptureService:
             ),
         )
         own = RawOutput(committed_summary.item_count - 1, text)
-        with self._lock:
+        with view.lock:
             view.chains[call_id] = (*plan.prompt_token_ids, *generation.token_ids)
             view.outputs[call_id] = (*self._parent_outputs(view, decision.parent_call_id), own)
         return CallOutcome(
@@ -352,18 +384,29 @@ class CaptureService:
                 capture_key, "admissions are closed: the harness already returned", call_id
             )
 
-    def _view(self, capture_key: str) -> _AttemptView:
-        """The attempt's state and admission index, updated from the events not yet seen."""
+    def _view(self, capture_key: str, *, read: bool = True) -> _AttemptView:
+        """The attempt's state and admission index, updated from the events not yet seen
+        (``read=False``: as last read, unless the service holds no view of it yet)."""
         with self._lock:
-            view = self._views.setdefault(
-                capture_key, _AttemptView(AttemptState(capture_key), AdmissionIndex(), {}, {})
-            )
-            stored = self.log.store.read_stream(capture_key, after_version=view.state.version)
-            events = [s.decode() for s in stored]
-            view.state = fold_attempt(capture_key, events, view.state)
-            for event in events:
-                index_call_event(view.index, view.state, event)
+            view = self._views.get(capture_key)
+            if view is None:
+                view = _AttemptView(AttemptState(capture_key), AdmissionIndex(), {}, {})
+                self._views[capture_key] = view
+                read = True
+            self._views.move_to_end(capture_key)
+            while len(self._views) > self.cached_views:
+                self._views.popitem(last=False)
+        if not read:
             return view
+        # Read outside every lock; concurrent readers of one attempt may read overlapping
+        # events, and each folds only those after the version the view has reached.
+        stored = self.log.store.read_stream(capture_key, after_version=view.state.version)
+        with view.lock:
+            fresh = [s.decode() for s in stored if s.stream_version > view.state.version]
+            view.state = fold_attempt(capture_key, fresh, view.state)
+            for event in fresh:
+                index_call_event(view.index, view.state, event)
+        return view
 
     def _plan(self, view: _AttemptView, call: ModelCall) -> PromptPlan:
         request = normalize_messages(call.items)

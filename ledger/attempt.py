@@ -10,11 +10,22 @@ and records the reason (e.g. ``request_finished_without_staged_coordinates``).
 ``fold_attempt`` is pure (events in, state out). ``AttemptLog`` records events with these rules,
 using optimistic concurrency so independent calls of one attempt may be recorded concurrently, and
 deterministic event ids so a retried write is idempotent.
+
+``AttemptLog`` keeps the last state it knows of each attempt (a bounded cache) and appends from it
+with that state's version as the expected one, without reading the stream first: the store
+refuses the append (``WrongExpectedVersion``) when another writer got in between, and only then
+is the state brought up to date, by reading the events after its version, and checked again.
+A rule that refuses an event on the held state is checked again on a state just read before the
+refusal stands, so a refusal never rests on a stale state. ``load`` and ``refresh`` read only the
+events after the held state too: a stream only grows, so the state folded from its prefix plus
+the events after it is the state folded from the whole stream.
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -47,6 +58,7 @@ __all__ = [
 ]
 
 DEFAULT_SETTLE_TIMEOUT_S = 300.0
+DEFAULT_CACHED_ATTEMPTS = 4096
 _ALREADY = object()  # a check's answer: this exact event is already recorded
 
 
@@ -231,36 +243,85 @@ def index_call_event(index: AdmissionIndex, state: AttemptState, event: Event) -
 
 
 class AttemptLog:
-    """Records an attempt's lifecycle events in the ledger, enforcing the lifecycle rules."""
+    """Records an attempt's lifecycle events in the ledger, enforcing the lifecycle rules.
 
-    def __init__(self, store: EventStore, *, retries: int = 50) -> None:
+    Safe to share between threads. ``cached_attempts`` bounds the states it holds (the least
+    recently used are dropped, and read again from the ledger when needed).
+    """
+
+    def __init__(
+        self,
+        store: EventStore,
+        *,
+        retries: int = 50,
+        cached_attempts: int = DEFAULT_CACHED_ATTEMPTS,
+    ) -> None:
         self.store = store
         self.retries = retries
+        self.cached_attempts = cached_attempts
+        self._held: OrderedDict[str, AttemptState] = OrderedDict()
+        self._lock = threading.Lock()
 
     def load(self, capture_key: str) -> AttemptState:
-        """The attempt's current state."""
-        return self.refresh(AttemptState(capture_key))
+        """The attempt's current state (read from the ledger: the events after the held state)."""
+        return self.refresh(self._hold(capture_key) or AttemptState(capture_key))
 
     def refresh(self, state: AttemptState) -> AttemptState:
         """``state`` brought up to date by reading only the events after its version."""
         stored = self.store.read_stream(state.capture_key, after_version=state.version)
-        return fold_attempt(state.capture_key, (s.decode() for s in stored), state)
+        return self._keep(fold_attempt(state.capture_key, (s.decode() for s in stored), state))
+
+    def _hold(self, capture_key: str) -> AttemptState | None:
+        """The latest state this log knows of the attempt, without reading; None if none."""
+        with self._lock:
+            state = self._held.get(capture_key)
+            if state is not None:
+                self._held.move_to_end(capture_key)
+            return state
+
+    def _keep(self, state: AttemptState) -> AttemptState:
+        """Hold ``state`` unless a later one is held; returns ``state``."""
+        with self._lock:
+            held = self._held.get(state.capture_key)
+            if held is None or held.version <= state.version:
+                self._held[state.capture_key] = state
+            self._held.move_to_end(state.capture_key)
+            while len(self._held) > self.cached_attempts:
+                self._held.popitem(last=False)
+        return state
 
     def _record(self, capture_key: str, event_id: str, event: Event, check: Check) -> bool:
         """Append ``event`` if ``check(state)`` passes, retrying when another writer got in first.
 
+        The first try appends from the held state, without reading; a conflict, or a refusal
+        by ``check`` on a state not read by this call, reads the events after it and tries again.
         When ``check`` says the event is already recorded, the append is an idempotent retry: the
         same event id with the same payload is accepted, anything else is ``EventIdConflict``.
         Returns True when this call appended the event, False when it was already recorded.
         """
         validate_stream_id(capture_key)
+        state, read = self._hold(capture_key), False
+        if state is None:
+            state, read = self.load(capture_key), True
         for _ in range(self.retries):
-            state = self.load(capture_key)
-            expected = ANY_VERSION if check(state) is _ALREADY else state.version
+            try:
+                verdict = check(state)
+            except AttemptError:
+                if read:
+                    raise
+                state, read = self.refresh(state), True
+                continue
+            expected = ANY_VERSION if verdict is _ALREADY else state.version
             try:
                 result = self.store.append(capture_key, [NewEvent(event, event_id)], expected)
-            except WrongExpectedVersion:
+            except WrongExpectedVersion as conflict:
+                # A stream never shrinks; one that did (a ledger restored from a backup under a
+                # running process) is read again from its start.
+                start = state if conflict.actual >= state.version else AttemptState(capture_key)
+                state, read = self.refresh(start), True
                 continue
+            if not result.duplicate and expected != ANY_VERSION:
+                self._keep(fold_attempt(capture_key, [event], state))
             return not result.duplicate
         raise AttemptError(
             capture_key, f"gave up recording {event.type} after {self.retries} races"

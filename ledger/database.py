@@ -3,16 +3,28 @@
 SQLite (the embedded default) runs in WAL mode with a busy timeout, and write transactions start
 with ``BEGIN IMMEDIATE``: a deferred transaction that reads the stream version and then writes
 can fail with SQLITE_BUSY without waiting once another writer committed in between
-(https://www.sqlite.org/lang_transaction.html). Read-only work opts out with
-``read_only(connection)`` so tailing readers never queue behind writers.
-PostgreSQL runs through psycopg 3 with pre-ping on pooled connections.
+(https://www.sqlite.org/lang_transaction.html). PostgreSQL runs through psycopg 3.
+
+``autocommit(connection)`` marks a connection whose statements each commit on their own, for
+one-statement reads: a read then costs one round trip to the server, without ``BEGIN`` and
+``ROLLBACK`` around it (PostgreSQL: the driver's autocommit; SQLite: no ``BEGIN``), and tailing
+readers never queue behind writers. Appends keep their transaction (``ledger/store.py``).
+
+Pooled connections are not pinged on every checkout (a round trip more for each of a captured
+call's reads and appends; ``docs/benchmarks.md``, "gateway"): only a connection that sat unused
+in the pool for ``IDLE_PING_S`` or more is pinged first, and replaced when the server no longer
+answers (a server restart, or an idle timeout while it was unused). A connection that fails in
+use is caught by SQLAlchemy's disconnect handling, which invalidates the whole pool: the failure
+is translated to ``DatabaseUnavailable``, and the next checkout connects afresh.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event, exc
 from sqlalchemy.engine import make_url
@@ -22,10 +34,19 @@ from ledger.ddl import APPEND_ONLY_MESSAGE
 from ledger.errors import AppendOnlyViolation, DatabaseUnavailable, LedgerError, SchemaNotReady
 from ledger.postgres import dump_payload_json, load_payload_json
 
-__all__ = ["READ_ONLY", "dialect_of", "open_engine", "read_only", "translate_errors"]
+__all__ = [
+    "AUTOCOMMIT",
+    "IDLE_PING_S",
+    "autocommit",
+    "dialect_of",
+    "open_engine",
+    "translate_errors",
+]
 
-READ_ONLY = "grove_read_only"
+AUTOCOMMIT = "grove_autocommit"
+IDLE_PING_S = 10.0
 SQLITE_BUSY_TIMEOUT_S = 60.0
+_CHECKED_IN_AT = "grove_checked_in_at"
 
 
 def open_engine(url: str, *, pool: bool = True) -> Engine:
@@ -45,13 +66,14 @@ def open_engine(url: str, *, pool: bool = True) -> Engine:
     if backend == "postgresql":
         if parsed.drivername == "postgresql":
             parsed = parsed.set(drivername="postgresql+psycopg")
-        return create_engine(
+        engine = create_engine(
             parsed,
-            pool_pre_ping=True,
             poolclass=None if pool else NullPool,
             json_serializer=dump_payload_json,
             json_deserializer=load_payload_json,
         )
+        _ping_when_idle(engine)
+        return engine
     raise DatabaseUnavailable(
         url, f"unsupported database {backend!r}: use sqlite:///PATH or postgresql+psycopg://…"
     )
@@ -69,13 +91,36 @@ def _configure_sqlite(engine: Engine) -> None:
 
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Connection) -> None:
-        mode = "BEGIN" if connection.get_execution_options().get(READ_ONLY) else "BEGIN IMMEDIATE"
-        connection.exec_driver_sql(mode)
+        if not connection.get_execution_options().get(AUTOCOMMIT):
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
-def read_only(connection: Connection) -> Connection:
-    """Mark ``connection`` read-only before its transaction begins (SQLite: a deferred BEGIN)."""
-    return connection.execution_options(**{READ_ONLY: True})
+def _ping_when_idle(engine: Engine) -> None:
+    """Ping a pooled connection at checkout only when it sat unused for ``IDLE_PING_S``."""
+
+    @event.listens_for(engine.pool, "checkin")
+    def _on_checkin(_dbapi_connection: Any, record: Any) -> None:
+        record.info[_CHECKED_IN_AT] = time.monotonic()
+
+    @event.listens_for(engine.pool, "checkout")
+    def _on_checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        checked_in = record.info.pop(_CHECKED_IN_AT, None)
+        if checked_in is None or time.monotonic() - checked_in < IDLE_PING_S:
+            return
+        try:
+            engine.dialect.do_ping(dbapi_connection)
+        except engine.dialect.loaded_dbapi.Error as error:
+            # The pool discards this connection and checks out another (a fresh one).
+            raise exc.DisconnectionError(f"an idle pooled connection died: {error}") from error
+
+
+def autocommit(connection: Connection) -> Connection:
+    """Mark ``connection``, before its first statement, as committing each statement on its own
+    (one round trip for a one-statement read; see the module docstring)."""
+    connection = connection.execution_options(**{AUTOCOMMIT: True})
+    if dialect_of(connection) == "postgresql":
+        connection = connection.execution_options(isolation_level="AUTOCOMMIT")
+    return connection
 
 
 def dialect_of(engine: Engine | Connection) -> str:

@@ -34,13 +34,13 @@ from sqlalchemy import (
     cast,
     column,
     func,
-    insert,
     select,
     tuple_,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.sql.dml import Insert
 
+from ledger.appending import APPENDED_COLUMNS, append_statement
 from ledger.errors import ImportConflict
 from ledger.events import LedgerPosition
 from ledger.schema import EVENTS
@@ -61,33 +61,28 @@ def _oldest_running_transaction():
     return cast(cast(func.pg_snapshot_xmin(func.pg_current_snapshot()), Text), BigInteger)
 
 
-_ROW_TYPES = {
+_APPEND_TYPES = {
     "event_id": Text,
-    "stream_id": Text,
-    "stream_version": Integer,
+    "ordinal": Integer,
     "event_type": Text,
     "schema_version": Integer,
     "payload": JSONB,
 }
 
 
-def _recordset_insert() -> Insert:
+def _append_insert() -> Insert:
     # The whole batch travels as one JSON document expanded by jsonb_to_recordset: one short
     # query and one parameter. insertmanyvalues renders six placeholders per row, and psycopg
     # spent most of an append parsing them (bench/ledger_append.py: 0.12 of COPY's rate).
     rows = (
         func.jsonb_to_recordset(bindparam("rows", type_=Text).cast(JSONB))
-        .table_valued(*(column(name, type_) for name, type_ in _ROW_TYPES.items()))
+        .table_valued(*(column(name, type_) for name, type_ in _APPEND_TYPES.items()))
         .render_derived("rows", with_types=True)
     )
-    return (
-        insert(EVENTS)
-        .from_select(list(_ROW_TYPES), select(*(rows.c[name] for name in _ROW_TYPES)))
-        .returning(EVENTS.c.position, EVENTS.c.event_id)
-    )
+    return append_statement(rows)
 
 
-_INSERT = _recordset_insert()
+_APPEND = _append_insert()
 
 
 ESCAPE = "\uffff"
@@ -146,11 +141,22 @@ class PostgresBackend:
         )
         return conn.execute(query).all()
 
-    def insert_rows(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> list[int]:
-        """Insert prepared rows in one statement; their positions, in row order."""
-        document = dump_payload_json([{name: row[name] for name in _ROW_TYPES} for row in rows])
-        by_id = {r.event_id: r.position for r in conn.execute(_INSERT, {"rows": document})}
-        return [by_id[row["event_id"]] for row in rows]
+    def insert_rows(
+        self, conn: Connection, rows: Sequence[dict[str, Any]], expected_version: int | None
+    ) -> Sequence[Row] | None:
+        """Append prepared rows (one stream, ``ordinal`` 1, 2, ...) in one statement, when the
+        stream's version is ``expected_version`` (None: whatever it is): their ``position``,
+        ``event_id`` and ``stream_version``; None, with nothing written, when the version
+        differs. A racing writer of the same version, or a recorded event id: IntegrityError."""
+        document = dump_payload_json(
+            [{name: row[name] for name in APPENDED_COLUMNS} for row in rows]
+        )
+        parameters = {
+            "rows": document,
+            "stream_id": rows[0]["stream_id"],
+            "expected": expected_version,
+        }
+        return conn.execute(_APPEND, parameters).all() or None
 
     def read_after(self, conn: Connection, mark: LedgerPosition, limit: int) -> Sequence[Row]:
         """Events of finished transactions after ``mark``, in (transaction id, position) order."""

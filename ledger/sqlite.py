@@ -6,15 +6,37 @@ order is commit order: a reader that keeps the last position it consumed never s
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Row, insert, select
+from sqlalchemy import Connection, Integer, Row, String, bindparam, insert, select, union_all
+from sqlalchemy.sql.dml import Insert
 
+from ledger.appending import APPENDED_COLUMNS, append_statement
 from ledger.events import LedgerPosition
 from ledger.schema import EVENTS
 
 __all__ = ["SqliteBackend"]
+
+_TYPES = {
+    "event_id": String(),
+    "ordinal": Integer(),
+    "event_type": String(),
+    "schema_version": Integer(),
+    "payload": EVENTS.c.payload.type,
+}
+
+
+@functools.cache
+def _append(count: int) -> Insert:
+    """The append of ``count`` rows: each row's values are parameters ``NAME_INDEX``."""
+    selects = [
+        select(*(bindparam(f"{name}_{i}", type_=_TYPES[name]).label(name) for name in _TYPES))
+        for i in range(count)
+    ]
+    rows = selects[0].subquery("rows") if count == 1 else union_all(*selects).subquery("rows")
+    return append_statement(rows)
 
 
 class SqliteBackend:
@@ -27,12 +49,18 @@ class SqliteBackend:
         query = select(EVENTS).where(EVENTS.c.event_id.in_(event_ids)).order_by(EVENTS.c.position)
         return conn.execute(query).all()
 
-    def insert_rows(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> list[int]:
-        """Insert prepared rows (insertmanyvalues); their positions, in row order."""
-        result = conn.execute(
-            insert(EVENTS).returning(EVENTS.c.position, sort_by_parameter_order=True), list(rows)
-        )
-        return list(result.scalars())
+    def insert_rows(
+        self, conn: Connection, rows: Sequence[dict[str, Any]], expected_version: int | None
+    ) -> Sequence[Row] | None:
+        """Append prepared rows (one stream, ``ordinal`` 1, 2, ...) in one statement, when the
+        stream's version is ``expected_version`` (None: whatever it is): their ``position``,
+        ``event_id`` and ``stream_version``; None, with nothing written, when the version
+        differs. A recorded event id: IntegrityError."""
+        parameters: dict[str, Any] = {"stream_id": rows[0]["stream_id"]}
+        parameters["expected"] = expected_version
+        for index, row in enumerate(rows):
+            parameters.update({f"{name}_{index}": row[name] for name in APPENDED_COLUMNS})
+        return conn.execute(_append(len(rows)), parameters).all() or None
 
     def read_after(self, conn: Connection, mark: LedgerPosition, limit: int) -> Sequence[Row]:
         """Committed events after ``mark`` in commit order."""

@@ -6,6 +6,12 @@ stream, ``ANY_VERSION`` to skip the check); a racing writer loses on the unique
 idempotency key: retrying an append whose events are all recorded with identical stream, type and
 payload returns the recorded positions; reusing an id for anything else is ``EventIdConflict``.
 Every event is validated against the catalog before anything is written.
+
+An append is one statement in its transaction (``ledger/appending.py``: the stream's version, the
+check and the insert together). Only when it writes nothing, or fails on a unique index, does
+the store read why: the events already recorded (an idempotent retry, or a conflict), or the
+stream's actual version (``WrongExpectedVersion``). Reads are single statements on autocommit
+connections (``ledger/database.py``).
 """
 
 from __future__ import annotations
@@ -18,9 +24,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
-from sqlalchemy import Engine, Row, exc, func, select
+from sqlalchemy import Engine, Row, Select, exc, func, select
 
-from ledger.database import dialect_of, open_engine, read_only, translate_errors
+from ledger.database import autocommit, dialect_of, open_engine, translate_errors
 from ledger.errors import EventIdConflict, ImportConflict, StreamIdError, WrongExpectedVersion
 from ledger.events import Event, LedgerPosition, validate_payload
 from ledger.postgres import PostgresBackend
@@ -132,6 +138,12 @@ def _stored(row: Row) -> StoredEvent:
 Prepared = tuple[str, Event, dict[str, Any]]
 
 
+def _version_query(stream_id: str) -> Select[tuple[int]]:
+    return select(func.coalesce(func.max(EVENTS.c.stream_version), 0)).where(
+        EVENTS.c.stream_id == stream_id
+    )
+
+
 def _prepare(item: Event | NewEvent) -> tuple[str, Event, dict[str, Any]]:
     new = item if isinstance(item, NewEvent) else NewEvent(item)
     if not isinstance(new.event, Event):
@@ -178,45 +190,56 @@ class EventStore:
                 next(i for i in ids if ids.count(i) > 1),
                 "event in the same append (an id appears twice)",
             )
+        expected = None if expected_version == ANY_VERSION else expected_version
+        rows = [
+            {
+                "event_id": event_id,
+                "stream_id": stream_id,
+                "ordinal": ordinal,
+                "event_type": event.type,
+                "schema_version": event.schema_version,
+                "payload": payload,
+            }
+            for ordinal, (event_id, event, payload) in enumerate(prepared, start=1)
+        ]
         with translate_errors(self.url):
             for attempt in range(_RETRIES):
                 try:
-                    return self._append_once(stream_id, prepared, expected_version)
+                    with self.engine.begin() as conn:
+                        landed = self.backend.insert_rows(conn, rows, expected)
                 except exc.IntegrityError:
-                    # A racing writer took our version or event id; decide again from the
-                    # committed state (the next round raises the precise error or succeeds).
+                    # A racing writer took our version or an event id is recorded: decide
+                    # from the committed state (the next round succeeds or raises precisely).
                     if attempt == _RETRIES - 1:
                         raise
+                    landed = None
+                if landed is not None:
+                    by_id = {row.event_id: row for row in landed}
+                    return AppendResult(
+                        stream_id,
+                        tuple(by_id[event_id].position for event_id in ids),
+                        max(row.stream_version for row in landed),
+                    )
+                recorded = self._recorded_or_raise(stream_id, prepared, expected_version)
+                if recorded is not None:
+                    return recorded
         raise AssertionError("unreachable")
 
-    def _append_once(
+    def _recorded_or_raise(
         self, stream_id: str, prepared: list[Prepared], expected_version: int
-    ) -> AppendResult:
+    ) -> AppendResult | None:
+        """Why an append wrote nothing: its events are recorded (an idempotent retry, or
+        ``EventIdConflict``), or the stream's version is not the expected one
+        (``WrongExpectedVersion``); None when neither holds any more (append again)."""
         ids = [event_id for event_id, _, _ in prepared]
-        with self.engine.begin() as conn:
+        with autocommit(self.engine.connect()) as conn:
             existing = self.backend.recorded(conn, ids)
             if existing:
                 return self._idempotent(stream_id, prepared, existing)
-            actual = conn.execute(
-                select(func.coalesce(func.max(EVENTS.c.stream_version), 0)).where(
-                    EVENTS.c.stream_id == stream_id
-                )
-            ).scalar_one()
-            if expected_version != ANY_VERSION and actual != expected_version:
-                raise WrongExpectedVersion(stream_id, expected_version, actual)
-            rows = [
-                {
-                    "event_id": event_id,
-                    "stream_id": stream_id,
-                    "stream_version": actual + offset + 1,
-                    "event_type": event.type,
-                    "schema_version": event.schema_version,
-                    "payload": payload,
-                }
-                for offset, (event_id, event, payload) in enumerate(prepared)
-            ]
-            positions = tuple(self.backend.insert_rows(conn, rows))
-        return AppendResult(stream_id, positions, actual + len(prepared))
+            actual = conn.execute(_version_query(stream_id)).scalar_one()
+        if expected_version != ANY_VERSION and actual != expected_version:
+            raise WrongExpectedVersion(stream_id, expected_version, actual)
+        return None
 
     def _idempotent(
         self, stream_id: str, prepared: list[Prepared], existing: Sequence[Row]
@@ -273,10 +296,8 @@ class EventStore:
 
     def stream_version(self, stream_id: str) -> int:
         """The stream's current version (0 when it has no events)."""
-        query = select(func.coalesce(func.max(EVENTS.c.stream_version), 0)).where(
-            EVENTS.c.stream_id == validate_stream_id(stream_id)
-        )
-        with translate_errors(self.url), read_only(self.engine.connect()) as conn:
+        query = _version_query(validate_stream_id(stream_id))
+        with translate_errors(self.url), autocommit(self.engine.connect()) as conn:
             return conn.execute(query).scalar_one()
 
     def read_stream(self, stream_id: str, after_version: int = 0) -> list[StoredEvent]:
@@ -289,12 +310,12 @@ class EventStore:
             )
             .order_by(EVENTS.c.stream_version)
         )
-        with translate_errors(self.url), read_only(self.engine.connect()) as conn:
+        with translate_errors(self.url), autocommit(self.engine.connect()) as conn:
             return [_stored(row) for row in conn.execute(query)]
 
     def read_after(self, mark: LedgerPosition, limit: int = 1000) -> ReadBatch:
         """Up to ``limit`` committed events after ``mark``, never skipping one that commits late."""
-        with translate_errors(self.url), read_only(self.engine.connect()) as conn:
+        with translate_errors(self.url), autocommit(self.engine.connect()) as conn:
             rows = self.backend.read_after(conn, mark, limit)
         events = tuple(_stored(row) for row in rows)
         return ReadBatch(events, self.backend.mark_of(rows[-1]) if rows else mark)
@@ -310,7 +331,7 @@ class EventStore:
         deadline = time.monotonic() + timeout_s
         with translate_errors(self.url):
             while True:
-                with read_only(self.engine.connect()) as conn:
+                with autocommit(self.engine.connect()) as conn:
                     if self.backend.horizon_passed(conn):
                         return True
                 if time.monotonic() >= deadline:
@@ -319,5 +340,5 @@ class EventStore:
 
     def count(self) -> int:
         """How many events the ledger holds."""
-        with translate_errors(self.url), read_only(self.engine.connect()) as conn:
+        with translate_errors(self.url), autocommit(self.engine.connect()) as conn:
             return conn.execute(select(func.count()).select_from(EVENTS)).scalar_one()

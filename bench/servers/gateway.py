@@ -167,6 +167,7 @@ class RouteTimer:
 
 def instrument_grove() -> None:
     """Time the stages of Grove's request path (``docs/benchmarks.md``)."""
+    import psycopg
     import sqlalchemy
     from sqlalchemy.engine import Engine
     from sqlalchemy.pool import Pool
@@ -183,10 +184,9 @@ def instrument_grove() -> None:
 
     stages: list[tuple[object, str, str]] = [
         (RequestConverter, "chat_call", "conversion"),
-        (capture.gateway._Gateway, "generate", "gateway checks, fit to context (own)"),
-        (capture.gateway._Gateway, "state", "ledger read: gateway attempt state"),
-        (CaptureService, "generate", "lifecycle (own): events, delta, ids"),
-        (CaptureService, "_view", "ledger read: lifecycle attempt view"),
+        (capture.gateway._Gateway, "generate", "gateway checks (own)"),
+        (CaptureService, "generate", "lifecycle (own): events, delta, ids, fit"),
+        (CaptureService, "_view", "ledger read: the attempt's view"),
         (capture.lifecycle, "normalize_messages", "normalization"),
         (capture.lifecycle, "output_message", "output parse"),
         (capture.lifecycle, "fingerprint_output", "admission and digests"),
@@ -211,13 +211,21 @@ def instrument_grove() -> None:
         return lambda *_: CLOCK.add(name, 0.0) if CLOCK.enabled else None
 
     sqlalchemy.event.listen(Engine, "before_cursor_execute", count("count: SQL statements"))
-    sqlalchemy.event.listen(Pool, "checkout", count("count: connection checkouts (pinged)"))
+    sqlalchemy.event.listen(Pool, "checkout", count("count: connection checkouts"))
+    waits = count("count: PostgreSQL round trips (psycopg waits)")
+    wait = psycopg.Connection.wait
+
+    @functools.wraps(wait)
+    def counted_wait(self: psycopg.Connection, *args: Any, **kwargs: Any) -> Any:
+        waits()
+        return wait(self, *args, **kwargs)
+
+    psycopg.Connection.wait = counted_wait  # type: ignore[method-assign]
     for owner, attribute, name in [
-        (AttemptLog, "load", "detail: stream reload before an append"),
+        (AttemptLog, "refresh", "detail: log reads (after a conflict)"),
         (EventStore, "append", "detail: append transaction"),
         (EventStore, "read_stream", "detail: read_stream"),
         (CaptureService, "_plan", "detail: plan (admission, render, splice)"),
-        (CaptureService, "measure", "detail: fit to context (plans once more)"),
     ]:
         CLOCK.patch(owner, attribute, name, nested=False)
 
