@@ -27,8 +27,8 @@ diagnostics"):
 
 Pure: plain data in, plain data out. The one callable taken, ``decode``, is the tokenizer's
 exact decode (``capture.render.Renderer.decode``); the texts and ids come from the splice. The
-cost is one comparison of the two texts, a few decodes around the point and a bounded
-``difflib`` match, besides what the caller renders and encodes.
+cost is one comparison of the two texts, one decode of the ids both sides share, a few decodes
+around the point and a bounded ``difflib`` match, besides what the caller renders and encodes.
 """
 
 from __future__ import annotations
@@ -101,8 +101,9 @@ class Side:
     """One side of a failed check: the text it compared and that text's token ids.
 
     ``what`` says what the side is (e.g. "the parent chain's exact tokens"); ``text`` is what
-    the check compared; ``decode(token_ids)`` should be ``text`` (for the parent chain it is by
-    construction; for a rendering, ``token_ids`` is its encoding).
+    the check compared; ``decode(token_ids)`` should be ``text``, or its start through at least
+    :data:`WINDOW` tokens past the point where the sides part (for the parent chain it is the
+    whole text by construction; a rendering is encoded only that far).
     """
 
     name: str
@@ -235,16 +236,23 @@ def common_prefix_length(a: Sequence[Any], b: Sequence[Any]) -> int:
     return lo
 
 
-def token_at(token_ids: Sequence[int], char_offset: int, decode: Decode, known: int = 0) -> int:
+def token_at(
+    token_ids: Sequence[int],
+    char_offset: int,
+    decode: Decode,
+    known: int = 0,
+    base: int | None = None,
+) -> int:
     """The index of the token whose decoded text holds character ``char_offset`` of
     ``decode(token_ids)``; ``len(token_ids)`` when the text ends before it.
 
-    ``known`` tokens at the start are taken whole before the point (the ids both sides share):
-    their text is decoded once, then the search gallops forward from them, so the cost grows
-    with the distance to the point, not with the context.
+    ``known`` tokens at the start are taken whole before the point (the ids both sides share),
+    their text ``base`` characters long (decoded when not given); the search gallops forward from
+    them, so its cost grows with the distance to the point, not with the context.
     """
     known = max(0, min(known, len(token_ids)))
-    base = len(decode(token_ids[:known])) if known else 0
+    if base is None:
+        base = len(decode(token_ids[:known])) if known else 0
     if base > char_offset:
         known, base = 0, 0
 
@@ -269,12 +277,18 @@ def token_at(token_ids: Sequence[int], char_offset: int, decode: Decode, known: 
 
 
 def classify(
-    parent_text: str, request_text: str, *, request_decoded: str, same_token_ids: bool
+    parent_text: str,
+    request_text: str,
+    *,
+    request_decoded: str,
+    same_token_ids: bool,
+    decoded_from: int = 0,
 ) -> Cause:
     """The likely cause of the divergence between two texts (module docstring, in order).
 
-    ``request_decoded`` is the request side's token ids decoded (its text as the model would
-    read it back); ``same_token_ids`` whether the two sides' ids are equal.
+    ``request_decoded`` is the request side's token ids decoded from character ``decoded_from``
+    on (its text as the model would read it back, through the point); ``same_token_ids`` whether
+    the two sides' ids are equal.
     """
     if parent_text == request_text:
         return Cause.UNKNOWN if same_token_ids else Cause.TOKEN_MERGING
@@ -283,7 +297,8 @@ def classify(
         return Cause.STRIPPED_REASONING
     if at == min(len(parent_text), len(request_text)):
         return Cause.TRUNCATION
-    if common_prefix_length(parent_text, request_decoded) > at:
+    parent_there = parent_text[decoded_from : decoded_from + len(request_decoded)]
+    if decoded_from + common_prefix_length(parent_there, request_decoded) > at:
         return Cause.TOKEN_MERGING
     parent_rest = parent_text[at : at + REALIGN_SPAN]
     request_rest = request_text[at : at + REALIGN_SPAN]
@@ -293,15 +308,23 @@ def classify(
 
 
 def diagnose(parent: Side, request: Side, *, message_index: int, decode: Decode) -> Divergence:
-    """The divergence of two sides (``message_index`` located by the caller, which renders)."""
+    """The divergence of two sides (``message_index`` located by the caller, which renders).
+
+    The ids both sides share are decoded once; the request side's own tokens are decoded only
+    from there through the window after the point.
+    """
     at = common_prefix_length(parent.text, request.text)
     shared = common_prefix_length(parent.token_ids, request.token_ids)
-    parent_offset = token_at(parent.token_ids, at, decode, shared)
-    request_offset = token_at(request.token_ids, at, decode, shared)
+    base = len(decode(parent.token_ids[:shared])) if shared else 0
+    if base > at:  # a decode that does not extend its prefixes: search from the start
+        shared, base = 0, 0
+    parent_offset = token_at(parent.token_ids, at, decode, shared, base)
+    request_offset = token_at(request.token_ids, at, decode, shared, base)
     cause = classify(
         parent.text,
         request.text,
-        request_decoded=decode(request.token_ids),
+        request_decoded=decode(request.token_ids[shared : request_offset + WINDOW]),
+        decoded_from=base,
         same_token_ids=shared == len(parent.token_ids) == len(request.token_ids),
     )
     return Divergence(

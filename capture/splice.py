@@ -37,6 +37,9 @@ Where no output was parsed the two renderings are one and the same.
 
 from __future__ import annotations
 
+import bisect
+import itertools
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -64,6 +67,10 @@ from ledger.admission import (
 from ledger.attempt import AttemptState
 
 __all__ = ["PromptPlan", "RawOutput", "plan_call", "plan_prompt"]
+
+_ENCODED_PAST = 2048
+"""Characters of a rendered side encoded past the point where the sides part (its token window
+needs 16 tokens)."""
 
 
 @dataclass(frozen=True)
@@ -229,19 +236,23 @@ def _plan(
     prefix_text = renderer.render(prefix, options, add_generation_prompt=False)
     if not full_text.startswith(prefix_text):
         rooted = decision.rooted(RootReason.TEMPLATE_NOT_APPEND_COMPATIBLE)
+        root = _root(renderer, options, rooted, full_text, summary)
+        whole = () if options.add_special_tokens else root.prompt_token_ids  # reused as encoded
         sides = (
             _rendered("parent", "the history rendered up to the parent's output", prefix_text),
-            _rendered("request", "the request rendered whole", full_text),
+            Side("request", "the request rendered whole", full_text, whole),
         )
-        divergence = _diagnosed(renderer, request.messages, options, *sides)
-        return _root(renderer, options, rooted, full_text, summary, divergence)
+        known = {len(prefix): len(prefix_text)}
+        divergence = _diagnosed(renderer, request.messages, options, known, *sides)
+        return replace(root, divergence=divergence)
     chain_text = renderer.decode(parent_token_ids)
     exact_text = _exact_prefix_text(renderer, prefix, options, prefix_text, raw_outputs)
     trailer = exact_text[len(chain_text) :]
     if not exact_text.startswith(chain_text) or not prefix_text.endswith(trailer):
         rooted = decision.rooted(RootReason.RENDERED_HISTORY_DIFFERS)
         sides = _history_sides(renderer, parent_token_ids, chain_text, exact_text, prefix_text)
-        divergence = _diagnosed(renderer, request.messages, options, *sides)
+        known = {len(prefix): len(prefix_text)}
+        divergence = _diagnosed(renderer, request.messages, options, known, *sides)
         return _root(renderer, options, rooted, full_text, summary, divergence)
     suffix = renderer.encode(trailer + full_text[len(prefix_text) :])
     return PromptPlan(
@@ -306,42 +317,77 @@ def _diagnosed(
     renderer: Renderer,
     messages: Sequence[Mapping[str, Any]],
     options: RenderOptions,
+    known: Mapping[int, int],
     parent: Side,
     request: Side,
 ) -> Divergence:
-    """The divergence of two sides; a rendering's ids are its encoding (no special tokens)."""
+    """The divergence of two sides. A rendering's ids are the encoding (no special tokens) of its
+    text up to :data:`_ENCODED_PAST` characters past the point where the sides part: enough for
+    the token window after it, and the cost grows with the point's position, not the context's
+    length. ``known`` maps message counts to the length of their rendering, where the caller
+    rendered them already."""
+    at = common_prefix_length(parent.text, request.text)
     parent, request = (
-        side if side.token_ids else replace(side, token_ids=tuple(renderer.encode(side.text)))
+        side
+        if side.token_ids
+        else replace(side, token_ids=tuple(renderer.encode(side.text[: at + _ENCODED_PAST])))
         for side in (parent, request)
     )
-    at = common_prefix_length(parent.text, request.text)
-    index = _message_at(renderer, messages, options, at)
+    index = _message_at(renderer, messages, options, at, len(request.text), known)
     return diagnose(parent, request, message_index=index, decode=renderer.decode)
 
 
 def _message_at(
-    renderer: Renderer, messages: Sequence[Mapping[str, Any]], options: RenderOptions, at: int
+    renderer: Renderer,
+    messages: Sequence[Mapping[str, Any]],
+    options: RenderOptions,
+    at: int,
+    rendered_length: int,
+    known: Mapping[int, int],
 ) -> int:
     """The message whose rendering holds character ``at``: the last ``i`` whose first ``i``
-    messages render (without a generation prompt) to at most ``at`` characters. A binary search:
-    O(log n) renders."""
+    messages render (without a generation prompt) to at most ``at`` characters.
+
+    The search starts from a guess, the message where the messages' JSON sizes reach the point's
+    share of ``rendered_length`` (a rendering of about all of them), then gallops away from it
+    and halves: two renders when the guess is right (fewer where ``known`` has the length of a
+    rendering), O(log n) otherwise.
+    """
 
     def starts_by(count: int) -> bool:
-        if count == 0:
+        if count <= 0:
             return True
+        if count in known:
+            return known[count] <= at
         try:
             text = renderer.render(messages[:count], options, add_generation_prompt=False)
         except RenderError:
             return False
         return len(text) <= at
 
-    lo, hi = 0, len(messages)
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
+    sizes = list(itertools.accumulate(len(json.dumps(m, default=str)) for m in messages))
+    share = at / max(rendered_length, 1) * (sizes[-1] if sizes else 0)
+    guess = min(bisect.bisect_right(sizes, share), len(messages))
+    if starts_by(guess):  # gallop up from the guess
+        lo, step = guess, 1
+        while True:
+            hi = min(lo + step, len(messages) + 1)
+            if hi > len(messages) or not starts_by(hi):
+                break
+            lo, step = hi, step * 2
+    else:  # gallop down from it
+        hi, step = guess, 1
+        while True:
+            lo = max(hi - step, 0)
+            if starts_by(lo):
+                break
+            hi, step = lo, step * 2
+    while hi - lo > 1:  # messages[:lo] fit within the point, messages[:hi] do not
+        mid = (lo + hi) // 2
         if starts_by(mid):
             lo = mid
         else:
-            hi = mid - 1
+            hi = mid
     return min(lo, max(len(messages) - 1, 0))
 
 

@@ -17,7 +17,16 @@ from capture.splice import RawOutput, plan_call, plan_prompt
 from ledger.admission import DecisionKind, RootReason
 from tests.fixtures.templates import TURN_MARKING_TEMPLATE, turn_mark
 
-from .test_splice import FOLLOW_UP, SYSTEM, TASK, Parent, answered_root, decide_for, plan_next
+from .test_splice import (
+    FOLLOW_UP,
+    SYSTEM,
+    TASK,
+    Parent,
+    answered_root,
+    committed_root,
+    decide_for,
+    plan_next,
+)
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +59,33 @@ def test_stripped_reasoning_is_diagnosed_at_the_parents_output_message(
     assert divergence.parent.texts[divergence.parent.offset - divergence.parent.start] == "<think>"
     request = divergence.request
     assert "".join(request.texts[request.offset - request.start :]).startswith("Sunny.")
+
+
+def test_stripped_reasoning_after_a_long_history_is_diagnosed_at_the_last_output(
+    stripping_renderer: Renderer, options: RenderOptions
+) -> None:
+    turns = [
+        message
+        for i in range(10)
+        for message in (
+            {"role": "user", "content": f"Question {i}?"},
+            {"role": "assistant", "content": f"Answer {i}."},
+        )
+    ]
+    output = {"role": "assistant", "reasoning_content": "look outside", "content": "Sunny."}
+    parent = committed_root(
+        stripping_renderer,
+        options,
+        generated=stripping_renderer.encode("<think>look outside</think>Sunny.<|im_end|>"),
+        output=output,
+        request=(SYSTEM, *turns, TASK),
+    )
+    _, plan = plan_next(stripping_renderer, options, parent, FOLLOW_UP)
+    assert plan.divergence is not None
+    assert (plan.divergence.message_index, plan.divergence.cause) == (
+        22,  # system, ten questions and answers, the task, then the parent's output
+        Cause.STRIPPED_REASONING,
+    )
 
 
 def test_a_changed_system_prompt_is_diagnosed_at_message_zero(

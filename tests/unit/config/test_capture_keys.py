@@ -14,28 +14,17 @@ import logging
 from pathlib import Path
 
 import pytest
-from transformers import AutoTokenizer
 
-from grove.jobs.models import save_embedded_model
-from tests.fixtures.templates import TURN_MARKING_TEMPLATE
+from tests.fixtures.templates import save_turn_marking_model
 from tests.unit.config.runs import train
 
 HARNESS = "tests.unit.config.conversation_harness:converse"
 
 
-def turn_marking_model(directory: Path) -> Path:
-    """The embedded model saved at ``directory`` with the turn-marking template."""
-    save_embedded_model(directory)
-    tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
-    tokenizer.chat_template = TURN_MARKING_TEMPLATE
-    tokenizer.save_pretrained(directory)
-    return directory
-
-
 def test_token_capture_strict_refuses_the_calls_the_template_cannot_continue(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    model = turn_marking_model(tmp_path / "turn-marking")
+    model = save_turn_marking_model(tmp_path / "turn-marking")
     conversation = {
         "model": {"path": str(model)},
         "harness": {"target": HARNESS, "options": {"calls": 3}},
