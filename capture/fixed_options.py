@@ -68,36 +68,31 @@ def fixed_options(options: RenderOptions, chat_template: str) -> dict[str, Any]:
 def check_fixed_options(fixed: Mapping[str, Any], attempt: AttemptState) -> None:
     """Refuse a call whose fixed options are not its attempt's: the model and template against
     ``attempt.opened``, the rest against the first call's record (when it has one)."""
+    for option, got, expected, fixed_by in _attempt_values(fixed, attempt):
+        if got != expected:
+            raise AttemptOptionsChangedError(attempt.capture_key, option, got, expected, fixed_by)
+
+
+def _attempt_values(
+    fixed: Mapping[str, Any], attempt: AttemptState
+) -> list[tuple[str, Any, Any, str]]:
+    """(option, the call's value, the attempt's value, what fixed it) for each fixed option the
+    attempt has a value for, in the order they are checked."""
+    values = []
     opened = attempt.opened
     if opened is not None:
-        if fixed["model"] != opened.model_fingerprint:
-            raise AttemptOptionsChangedError(
-                attempt.capture_key,
-                "model",
-                fixed["model"],
-                opened.model_fingerprint,
-                "attempt.opened model_fingerprint",
-            )
-        if fixed["chat_template_sha256"] != opened.template_fingerprint:
-            raise AttemptOptionsChangedError(
-                attempt.capture_key,
+        values += [
+            ("model", fixed["model"], opened.model_fingerprint, "attempt.opened model_fingerprint"),
+            (
                 "chat template (sha256 of its text)",
                 fixed["chat_template_sha256"],
                 opened.template_fingerprint,
                 "attempt.opened template_fingerprint",
-            )
-    first = next(iter(attempt.calls.values()), None)
-    if first is None:
-        return  # the attempt's first call fixes the rest
-    recorded = first.intended.admission.get(FIXED_OPTIONS_KEY)
-    if not isinstance(recorded, Mapping):
-        return  # a first call recorded before intents kept this record
-    for name in _RECORDED:
-        if fixed.get(name) != recorded.get(name):
-            raise AttemptOptionsChangedError(
-                attempt.capture_key,
-                name,
-                fixed.get(name),
-                recorded.get(name),
-                f"its first call {first.intended.call_id}",
-            )
+            ),
+        ]
+    first = next(iter(attempt.calls.values()), None)  # None: this call fixes the rest
+    recorded = None if first is None else first.intended.admission.get(FIXED_OPTIONS_KEY)
+    if first is not None and isinstance(recorded, Mapping):  # older intents lack the record
+        by = f"its first call {first.call_id}"
+        values += [(name, fixed.get(name), recorded.get(name), by) for name in _RECORDED]
+    return values

@@ -45,15 +45,14 @@ def test_trimmed_whitespace_around_an_output_is_changed_content():
     assert cause(parent, request) is Cause.CHANGED_CONTENT
 
 
-def test_the_parents_reasoning_missing_from_the_request_is_stripped_reasoning():
+@pytest.mark.parametrize(
+    "request_output",
+    ["Sunny.<|im_end|>\n<|im_start|>user\nAnd tomorrow?", "<think></think>Sunny.<|im_end|>\n"],
+    ids=["dropped", "emptied"],
+)
+def test_the_parents_reasoning_missing_from_the_request_is_stripped_reasoning(request_output):
     parent = "<|im_start|>assistant\n<think>look outside</think>Sunny.<|im_end|>\n"
-    request = "<|im_start|>assistant\nSunny.<|im_end|>\n<|im_start|>user\nAnd tomorrow?"
-    assert cause(parent, request) is Cause.STRIPPED_REASONING
-
-
-def test_reasoning_emptied_inside_its_block_is_stripped_reasoning():
-    parent = "<|im_start|>assistant\n<think>look outside</think>Sunny.<|im_end|>\n"
-    request = "<|im_start|>assistant\n<think></think>Sunny.<|im_end|>\n"
+    request = "<|im_start|>assistant\n" + request_output
     assert cause(parent, request) is Cause.STRIPPED_REASONING
 
 

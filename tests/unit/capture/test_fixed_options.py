@@ -14,44 +14,20 @@ from capture.embedded import CHATML_TEMPLATE, EMBEDDED_MODEL_NAME
 from capture.errors import AttemptOptionsChangedError
 from capture.fixed_options import FIXED_OPTIONS_KEY, check_fixed_options, fixed_options
 from capture.render import RenderOptions
-from ledger.attempt import AttemptState, fold_attempt
-from ledger.events import AttemptOpened, CallIntended, ReplaySummary
+from ledger.attempt import AttemptState
+from tests.fixtures.attempts import attempt_state, intended
 
 OPTIONS = RenderOptions(model=EMBEDDED_MODEL_NAME, template_kwargs={"enable_thinking": True})
 TEMPLATE_SHA = hashlib.sha256(CHATML_TEMPLATE.encode()).hexdigest()
-SUMMARY = ReplaySummary(
-    normalization_version=3,
-    item_count=1,
-    source_digest="a" * 64,
-    canonical_source_digest="a" * 64,
-    render_options_digest="b" * 64,
-)
 
 
 def attempt(*first_call: dict[str, Any]) -> AttemptState:
     """Attempt ``att-1`` opened on the embedded model and template, with a first call whose
     intent records ``first_call[0]`` as its fixed options (none: no call yet)."""
-    opened = AttemptOpened(
-        capture_key="att-1",
-        rollout_id="r0",
-        prompt_group="g0",
-        rollout_index=0,
-        policy_version=0,
-        model_fingerprint=EMBEDDED_MODEL_NAME,
-        template_fingerprint=TEMPLATE_SHA,
+    calls = [intended("c0", "first_call", {FIXED_OPTIONS_KEY: record}) for record in first_call]
+    return attempt_state(
+        "att-1", *calls, model_fingerprint=EMBEDDED_MODEL_NAME, template_fingerprint=TEMPLATE_SHA
     )
-    calls = [
-        CallIntended(
-            call_id="c0",
-            decision="root",
-            root_reason="first_call",
-            replay_summary=SUMMARY,
-            prompt_tokens=3,
-            admission={FIXED_OPTIONS_KEY: record},
-        )
-        for record in first_call
-    ]
-    return fold_attempt("att-1", [opened, *calls])
 
 
 def fixed(**changes: Any) -> dict[str, Any]:

@@ -4,41 +4,13 @@ the warning when more than half of the step's calls are unexplained roots."""
 from __future__ import annotations
 
 from grove.jobs.roots import UNEXPLAINED_ROOTS, RootCounts, count_roots
-from ledger.attempt import AttemptState, fold_attempt
-from ledger.events import AttemptOpened, CallIntended, ReplaySummary
-
-SUMMARY = ReplaySummary(
-    normalization_version=3,
-    item_count=1,
-    source_digest="a" * 64,
-    canonical_source_digest="a" * 64,
-    render_options_digest="b" * 64,
-)
+from ledger.attempt import AttemptState
+from tests.fixtures.attempts import attempt_state, intended
 
 
 def attempt(key: str, *reasons: str | None) -> AttemptState:
     """An attempt whose calls, in order, are roots with ``reasons`` (None: a continuation)."""
-    opened = AttemptOpened(
-        capture_key=key,
-        rollout_id=key,
-        prompt_group="g0",
-        rollout_index=0,
-        policy_version=0,
-        model_fingerprint="m",
-        template_fingerprint="t",
-    )
-    calls = [
-        CallIntended(
-            call_id=f"c{i}",
-            decision="root" if reason else "continuation",
-            parent_call_id=None if reason else f"c{i - 1}",
-            root_reason=reason,
-            replay_summary=SUMMARY,
-            prompt_tokens=3,
-        )
-        for i, reason in enumerate(reasons)
-    ]
-    return fold_attempt(key, [opened, *calls])
+    return attempt_state(key, *(intended(f"c{i}", reason) for i, reason in enumerate(reasons)))
 
 
 def test_roots_are_counted_by_their_recorded_reason():
