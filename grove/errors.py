@@ -18,7 +18,8 @@ The command line prints any of them as one ``error: …`` line, without a trace,
 :func:`exit_status`: 75 (``EX_TEMPFAIL`` of ``sysexits.h``) when a service Grove needs did not
 answer — the ledger database, the blob store, the inference server — so the same command may
 succeed later unchanged; 1 for every other error, which needs a change (input, configuration,
-data) before running again. Usage errors exit 2 and signals 128 + the signal number.
+data) before running again. Usage errors exit 2; ``grove serve`` stopped by SIGTERM exits 143
+(docs/reliability.md, "Errors and exit statuses").
 """
 
 from __future__ import annotations

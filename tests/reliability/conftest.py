@@ -1,5 +1,6 @@
 """Fixtures of the reliability suites: an in-process capture service on a real ledger and blob
-store (``lab``), and the figures file every suite reports into (``figures``).
+store (``capture``), and the figures file every suite reports into (``figures``: a scratch file
+unless the run asks for ``tests/reliability/figures.json``).
 
 The crash and concurrency suites run the gateway and the training worker as real processes
 (``processes.py``); the tamper and bad-input suites drive the same components in this process.
@@ -7,6 +8,7 @@ The crash and concurrency suites run the gateway and the training worker as real
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
@@ -22,7 +24,7 @@ from ledger.attempt import AttemptLog
 from ledger.store import EventStore
 from storage import open_blob_store
 
-from .figures import FiguresFile
+from .figures import FiguresFile, figures_path
 
 MODEL = "grove/embedded-tiny"
 
@@ -63,6 +65,7 @@ def capture(tmp_path: Path) -> Iterator[CaptureService]:
 
 
 @pytest.fixture(scope="session")
-def figures() -> FiguresFile:
-    """The suite's figures file (``tests/reliability/figures.json``), shared by xdist workers."""
-    return FiguresFile(Path(__file__).with_name("figures.json"))
+def figures(tmp_path_factory: pytest.TempPathFactory) -> FiguresFile:
+    """The suites' figures file: ``tests/reliability/figures.json`` (shared by xdist workers) when
+    the run asks for it with ``GROVE_RELIABILITY_FIGURES=1``, else a scratch file of this run."""
+    return FiguresFile(figures_path(os.environ, tmp_path_factory.getbasetemp()))

@@ -1,9 +1,12 @@
 """The reliability figures: each test records its counts under its own section of one JSON file.
 
-Sections are merged under an exclusive file lock, so parallel test processes (xdist) can report
-into the same file. ``python -m tests.reliability.figures [--write docs/reliability.md]`` sums the
-sections per suite (the first part of a section's name) and prints the Markdown tables, or writes
-them between the ``<!-- figures -->`` markers of the document.
+A test run writes them into the repository's ``tests/reliability/figures.json`` only on request
+(``GROVE_RELIABILITY_FIGURES=1``); otherwise into a scratch file of the run, so that running the
+tests changes no tracked file (:func:`figures_path`). Sections are merged under an exclusive file
+lock, so parallel test processes (xdist) can report into the same file.
+``python -m tests.reliability.figures [--write docs/reliability.md]`` sums the sections per suite
+(the first part of a section's name) and prints the Markdown tables, or writes them between the
+``<!-- figures -->`` markers of the document.
 """
 
 from __future__ import annotations
@@ -17,10 +20,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FiguresFile", "markdown", "totals"]
+__all__ = ["DEFAULT", "REQUEST_ENV", "FiguresFile", "figures_path", "markdown", "totals"]
 
 BEGIN, END = "<!-- figures -->", "<!-- /figures -->"
 DEFAULT = Path(__file__).with_name("figures.json")
+REQUEST_ENV = "GROVE_RELIABILITY_FIGURES"
+
+
+def figures_path(environ: Mapping[str, str], scratch: Path) -> Path:
+    """Where a test run records its figures: :data:`DEFAULT` when ``environ`` asks for them
+    (``GROVE_RELIABILITY_FIGURES=1``), else ``figures.json`` in the run's ``scratch`` directory."""
+    if environ.get(REQUEST_ENV) == "1":
+        return DEFAULT
+    return scratch / "figures.json"
 
 
 class FiguresFile:

@@ -20,7 +20,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.context import ForkServerContext
 from pathlib import Path
@@ -150,10 +150,13 @@ class Launcher:
         process.start()
         return Child(name, process, log)
 
-    def gateway(self, workspace: Workspace, *, crash: str | None = None) -> Child:
-        """``grove serve`` on a free port, forked, with ``crash`` armed; returns once it answers."""
+    def gateway(
+        self, workspace: Workspace, *, crash: str | None = None, options: Sequence[str] = ()
+    ) -> Child:
+        """``grove serve`` on a free port with ``options`` (e.g. ``--auth-token``), forked, with
+        ``crash`` armed; returns once it answers."""
         port = free_port()
-        argv = ["serve", "--port", str(port), *_workspace_args(workspace)]
+        argv = ["serve", "--port", str(port), *_workspace_args(workspace), *options]
         child = self._fork("gateway", argv, crash)
         return _ready(child, f"http://127.0.0.1:{port}")
 

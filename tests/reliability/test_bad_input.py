@@ -1,9 +1,8 @@
 """Bad input: no request, payload or admission input makes Grove fail in any but the documented
 way, and a refusal writes nothing.
 
-- The gateway's OpenAPI schema drives schemathesis: every operation gets generated requests
-  (half of them naming an open attempt, so that they get past the attempt checks): no answer is a
-  5xx, and an answer in the 4xx wrote no event and no blob.
+- The gateway's OpenAPI schema drives schemathesis over real HTTP against ``grove serve``:
+  ``test_gateway_fuzz.py``.
 - Event payloads: random JSON, and mutations of real payloads, validated (``validate_payload``),
   appended (``EventStore.append`` of a ``model_construct`` model) and imported
   (``EventStore.import_events``) on SQLite and PostgreSQL: recorded whole, or a ``LedgerError``
@@ -20,15 +19,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from hypothesis.errors import Unsatisfiable
-from schemathesis import GenerationMode
 
-from capture.gateway import CAPTURE_KEY_HEADER, create_app
-from capture.lifecycle import CaptureService
-from grove.jobs.serve import LedgerSelector
 from ledger.admission import (
     AdmissionError,
     AdmissionIndex,
@@ -43,7 +36,7 @@ from ledger.errors import LedgerError
 from ledger.events import CATALOG, CallFailed, event_class, validate_payload
 from ledger.store import EventStore, ImportEvent
 
-from .conftest import MODEL, capture_service
+from .conftest import capture_service
 from .figures import FiguresFile
 from .rollouts import play
 from .test_tamper import caught_up, fresh_projector, publish_all
@@ -58,77 +51,6 @@ FUZZ = settings(
         HealthCheck.filter_too_much,
     ],
 )
-
-# -- the gateway's schema --------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def gateway_capture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CaptureService]:
-    """A capture service with one open attempt (``att-1``) that has one committed call."""
-    directory = tmp_path_factory.mktemp("schemathesis")
-    capture = capture_service(f"sqlite:///{directory / 'ledger.db'}", str(directory / "blobs"))
-    play(capture, "att-0", group="g0", index=0, turns=1, select=True)
-    capture.open_attempt("att-1", rollout_id="r1", prompt_group="g1", rollout_index=0)
-    try:
-        yield capture
-    finally:
-        capture.log.store.close()
-
-
-@pytest.fixture(scope="module")
-def gateway_schema(gateway_capture: CaptureService) -> Any:
-    """The gateway's OpenAPI schema, served in process (a small context keeps generations short)."""
-    app = create_app(gateway_capture, selector=LedgerSelector(), model_name=MODEL, max_context=48)
-    return schemathesis.openapi.from_asgi("/openapi.json", app)
-
-
-KNOWN = {"capture_key": "att-1", "call_id": "t0"}
-
-
-def requests(operation: Any, mode: GenerationMode) -> st.SearchStrategy:
-    """Requests for ``operation``: free, or naming the open attempt (and its call) where the
-    operation takes one, so that they get past the attempt checks."""
-    names = {p.name for p in operation.iter_parameters()}
-    pinned = operation.as_strategy(
-        mode,
-        headers={CAPTURE_KEY_HEADER: "att-1"} if CAPTURE_KEY_HEADER in names else None,
-        path_parameters={k: v for k, v in KNOWN.items() if k in names} or None,
-    )
-    return st.one_of(operation.as_strategy(mode), pinned)
-
-
-@pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
-def test_no_request_gets_a_server_error_and_a_refusal_writes_nothing(
-    gateway_schema: Any, gateway_capture: CaptureService, mode: GenerationMode, figures: FiguresFile
-):
-    store, blobs = gateway_capture.log.store, gateway_capture.blobs
-    answers: Counter[str] = Counter()
-    for result in gateway_schema.get_all_operations():
-        operation = result.ok()
-
-        @settings(FUZZ, max_examples=30)
-        @given(case=requests(operation, mode))
-        def check(case: schemathesis.Case) -> None:
-            before = (store.count(), len(blobs.list_keys()))
-            response = case.call()
-            answers[f"status_{response.status_code // 100}xx"] += 1
-            assert response.status_code < 500, response.text
-            if response.status_code >= 400:
-                answers["refusals_checked_for_writes"] += 1
-                assert (store.count(), len(blobs.list_keys())) == before, response.text
-
-        try:
-            check()
-        except Unsatisfiable:  # nothing to make invalid (e.g. GET /health has no input)
-            assert mode is GenerationMode.NEGATIVE
-            continue
-        answers["operations"] += 1
-    answers["cases"] = sum(v for k, v in answers.items() if k.startswith("status_"))
-    figures.record(
-        f"bad-input/schemathesis-{mode.value}",
-        {"schemathesis": schemathesis.SCHEMATHESIS_VERSION, **answers},
-    )
-
 
 # -- event payloads --------------------------------------------------------------------------
 
