@@ -402,14 +402,16 @@ TWO_GROUPS_HALF_BUDGET = {
 """Two groups a step, of which one may be dropped."""
 
 
-def _failing(directory: Path, *tasks: dict) -> dict:
-    """The drop harness (``tests/e2e/drop_harness.py``) on ``tasks`` in file order."""
+def _failing_run(directory: Path, tasks: tuple[dict, ...], **rollout_failure: object) -> Run:
+    """One step of two groups (one may be dropped) of the drop harness
+    (``tests/e2e/drop_harness.py``) on ``tasks`` in file order, with ``rollout_failure`` keys."""
     directory.mkdir(parents=True, exist_ok=True)
-    path = write_tasks(directory / "failing.jsonl", tasks)
-    return {
-        "harness": {"target": "tests.e2e.drop_harness:play"},
-        "data": {"path": str(path), "shuffle": False},
+    failing = {
+        "harness": {"target": "tests.e2e.drop_harness:play", "options": {"slow_s": 10.0}},
+        "data": {"path": str(write_tasks(directory / "failing.jsonl", tasks)), "shuffle": False},
+        "async_rl": {"rollout_failure": rollout_failure},
     }
+    return train(directory, TWO_GROUPS_HALF_BUDGET, failing, steps=1)
 
 
 @pytest.mark.slow
@@ -417,15 +419,9 @@ def test_rollout_timeout_s_abandons_a_rollout_whose_harness_has_not_returned_in_
     tmp_path: Path,
 ) -> None:
     # rollout 1 of the second task takes 10 s to return, the others well under 5 s
-    slow = _failing(tmp_path, {"prompt": "red"}, {"prompt": "gold", "slow": [1]})
-    slow["harness"]["options"] = {"slow_s": 10.0}
-
-    def run(directory: Path, timeout_s: float) -> Run:
-        timeout = {"async_rl": {"rollout_failure": {"rollout_timeout_s": timeout_s}}}
-        return train(directory, slow, TWO_GROUPS_HALF_BUDGET, timeout, steps=1)
-
-    impatient = run(tmp_path / "impatient", 5.0)
-    patient = run(tmp_path / "patient", 60.0)
+    slow = ({"prompt": "red"}, {"prompt": "gold", "slow": [1]})
+    impatient = _failing_run(tmp_path / "impatient", slow, rollout_timeout_s=5.0)
+    patient = _failing_run(tmp_path / "patient", slow, rollout_timeout_s=60.0)
 
     (cut,) = impatient.metrics()
     assert (cut["logical_rollouts"], cut["dropped_prompt_groups/rollout_timeout"]) == (2.0, 1.0)
@@ -441,14 +437,8 @@ def test_max_replacement_groups_replaces_a_dropped_group_before_the_step_trains(
     # the second task's rollout 1 raises; replacement 0 of step 0 plays task 2 (blue)
     tasks = ({"prompt": "red"}, {"prompt": "gold", "raise": [1]}, {"prompt": "blue"}, TASKS[1])
     assert replacement_task(len(tasks), seed=0, step=0, index=0) == 2
-    failing = _failing(tmp_path, *tasks)
-
-    def run(directory: Path, replacements: int) -> Run:
-        budget = {"async_rl": {"rollout_failure": {"max_replacement_groups": replacements}}}
-        return train(directory, failing, TWO_GROUPS_HALF_BUDGET, budget, steps=1)
-
-    shrunk = run(tmp_path / "none", 0)
-    replaced = run(tmp_path / "one", 1)
+    shrunk = _failing_run(tmp_path / "none", tasks, max_replacement_groups=0)
+    replaced = _failing_run(tmp_path / "one", tasks, max_replacement_groups=1)
 
     (small,) = shrunk.metrics()
     assert (small["logical_rollouts"], small["replacement_groups"]) == (2.0, 0.0)
