@@ -9,11 +9,11 @@ under the next key, ``…-a1``.
 
 A rollout that fails — its harness raises, returns no finite reward, or its result is refused —
 or whose harness has not returned its result ``async_rl.rollout_failure.rollout_timeout_s`` after
-it started, is abandoned (``grove.jobs.abandonment``): its prompt group is dropped
-(``harness_failed``, ``rollout_timeout``), the run goes on. A timed-out harness is not waited for:
-its thread is left to unwind (its calls are refused once admissions close) and whatever it returns
-is never posted. Errors that are not the harness's (the ledger, the gateway refusing to open an
-attempt) and ``KeyboardInterrupt`` stop the run.
+its attempt opened (the harness starts then), is abandoned (``grove.jobs.abandonment``): its
+prompt group is dropped (``harness_failed``, ``rollout_timeout``), the run goes on. A timed-out
+harness is not waited for: its thread is left to unwind (its calls are refused once admissions
+close) and whatever it returns is never posted. Errors that are not the harness's (the ledger,
+the gateway refusing to open an attempt) and ``KeyboardInterrupt`` stop the run.
 
 Replacement ``k`` of step ``s`` (``async_rl.rollout_failure.max_replacement_groups``) is group
 ``g = N + k``, where ``N`` is ``grpo.num_prompts_per_step``: the attempt ``{run}-s{s}-g{N+k}-r{r}``,
@@ -97,7 +97,7 @@ class _Slot:
     the scheduler when the deadline passes first. So a result is posted in time, or never."""
 
     spec: RolloutSpec
-    deadline: float
+    deadline: float = float("inf")  # set by the thread once the attempt is open
     state: str = _PLAYING
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -217,12 +217,11 @@ class StepPlayer:
             while waiting or running:
                 while waiting and len(running) < config.harness.concurrency:
                     spec = waiting.popleft()
-                    deadline = time.monotonic() + timeout if timeout else float("inf")
-                    slot = _Slot(spec, deadline)
+                    slot = _Slot(spec)
                     running.add(slot)
                     threading.Thread(
                         target=self._play_one,
-                        args=(grove, slot, done),
+                        args=(grove, slot, timeout, done),
                         name=f"rollout {spec.rollout_id}",
                         daemon=True,  # a hung harness never keeps the process alive
                     ).start()
@@ -245,7 +244,7 @@ class StepPlayer:
                 if error is not None:
                     raise error
                 if failure is not None:
-                    failures.append(self._abandon(slot.spec, DropReason.HARNESS_FAILED, failure))
+                    failures += self._abandon(slot.spec, DropReason.HARNESS_FAILED, failure)
                 advance()
         now = time.monotonic()
         for slot in [s for s in running if s.deadline <= now]:
@@ -258,17 +257,22 @@ class StepPlayer:
                 f"rollout {slot.spec.rollout_id}: the harness did not return its result within "
                 f"{timeout:g} s (async_rl.rollout_failure.rollout_timeout_s)"
             )
-            failures.append(self._abandon(slot.spec, DropReason.ROLLOUT_TIMEOUT, detail))
+            failures += self._abandon(slot.spec, DropReason.ROLLOUT_TIMEOUT, detail)
             advance()
         return failures
 
-    def _abandon(self, spec: RolloutSpec, reason: DropReason, detail: str) -> RolloutFailure:
-        """Abandon the rollout's attempt (``grove.jobs.abandonment``)."""
-        abandon_attempt(self.log, spec.capture_key, reason)
-        return RolloutFailure(spec.rollout_id, spec.prompt_group, reason, detail)
+    def _abandon(self, spec: RolloutSpec, reason: DropReason, detail: str) -> list[RolloutFailure]:
+        """Abandon the rollout's attempt (``grove.jobs.abandonment``); nothing when its result
+        was recorded after all (a post that failed on the way back)."""
+        if not abandon_attempt(self.log, spec.capture_key, reason):
+            return []
+        return [RolloutFailure(spec.rollout_id, spec.prompt_group, reason, detail)]
 
-    def _play_one(self, grove: GroveClient, slot: _Slot, done: queue.Queue[_Done]) -> None:
-        """A rollout's thread: open the attempt, run the harness, post its result in time."""
+    def _play_one(
+        self, grove: GroveClient, slot: _Slot, timeout: float | None, done: queue.Queue[_Done]
+    ) -> None:
+        """A rollout's thread: open the attempt, run the harness (its ``timeout`` counts from
+        here), post its result in time."""
         spec = slot.spec
         config = self.config
         try:
@@ -278,6 +282,8 @@ class StepPlayer:
                 forest_mode=config.token_capture.forest_training,
                 selection_policy=config.token_capture.selection_policy,
             )
+            if timeout is not None:
+                slot.deadline = time.monotonic() + timeout
             result = run_harness(attempt, self.harness, spec, config.harness.options)
             if slot.claim(_POSTING):
                 post_result(attempt, spec, result)
