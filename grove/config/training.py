@@ -231,9 +231,9 @@ class RolloutFailureConfig(Section):
 
     rollout_timeout_s: float | None = Field(default=None, gt=0.0, le=604_800.0)
     """Backstop for a hung rollout, not a deadline per model call: a rollout whose harness has not
-    returned its result this many seconds after it started (an external attempt: after the run
-    first saw it open) is abandoned and its prompt group dropped (``rollout_timeout``); ``None``:
-    no backstop."""
+    returned its result this many seconds after its attempt opened (an external attempt: after
+    the run first saw it open) is abandoned and its prompt group dropped (``rollout_timeout``);
+    ``None``: no backstop."""
 
     max_replacement_groups: int = Field(default=0, ge=0, le=1_000_000)
     """Per step, how many dropped prompt groups an in-process harness replaces with freshly
