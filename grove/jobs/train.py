@@ -11,6 +11,9 @@ Rollouts come from an in-process harness (``harness.target: module:function``), 
 ``grpo.num_prompts_per_step`` tasks of the task file per step, ``grpo.num_generations_per_prompt``
 rollouts each; or from agents anywhere (``harness.target: external``), which open attempts on the
 gateway themselves — the run then trains on complete prompt groups in the order they complete.
+A group whose rollout failed, hung or was masked too often, or whose calls lag in policy version,
+is dropped; an in-process step replaces a few and otherwise shrinks under its drop budget
+(``grove.jobs.step_batches``; ``docs/forest.md``, "Failures and drops").
 
 ``--resume`` continues the latest run (or ``--run``) from its last checkpoint: the trainer's state
 is restored bitwise, a step's tasks and rollout seeds depend only on the configuration and the
