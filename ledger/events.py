@@ -298,6 +298,9 @@ class BatchPublished(Event):
     row_ids: tuple[str, ...]
     padding_row_ids: tuple[str, ...] = ()
     ledger_position: LedgerPosition
+    dropped_rollout_ids: tuple[str, ...] = ()
+    """The rollouts of the complete prompt groups dropped at this step: final, never trained
+    (their staging blobs may go; ``training/cleanup.py``). Older events read as none."""
 
 
 @_register

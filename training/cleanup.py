@@ -6,14 +6,16 @@ decision on the attempt is final, training needs only the selected calls of a pu
 trainable rollout: a restarted trainer rebuilds the published step from those blobs, and
 ``grove replay --verify`` and ``grove show`` read them. The rule (``plan_cleanup``, pure):
 
-- **final**: finalized masked (no row of it ever trains), or finalized trainable and published
-  (``batch.published`` names its rollout). A trainable rollout not yet published, and an attempt
-  not yet settled, selected and finalized, keep every blob they name.
+- **final**: finalized masked (no row of it ever trains), finalized in a prompt group dropped at
+  a published step (``batch.published`` names it among ``dropped_rollout_ids``: it never trains
+  either), or finalized trainable and published (``batch.published`` names its rollout). A
+  trainable rollout neither published nor dropped, and an attempt not yet settled, selected and
+  finalized, keep every blob they name.
 - **kept**: the selected calls' blobs of a published, trainable rollout. Nothing else is kept.
 - **removed at once** (of a final attempt): every other blob a ``call.committed`` names — rejected
-  resamples, abandoned branches, every call of a masked rollout, commits recorded after the
-  attempt settled (late) — since its writer is done; and the partition's **orphans**, stored
-  keys that no event names and no waiting call may still write.
+  resamples, abandoned branches, every call of a masked or dropped rollout, commits recorded
+  after the attempt settled (late) — since its writer is done; and the partition's **orphans**,
+  stored keys that no event names and no waiting call may still write.
 - **waiting**: the keys of calls that are pending, or failed without a commit (a failure does not
   acknowledge a worker's writes). Only the attempt's **teardown** removes them, once it settled
   ``window_s`` ago (``token_capture.pending_call_timeout_s``; at once when it has no such call).
@@ -56,6 +58,7 @@ logger = logging.getLogger(__name__)
 
 _MASKED = "masked"  # CleanupPlan.final: finalized masked, no row of it ever trains
 _PUBLISHED = "published"  # CleanupPlan.final: finalized trainable, and published
+_DROPPED = "dropped"  # CleanupPlan.final: finalized in a prompt group dropped at a published step
 
 
 @dataclass(frozen=True)
@@ -89,13 +92,15 @@ def _waiting_keys(state: AttemptState) -> set[str]:
     }
 
 
-def _final(state: AttemptState, published: bool) -> str | None:
+def _final(state: AttemptState, published: bool, dropped: bool) -> str | None:
     """Why the attempt's decision is final, or None (not settled, selected and finalized; or
-    trainable and not yet published)."""
+    trainable and neither published nor dropped)."""
     if state.settled is None or state.selection is None or state.finalized is None:
         return None
     if not state.finalized.trainable:
         return _MASKED
+    if dropped:
+        return _DROPPED
     return _PUBLISHED if published else None
 
 
@@ -106,10 +111,12 @@ def plan_cleanup(
     published: bool,
     settled_for_s: float | None,
     window_s: float,
+    dropped: bool = False,
 ) -> CleanupPlan:
     """Which of ``stored`` (the keys listed under the attempt's partition) may go now.
 
-    ``published``: a ``batch.published`` names the attempt's rollout. ``settled_for_s``: seconds
+    ``published``: a ``batch.published`` names the attempt's rollout; ``dropped``: one names it
+    among the rollouts of the prompt groups it dropped. ``settled_for_s``: seconds
     since ``attempt.settled`` was recorded (None: not settled). ``window_s``: how long a settled
     attempt's waiting calls keep their blobs. An attempt that is not final loses only orphans.
     """
@@ -118,7 +125,7 @@ def plan_cleanup(
     named_keys = set(named.values())
     waiting = _waiting_keys(state) - named_keys
     orphans = stored_keys - named_keys - waiting
-    final = _final(state, published)
+    final = _final(state, published, dropped)
     keep: set[str] = set()
     remove = set(orphans)
     teardown = False
@@ -182,12 +189,14 @@ def clean_attempt(
     dry_run: bool = False,
     now: datetime | None = None,
     stored: Iterable[str] | None = None,
+    dropped_rollouts: Container[str] = frozenset(),
 ) -> AttemptCleanup:
     """Apply ``plan_cleanup`` to one attempt, then record ``attempt.cleaned`` with the keys
     removed. Deletes are exact (``delete_blobs``, which refuses waiting keys); a partition with
     nothing kept, once past its wait, is torn down whole (temporary files too).
 
-    ``published_rollouts``: the rollout ids a ``batch.published`` names. ``stored``: the
+    ``published_rollouts``: the rollout ids a ``batch.published`` names; ``dropped_rollouts``
+    those it names as rollouts of dropped prompt groups. ``stored``: the
     partition's keys, when the caller listed them before reading the ledger (else listed here,
     first: a blob is written after its call's intent, so every listed blob's call is known).
     An attempt the ledger does not know is all orphans, and no event is recorded for it.
@@ -195,10 +204,12 @@ def clean_attempt(
     listed = list(stored) if stored is not None else blobs.list_keys(staging_prefix(capture_key))
     events = store.read_stream(capture_key)
     state = fold_attempt(capture_key, (e.decode() for e in events))
+    rollout_id = None if state.opened is None else state.opened.rollout_id
     plan = plan_cleanup(
         state,
         listed,
-        published=state.opened is not None and state.opened.rollout_id in published_rollouts,
+        published=rollout_id is not None and rollout_id in published_rollouts,
+        dropped=rollout_id is not None and rollout_id in dropped_rollouts,
         settled_for_s=_settled_for_s(events, now or datetime.now(UTC)),
         window_s=window_s,
     )
@@ -267,6 +278,7 @@ def _clean_each(
     report: CleanupReport,
     *,
     published_rollouts: Container[str],
+    dropped_rollouts: Container[str],
     window_s: float,
     now: datetime | None = None,
 ) -> CleanupReport:
@@ -277,6 +289,7 @@ def _clean_each(
                 blobs,
                 capture_key,
                 published_rollouts=published_rollouts,
+                dropped_rollouts=dropped_rollouts,
                 window_s=window_s,
                 dry_run=report.dry_run,
                 now=now,
@@ -294,14 +307,17 @@ def clean_step(
     store: EventStore, blobs: BlobStore, published: PublishedBatch, *, window_s: float
 ) -> CleanupReport:
     """Clean the attempts of a step ``grove train`` just trained: each rollout of the batch is
-    published, trainable or masked. A store failure leaves the attempt for ``grove gc`` (logged,
-    and in ``failed``): training goes on."""
+    published, trainable or masked, and each rollout of a prompt group the step dropped is final
+    too. A store failure leaves the attempt for ``grove gc`` (logged, and in ``failed``):
+    training goes on."""
+    rollouts = (*published.rollouts, *published.dropped_rollouts)
     return _clean_each(
         store,
         blobs,
-        [(rollout.capture_key, None) for rollout in published.rollouts],
+        [(rollout.capture_key, None) for rollout in rollouts],
         CleanupReport(),
         published_rollouts={rollout.rollout_id for rollout in published.rollouts},
+        dropped_rollouts={rollout.rollout_id for rollout in published.dropped_rollouts},
         window_s=window_s,
     )
 
@@ -309,17 +325,25 @@ def clean_step(
 def published_rollouts(store: EventStore, wait_s: float = 5.0) -> set[str]:
     """Every rollout id a ``batch.published`` names, on any training stream (one ledger scan).
     A step published behind the reader's horizon is missed: its attempts then keep more."""
+    return _batch_rollouts(store, wait_s)[0]
+
+
+def _batch_rollouts(store: EventStore, wait_s: float) -> tuple[set[str], set[str]]:
+    """The rollout ids every ``batch.published`` names: those it trains, and those of the prompt
+    groups it dropped (one ledger scan, after waiting up to ``wait_s`` for the horizon)."""
     store.wait_for_horizon(wait_s)
-    mark, rollouts = LedgerPosition(position=0), set()
+    mark, trained, dropped = LedgerPosition(position=0), set(), set()
     while True:
         batch = store.read_after(mark, 1000)
         if not batch.events:
-            return rollouts
+            return trained, dropped
         for stored in batch.events:
             if stored.event_type == BatchPublished.type:
                 event = stored.decode()
-                assert isinstance(event, BatchPublished)
-                rollouts.update(event.rollout_ids)
+                if not isinstance(event, BatchPublished):
+                    raise TypeError(f"event {stored.position} decoded as {type(event).__name__}")
+                trained.update(event.rollout_ids)
+                dropped.update(event.dropped_rollout_ids)
         mark = batch.mark
 
 
@@ -342,12 +366,14 @@ def collect_garbage(
         capture_key = capture_key_of(key)
         if capture_key is not None:
             by_attempt.setdefault(capture_key, []).append(key)
+    trained, dropped = _batch_rollouts(store, 5.0)
     return _clean_each(
         store,
         blobs,
         sorted(by_attempt.items()),
         CleanupReport(dry_run=dry_run),
-        published_rollouts=published_rollouts(store),
+        published_rollouts=trained,
+        dropped_rollouts=dropped,
         window_s=window_s,
         now=now,
     )

@@ -144,6 +144,7 @@ class PublishedBatch:
     position: LedgerPosition
     rebuilt: bool
     dropped: tuple[GroupDecision, ...] = ()
+    dropped_rollouts: tuple[FinalizedRollout, ...] = ()
 
     @property
     def outcomes(self) -> list[RolloutOutcome]:
@@ -429,6 +430,7 @@ class Projector:
             ),
             padding_row_ids=tuple(f"step-{step}/pad-{i}" for i in range(batch.num_padding_rows)),
             ledger_position=progress.mark,
+            dropped_rollout_ids=tuple(r.rollout_id for r in self._members(dropped)),
         )
         try:
             self.store.append(self.settings.training_stream, [event], expected_version=step)
@@ -439,8 +441,19 @@ class Projector:
         progress.published_rollouts.update(event.rollout_ids)
         self._count_drops(step, dropped)
         return PublishedBatch(
-            step, batch, tuple(rollouts), progress.mark, rebuilt=False, dropped=dropped
+            step,
+            batch,
+            tuple(rollouts),
+            progress.mark,
+            rebuilt=False,
+            dropped=dropped,
+            dropped_rollouts=self._members(dropped),
         )
+
+    def _members(self, decisions: Sequence[GroupDecision]) -> tuple[FinalizedRollout, ...]:
+        """The finalized rollouts of the groups ``decisions`` name, group by group."""
+        progress = self._progress
+        return tuple(progress.finalized[r] for d in decisions for r in progress.groups[d.group_id])
 
     def _chosen(
         self, step: int, groups: Sequence[str] | None, dropped: set[str]
@@ -482,6 +495,7 @@ class Projector:
             event.ledger_position,
             True,
             self._progress.drops[event.step],
+            self._members(self._progress.drops[event.step]),
         )
 
     def assemble(self, rollouts: Sequence[FinalizedRollout]) -> TrainingBatch:

@@ -20,6 +20,8 @@ from grove.workspace import Workspace
 from ledger.attempt import AttemptLog, AttemptState
 from ledger.events import BatchPublished
 from ledger.store import EventStore
+from storage import open_blob_store
+from storage.keys import staging_prefix
 from tests.unit.config.runs import merged
 from training.errors import BatchError
 from training.forest import MaskReason
@@ -190,6 +192,31 @@ def test_a_group_below_min_valid_fraction_is_left_out_of_the_batch(tmp_path: Pat
     assert metrics["dropped_prompt_groups/below_min_valid_fraction"] == 1.0
     assert (metrics["forest/rows"], metrics["forest/masked_rows"]) == (2.0, 0.0)
     assert _published_groups(tmp_path) == [[f"{RUN}-s0-g0"]]
+
+
+def test_a_dropped_groups_staging_blobs_are_removed_after_the_step_selected_ones_included(
+    tmp_path: Path,
+) -> None:
+    half_masked = {"prompt": "Name a fox.", "rewrite": [0]}
+    strict = {"token_capture": {"min_valid_fraction_per_group": 1.0}}
+    _train(tmp_path, _drop_config(tmp_path, [OK, half_masked], _fraction(0.5), strict))
+
+    verified = _attempt(tmp_path, f"{RUN}-s0-g1-r1")  # trainable, in the dropped group
+    assert verified.finalized is not None and verified.finalized.trainable
+    blobs = open_blob_store(Workspace.resolve(tmp_path / "work").blob_url)
+    for rollout in ("r0", "r1"):
+        key = f"{RUN}-s0-g1-{rollout}"
+        committed = sorted(c.committed.blob_key for c in _attempt(tmp_path, key).calls.values())
+        assert blobs.list_keys(staging_prefix(key)) == []
+        assert sorted(_attempt(tmp_path, key).cleaned_keys) == committed
+    assert blobs.list_keys(staging_prefix(f"{RUN}-s0-g0-r1")) != []  # trained: selected kept
+    store = EventStore.open(Workspace.resolve(tmp_path / "work").database_url)
+    try:
+        (published,) = [s.decode() for s in store.read_stream(f"training-{RUN}")]
+    finally:
+        store.close()
+    assert isinstance(published, BatchPublished)
+    assert published.dropped_rollout_ids == (f"{RUN}-s0-g1-r0", f"{RUN}-s0-g1-r1")
 
 
 def _replacing(directory: Path, *overrides: dict, interrupt: bool = False) -> dict:

@@ -128,14 +128,16 @@ class Ledger:
                 ),
             )
 
-    def publish(self, *rollout_ids: str) -> None:
-        """Publish the next step of the ``training`` stream with ``rollout_ids``."""
+    def publish(self, *rollout_ids: str, dropped: tuple[str, ...] = ()) -> None:
+        """Publish the next step of the ``training`` stream with ``rollout_ids``, and the
+        rollouts of the prompt groups it dropped (``dropped``)."""
         step = self.store.stream_version("training")
         event = BatchPublished(
             step=step,
             rollout_ids=rollout_ids,
             row_ids=tuple(f"{r}/0" for r in rollout_ids),
             ledger_position=LedgerPosition(position=0),
+            dropped_rollout_ids=dropped,
         )
         self.store.append("training", [event], expected_version=step)
 
@@ -267,6 +269,22 @@ def test_gc_removes_orphans_and_finished_attempts_blobs_and_keeps_selected_and_p
     assert (report.kept, report.waiting) == (1, 1)
     assert ledger.blobs.list_keys("staging/") == [in_flight, keys["c1"]]
     assert ledger.store.stream_version("never-opened") == 0  # no event for an unknown attempt
+
+
+def test_gc_removes_every_blob_of_a_trainable_rollout_whose_group_a_published_step_dropped(
+    ledger,
+):
+    ledger.open("a-drop")
+    keys = [ledger.call("a-drop", c) for c in ("c1", "c2")]
+    ledger.finish("a-drop", ("c1", "c2"), trainable=True)
+    assert collect_garbage(ledger.store, ledger.blobs, window_s=0.0).removed == []  # may train
+
+    ledger.publish("a-trained", dropped=("a-drop",))
+    report = collect_garbage(ledger.store, ledger.blobs, window_s=0.0)
+
+    assert (sorted(report.removed), report.kept) == (keys, 0)
+    assert ledger.cleaned("a-drop") == tuple(keys)
+    assert ledger.blobs.list_keys("staging/") == []
 
 
 def test_gc_on_a_crashed_writers_partition_removes_its_blob_only_after_the_settle_window(ledger):

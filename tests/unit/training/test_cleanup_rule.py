@@ -125,10 +125,19 @@ def _attempt(
 
 
 def _plan(
-    state: AttemptState, *, published: bool = True, settled_for_s: float | None = 1.0
+    state: AttemptState,
+    *,
+    published: bool = True,
+    dropped: bool = False,
+    settled_for_s: float | None = 1.0,
 ) -> CleanupPlan:
     return plan_cleanup(
-        state, STORED, published=published, settled_for_s=settled_for_s, window_s=300.0
+        state,
+        STORED,
+        published=published,
+        dropped=dropped,
+        settled_for_s=settled_for_s,
+        window_s=300.0,
     )
 
 
@@ -162,6 +171,17 @@ def test_a_masked_rollout_loses_every_committed_blob_selected_ones_included():
 
     assert (plan.final, plan.keep, plan.remove, plan.waiting) == (
         "masked",
+        (),
+        (C1, C2, ZZ),
+        (C3, C4),
+    )
+
+
+def test_a_trainable_rollout_of_a_dropped_group_loses_every_committed_blob_selected_ones_included():
+    plan = _plan(_attempt(), published=False, dropped=True)
+
+    assert (plan.final, plan.keep, plan.remove, plan.waiting) == (
+        "dropped",
         (),
         (C1, C2, ZZ),
         (C3, C4),
