@@ -45,6 +45,7 @@ from ledger.events import (
     RolloutFinalized,
     RolloutSelected,
 )
+from ledger.lifecycle import CallFacts, LifecycleFacts, contradiction_entry, lifecycle_violation
 from ledger.store import ANY_VERSION, EventStore, NewEvent, validate_stream_id
 
 __all__ = [
@@ -107,8 +108,9 @@ class AttemptState:
 
     ``contradictions`` lists, in stream order, the events that break the lifecycle rules and
     were left out of the state: ``AttemptLog`` never writes them, but a writer that appends
-    straight to the store can (a call intended, committed or failed twice, a commit or failure
-    of a call never intended, a second selection or finalization). The first event stands; a
+    straight to the store can (an event before the attempt was opened, a call intended,
+    committed or failed twice, a commit or failure of a call never intended, a second selection,
+    a finalization without a selection or a second one). The first event stands; a
     rollout whose attempt holds any contradiction never trains.
     """
 
@@ -138,40 +140,31 @@ class AttemptState:
         )
 
 
-def _contradiction(state: AttemptState, event: Event) -> str | None:
-    """Why ``event`` cannot follow ``state`` under the lifecycle rules; None when it can."""
-    if isinstance(event, AttemptOpened):
-        return "the attempt is already open" if state.opened is not None else None
-    if isinstance(event, CallIntended):
-        return "the call is already intended" if event.call_id in state.calls else None
-    if isinstance(event, CallCommitted | CallFailed):
-        call = state.calls.get(event.call_id)
-        if call is None:
-            return "the call was never intended"
-        if call.failure is not None and isinstance(event, CallFailed):
-            return "the call already failed"
-        if isinstance(event, CallCommitted):
-            if call.committed is not None:
-                return "the call is already committed"
-            if call.status is CallStatus.FAILED:
-                return "the call already failed"
-            if event.parent_call_id != call.parent_call_id:
-                return f"the intent names parent {call.parent_call_id}"
-        return None
-    if isinstance(event, RolloutSelected):
-        return "the rollout is already selected" if state.selection is not None else None
-    if isinstance(event, RolloutFinalized):
-        return "the rollout is already finalized" if state.finalized is not None else None
-    return None
+def _facts(state: AttemptState, event: Event) -> LifecycleFacts:
+    call_id = getattr(event, "call_id", None)
+    call = state.calls.get(call_id) if isinstance(call_id, str) else None
+    return LifecycleFacts(
+        opened=state.opened is not None,
+        call=None
+        if call is None
+        else CallFacts(
+            parent_call_id=call.parent_call_id,
+            committed=call.committed is not None,
+            failed=call.status is CallStatus.FAILED,
+            has_failure=call.failure is not None,
+        ),
+        selected=state.selection is not None,
+        finalized=state.finalized is not None,
+    )
 
 
 def _apply(state: AttemptState, event: Event) -> AttemptState:
     calls = state.calls
-    why = _contradiction(state, event)
+    why = lifecycle_violation(_facts(state, event), event)
     if why is not None:
-        subject = getattr(event, "call_id", None)
-        what = event.type + (f" of call {subject}" if subject else "")
-        return replace(state, contradictions=(*state.contradictions, f"{what}: {why}"))
+        return replace(
+            state, contradictions=(*state.contradictions, contradiction_entry(event, why))
+        )
     if isinstance(event, AttemptOpened):
         return replace(state, opened=event)
     if isinstance(event, CallIntended):

@@ -33,7 +33,9 @@ __all__ = [
     "PROJ_ATTEMPTS",
     "PROJ_CALLS",
     "PROJ_CHECKPOINTS",
+    "PROJ_CONTRADICTIONS",
     "PROJ_ROLLOUTS",
+    "PROJ_STREAMS",
     "JsonType",
     "PositionType",
 ]
@@ -155,4 +157,24 @@ PROJ_ROLLOUTS = Table(
     Index(None, "rollout_id"),
 )
 
-PROJECTION_TABLES = (PROJ_ATTEMPTS, PROJ_CALLS, PROJ_ROLLOUTS)
+# The events of each stream folded into the projections: its last stream version folded.
+PROJ_STREAMS = Table(
+    "grove_proj_streams",
+    METADATA,
+    Column("stream_id", String(200), primary_key=True),
+    Column("version", Integer, nullable=False),
+)
+
+# Events the lifecycle rules leave out of an attempt (``AttemptState.contradictions``).
+PROJ_CONTRADICTIONS = Table(
+    "grove_proj_contradictions",
+    METADATA,
+    Column("capture_key", String(200), primary_key=True),
+    Column("stream_version", Integer, primary_key=True),
+    Column("position", BigInteger, nullable=False),
+    Column("event_type", String(64), nullable=False),
+    Column("call_id", String(200), nullable=True),
+    Column("contradiction", String, nullable=False),
+)
+
+PROJECTION_TABLES = (PROJ_ATTEMPTS, PROJ_CALLS, PROJ_ROLLOUTS, PROJ_CONTRADICTIONS)

@@ -24,12 +24,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
-from sqlalchemy import Engine, Row, Select, exc, func, select
+from sqlalchemy import Connection, Engine, Row, Select, exc, func, select
 
 from ledger.database import autocommit, dialect_of, open_engine, translate_errors
 from ledger.errors import EventIdConflict, ImportConflict, StreamIdError, WrongExpectedVersion
 from ledger.events import Event, LedgerPosition, validate_payload
 from ledger.postgres import PostgresBackend
+from ledger.projecting import Folded, project_appended
 from ledger.schema import EVENTS
 from ledger.sqlite import SqliteBackend
 from ledger.upcasting import decode_payload, upcast
@@ -157,8 +158,11 @@ def _prepare(item: Event | NewEvent) -> tuple[str, Event, dict[str, Any]]:
 class EventStore:
     """The ledger's event store over one SQLAlchemy engine (SQLite or PostgreSQL)."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, *, project_inline: bool = True) -> None:
         self.engine = engine
+        # Fold each append into the projection tables in its own transaction (docs/sql.md);
+        # off only to measure what that costs (bench/ledger_append.py).
+        self.project_inline = project_inline
         self.url = engine.url.render_as_string(hide_password=True)
         self.backend = PostgresBackend() if dialect_of(engine) == "postgresql" else SqliteBackend()
 
@@ -207,6 +211,8 @@ class EventStore:
                 try:
                     with self.engine.begin() as conn:
                         landed = self.backend.insert_rows(conn, rows, expected)
+                        if landed is not None and self.project_inline:
+                            self._project(conn, stream_id, prepared, landed)
                 except exc.IntegrityError:
                     # A racing writer took our version or an event id is recorded: decide
                     # from the committed state (the next round succeeds or raises precisely).
@@ -224,6 +230,19 @@ class EventStore:
                 if recorded is not None:
                     return recorded
         raise AssertionError("unreachable")
+
+    @staticmethod
+    def _project(
+        conn: Connection, stream_id: str, prepared: list[Prepared], landed: Sequence[Row]
+    ) -> None:
+        by_id = {row.event_id: row for row in landed}
+        project_appended(
+            conn,
+            [
+                Folded(stream_id, by_id[i].stream_version, by_id[i].position, event)
+                for i, event, _ in prepared
+            ],
+        )
 
     def _recorded_or_raise(
         self, stream_id: str, prepared: list[Prepared], expected_version: int

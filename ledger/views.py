@@ -3,7 +3,9 @@
 ``grove_calls``: one row per call with its attempt's rollout identity, status, selection and
 policy version (the committed call's, else the intended one's).
 ``grove_call_lineage``: each call with itself (depth 0) and every ancestor (depth 1 = its parent).
-``grove_rollouts``: one row per selected attempt with its decision and training step.
+``grove_rollouts``: one row per selected attempt with its decision, training step and how many
+contradictions its attempt holds (a rollout with any never trains).
+``grove_contradictions``: each event the lifecycle rules left out of an attempt, and why.
 ``docs/sql.md`` is the cookbook of queries over them.
 
 These are the definitions of the head revision: the newest migration that touches the views
@@ -44,9 +46,17 @@ VIEWS: dict[str, str] = {
                r.policy, r.reward, r.terminal_response_id, r.selected_calls, r.status,
                r.masked_reason, r.rows, r.step,
                (SELECT COUNT(*) FROM grove_proj_calls c WHERE c.capture_key = r.capture_key)
-                   AS captured_calls
+                   AS captured_calls,
+               (SELECT COUNT(*) FROM grove_proj_contradictions x
+                 WHERE x.capture_key = r.capture_key) AS contradictions
         FROM grove_proj_rollouts r
         JOIN grove_proj_attempts a ON a.capture_key = r.capture_key
+    """,
+    "grove_contradictions": """
+        SELECT x.capture_key, a.rollout_id, x.stream_version, x.position, x.event_type,
+               x.call_id, x.contradiction
+        FROM grove_proj_contradictions x
+        LEFT JOIN grove_proj_attempts a ON a.capture_key = x.capture_key
     """,
 }
 

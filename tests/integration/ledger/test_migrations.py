@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import create_engine, inspect, text
 
 from ledger import migrate
+from ledger.database import open_engine
 from ledger.errors import AppendOnlyViolation, SchemaNotReady
 from ledger.store import EventStore
 
@@ -24,8 +25,10 @@ TABLES = {
     "grove_proj_attempts",
     "grove_proj_calls",
     "grove_proj_rollouts",
+    "grove_proj_streams",
+    "grove_proj_contradictions",
 }
-VIEWS = {"grove_calls", "grove_call_lineage", "grove_rollouts"}
+VIEWS = {"grove_calls", "grove_call_lineage", "grove_rollouts", "grove_contradictions"}
 
 
 def test_upgrade_head_on_an_empty_database_creates_tables_and_views(database_url: str):
@@ -98,7 +101,7 @@ def test_grove_db_upgrade_then_status_reports_revision_events_and_projections(tm
     report = json.loads(status.stdout)
     assert report["head_revision"] == report["current_revision"] == migrate.head_revision()
     assert report["events"] == 0
-    assert set(report["projections"]) == {"attempts", "calls", "rollouts"}
+    assert set(report["projections"]) == {"attempts", "calls", "rollouts", "contradictions"}
 
 
 def test_grove_db_status_on_postgres_takes_the_database_url(ledger_url: str):
@@ -115,7 +118,7 @@ def _view_columns(url: str, view: str) -> list[str]:
 def test_upgrade_from_0002_adds_the_policy_version_and_keeps_the_ledger(database_url: str):
     migrate.upgrade(database_url, "0002")
     assert "policy_version" not in _view_columns(database_url, "grove_calls")
-    store = EventStore.open(database_url)
+    store = EventStore(open_engine(database_url), project_inline=False)  # a writer of 0002
     try:
         store.append("att-1", [opened("att-1")])
         migrate.upgrade(database_url, "head")
@@ -133,10 +136,10 @@ def test_downgrade_to_0002_restores_its_views_and_drops_the_column(ledger_url: s
     migrate.downgrade(ledger_url, "0002")
     inspector = inspect(create_engine(ledger_url))
     assert "policy_version" not in [c["name"] for c in inspector.get_columns("grove_proj_calls")]
-    assert set(inspector.get_view_names()) == VIEWS
+    assert set(inspector.get_view_names()) == VIEWS - {"grove_contradictions"}
     assert "policy_version" not in _view_columns(ledger_url, "grove_calls")
     assert "policy_version" in _view_columns(ledger_url, "grove_rollouts")  # the attempt's
-    store = EventStore.open(ledger_url)
+    store = EventStore(open_engine(ledger_url), project_inline=False)  # a writer of 0002
     try:
         store.append("att-1", [opened("att-1")])
         with pytest.raises(AppendOnlyViolation):

@@ -1,0 +1,457 @@
+"""Folding events into the projection tables, inside the transaction that appends them.
+
+``project_appended`` runs in ``EventStore.append``'s transaction, so the lineage views are
+current when an append returns (``docs/sql.md``). Each stream's last folded version is kept in
+``grove_proj_streams``; an append moves it by compare-and-set from the version just before its
+first event and folds its events with one small indexed statement each. When the stream's earlier
+events were never folded (a ledger upgraded from before inline projection, imported events, a
+rebuild under way), the missing ones are read from the event table and folded first: a stream is
+always folded whole and in order, by whichever transaction gets there first.
+
+The rows follow the attempt fold's rules (``ledger.lifecycle.lifecycle_violation``): the first
+open, intent, commit, selection and finalization stand, and an event the rules leave out is
+recorded in ``grove_proj_contradictions`` with the fold's own words, never raised. Each
+statement applies an event only when the rows allow it; when it changes nothing, the rows are
+read into ``LifecycleFacts`` and the fold's rule says why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import Connection, case, insert, literal, select, update
+from sqlalchemy.dialects.postgresql import insert as postgres_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.sql.dml import Insert
+
+from ledger.events import (
+    AdmissionsClosed,
+    AttemptCleaned,
+    AttemptOpened,
+    AttemptSettled,
+    BatchPublished,
+    CallCommitted,
+    CallFailed,
+    CallIntended,
+    Event,
+    RolloutFinalized,
+    RolloutSelected,
+)
+from ledger.lifecycle import (
+    ATTEMPT_EVENTS,
+    CallFacts,
+    LifecycleFacts,
+    contradiction_entry,
+    lifecycle_violation,
+)
+from ledger.schema import (
+    EVENTS,
+    PROJ_ATTEMPTS,
+    PROJ_CALLS,
+    PROJ_CONTRADICTIONS,
+    PROJ_ROLLOUTS,
+    PROJ_STREAMS,
+)
+from ledger.upcasting import decode_payload
+
+__all__ = ["Folded", "fold_stream", "project_appended"]
+
+
+@dataclass(frozen=True)
+class Folded:
+    """One event to fold, with where it landed."""
+
+    stream_id: str
+    stream_version: int
+    position: int
+    event: Event
+
+
+Applier = Callable[[Connection, Folded], bool]
+"""Applies an event to the rows; False when the rows did not allow it (nothing changed)."""
+
+
+def _dialect_insert(conn: Connection):
+    return postgres_insert if conn.dialect.name == "postgresql" else sqlite_insert
+
+
+def _inserted(conn: Connection, statement: Insert) -> bool:
+    """Whether an ``INSERT … ON CONFLICT DO NOTHING`` wrote its row (PostgreSQL's driver gives
+    no row count for it, so the row is returned)."""
+    table = statement.table
+    return conn.execute(statement.returning(*table.primary_key)).first() is not None
+
+
+# -- attempts ------------------------------------------------------------------------------------
+
+
+def _opened(conn: Connection, item: Folded) -> bool:
+    event = item.event
+    assert isinstance(event, AttemptOpened)
+    statement = (
+        _dialect_insert(conn)(PROJ_ATTEMPTS)
+        .values(
+            capture_key=item.stream_id,
+            rollout_id=event.rollout_id,
+            prompt_group=event.prompt_group,
+            rollout_index=event.rollout_index,
+            policy_version=event.policy_version,
+            forest_mode=event.forest_mode,
+            selection_policy=event.selection_policy,
+            admissions_closed=False,
+            settled=False,
+            settle_timed_out=False,
+            cleaned=False,
+            opened_position=item.position,
+        )
+        .on_conflict_do_nothing()
+    )
+    return _inserted(conn, statement)
+
+
+def _attempt_update(values: Callable[[Event], dict[str, object]]) -> Applier:
+    def apply(conn: Connection, item: Folded) -> bool:
+        statement = (
+            update(PROJ_ATTEMPTS)
+            .where(PROJ_ATTEMPTS.c.capture_key == item.stream_id)
+            .values(**values(item.event))
+        )
+        return conn.execute(statement).rowcount == 1
+
+    return apply
+
+
+def _cleaned(conn: Connection, item: Folded) -> bool:
+    # Keys of an attempt never opened may be cleaned too: nothing to show, nothing contradicted.
+    _attempt_update(lambda _: {"cleaned": True})(conn, item)
+    return True
+
+
+# -- calls ---------------------------------------------------------------------------------------
+
+
+def _call_key(item: Folded, call_id: str):
+    return (PROJ_CALLS.c.capture_key == item.stream_id) & (PROJ_CALLS.c.call_id == call_id)
+
+
+def _intended(conn: Connection, item: Folded) -> bool:
+    event = item.event
+    assert isinstance(event, CallIntended)
+    # Taken from the attempt's row: no row (never opened), no call.
+    source = select(
+        PROJ_ATTEMPTS.c.capture_key,
+        literal(event.call_id),
+        literal(event.parent_call_id),
+        literal(event.decision),
+        literal(event.root_reason),
+        literal("pending"),
+        literal(False),
+        literal(event.prompt_tokens),
+        literal(item.position),
+        literal(event.policy_version),
+    ).where(PROJ_ATTEMPTS.c.capture_key == item.stream_id)
+    columns = [
+        "capture_key",
+        "call_id",
+        "parent_call_id",
+        "decision",
+        "root_reason",
+        "status",
+        "late",
+        "prompt_tokens",
+        "intended_position",
+        "policy_version",
+    ]
+    statement = (
+        _dialect_insert(conn)(PROJ_CALLS).from_select(columns, source).on_conflict_do_nothing()
+    )
+    return _inserted(conn, statement)
+
+
+def _committed(conn: Connection, item: Folded) -> bool:
+    event = item.event
+    assert isinstance(event, CallCommitted)
+    settled = (
+        select(PROJ_ATTEMPTS.c.settled)
+        .where(PROJ_ATTEMPTS.c.capture_key == item.stream_id)
+        .scalar_subquery()
+    )
+    # The generation's policy version replaces the one intended; a commit that does not say
+    # (an engine that does not know, an older event) keeps the intended one.
+    version = {} if event.policy_version is None else {"policy_version": event.policy_version}
+    statement = (
+        update(PROJ_CALLS)
+        .where(
+            _call_key(item, event.call_id),
+            PROJ_CALLS.c.status == "pending",
+            PROJ_CALLS.c.parent_call_id.is_not_distinct_from(event.parent_call_id),
+        )
+        .values(
+            **version,
+            status="committed",
+            late=settled,
+            prev_len=event.prev_len,
+            delta_len=event.delta_len,
+            cum_len=event.cum_len,
+            generated_len=event.generated_len,
+            blob_key=event.blob_key,
+            blob_sha256=event.blob_sha256,
+            blob_bytes=event.blob_bytes,
+            finish_reason=event.finish_reason,
+            response_id=event.response_id,
+            resolved_position=item.position,
+        )
+    )
+    return conn.execute(statement).rowcount == 1
+
+
+def _failed(conn: Connection, item: Folded) -> bool:
+    # A failure recorded after a commit (the request ended after the blob was acknowledged, say)
+    # keeps the call committed; the reason is still shown.
+    event = item.event
+    assert isinstance(event, CallFailed)
+    pending = PROJ_CALLS.c.status == "pending"
+    statement = (
+        update(PROJ_CALLS)
+        .where(_call_key(item, event.call_id), PROJ_CALLS.c.failure_reason.is_(None))
+        .values(
+            failure_reason=event.reason,
+            failure_detail=event.detail,
+            status=case((pending, "failed"), else_=PROJ_CALLS.c.status),
+            resolved_position=case((pending, item.position), else_=PROJ_CALLS.c.resolved_position),
+        )
+    )
+    return conn.execute(statement).rowcount == 1
+
+
+# -- rollouts ------------------------------------------------------------------------------------
+
+
+def _selected(conn: Connection, item: Folded) -> bool:
+    event = item.event
+    assert isinstance(event, RolloutSelected)
+    source = select(
+        PROJ_ATTEMPTS.c.capture_key,
+        PROJ_ATTEMPTS.c.rollout_id,
+        PROJ_ATTEMPTS.c.prompt_group,
+        literal(event.policy),
+        literal(event.reward),
+        literal(event.terminal_response_id),
+        literal(len(event.call_ids)),
+        literal("selected"),
+        literal(item.position),
+    ).where(PROJ_ATTEMPTS.c.capture_key == item.stream_id)
+    columns = [
+        "capture_key",
+        "rollout_id",
+        "prompt_group",
+        "policy",
+        "reward",
+        "terminal_response_id",
+        "selected_calls",
+        "status",
+        "selected_position",
+    ]
+    statement = (
+        _dialect_insert(conn)(PROJ_ROLLOUTS).from_select(columns, source).on_conflict_do_nothing()
+    )
+    if not _inserted(conn, statement):
+        return False
+    indexes = {call_id: index for index, call_id in enumerate(event.call_ids)}
+    if indexes:
+        conn.execute(
+            update(PROJ_CALLS)
+            .where(
+                PROJ_CALLS.c.capture_key == item.stream_id,
+                PROJ_CALLS.c.call_id.in_(list(indexes)),
+            )
+            .values(selection_index=case(indexes, value=PROJ_CALLS.c.call_id))
+        )
+    return True
+
+
+def _finalized(conn: Connection, item: Folded) -> bool:
+    event = item.event
+    assert isinstance(event, RolloutFinalized)
+    statement = (
+        update(PROJ_ROLLOUTS)
+        .where(PROJ_ROLLOUTS.c.capture_key == item.stream_id, PROJ_ROLLOUTS.c.status == "selected")
+        .values(
+            status="trainable" if event.trainable else "masked",
+            masked_reason=event.masked_reason,
+            rows=len(event.paths),
+        )
+    )
+    return conn.execute(statement).rowcount == 1
+
+
+def _published(conn: Connection, item: Folded) -> bool:
+    event = item.event
+    assert isinstance(event, BatchPublished)
+    conn.execute(
+        update(PROJ_ROLLOUTS)
+        .where(
+            PROJ_ROLLOUTS.c.rollout_id.in_(event.rollout_ids),
+            PROJ_ROLLOUTS.c.status == "trainable",
+        )
+        .values(step=event.step)
+    )
+    return True
+
+
+APPLIERS: dict[str, Applier] = {
+    AttemptOpened.type: _opened,
+    AdmissionsClosed.type: _attempt_update(lambda _: {"admissions_closed": True}),
+    AttemptSettled.type: _attempt_update(
+        lambda e: {"settled": True, "admissions_closed": True, "settle_timed_out": e.timed_out}
+    ),
+    AttemptCleaned.type: _cleaned,
+    CallIntended.type: _intended,
+    CallCommitted.type: _committed,
+    CallFailed.type: _failed,
+    RolloutSelected.type: _selected,
+    RolloutFinalized.type: _finalized,
+    BatchPublished.type: _published,
+}
+
+# -- contradictions ------------------------------------------------------------------------------
+
+
+def _facts(conn: Connection, item: Folded) -> LifecycleFacts:
+    """The lifecycle facts of the event's attempt, read from the projection rows."""
+    key = item.stream_id
+    opened = conn.execute(
+        select(PROJ_ATTEMPTS.c.capture_key).where(PROJ_ATTEMPTS.c.capture_key == key)
+    ).first()
+    if opened is None:
+        return LifecycleFacts(opened=False)
+    rollout = conn.execute(
+        select(PROJ_ROLLOUTS.c.status).where(PROJ_ROLLOUTS.c.capture_key == key)
+    ).first()
+    call_id = getattr(item.event, "call_id", None)
+    call = None
+    if isinstance(call_id, str):
+        row = conn.execute(
+            select(
+                PROJ_CALLS.c.parent_call_id, PROJ_CALLS.c.status, PROJ_CALLS.c.failure_reason
+            ).where(_call_key(item, call_id))
+        ).first()
+        if row is not None:
+            call = CallFacts(
+                parent_call_id=row.parent_call_id,
+                committed=row.status == "committed",
+                failed=row.status == "failed",
+                has_failure=row.failure_reason is not None,
+            )
+    return LifecycleFacts(
+        opened=True,
+        call=call,
+        selected=rollout is not None,
+        finalized=rollout is not None and rollout.status != "selected",
+    )
+
+
+def _contradiction_row(item: Folded, facts: LifecycleFacts) -> dict[str, object]:
+    why = lifecycle_violation(facts, item.event) or "the projection rows do not allow it"
+    return {
+        "capture_key": item.stream_id,
+        "stream_version": item.stream_version,
+        "position": item.position,
+        "event_type": item.event.type,
+        "call_id": getattr(item.event, "call_id", None),
+        "contradiction": contradiction_entry(item.event, why),
+    }
+
+
+def _fold(conn: Connection, items: Sequence[Folded]) -> None:
+    """Apply one stream's events in order; record those the rules leave out, in one insert.
+
+    Once the stream is known not to be an opened attempt, its attempt events are contradictions
+    without another statement (a stream of other events costs one read, not one per event).
+    """
+    contradictions: list[dict[str, object]] = []
+    never_opened = False
+    for item in items:
+        event = item.event
+        if never_opened and isinstance(event, ATTEMPT_EVENTS):
+            contradictions.append(_contradiction_row(item, LifecycleFacts(opened=False)))
+            continue
+        apply = APPLIERS.get(event.type)
+        if apply is None or apply(conn, item):
+            never_opened = never_opened and not isinstance(event, AttemptOpened)
+            continue
+        facts = _facts(conn, item)
+        never_opened = not facts.opened
+        contradictions.append(_contradiction_row(item, facts))
+    if contradictions:
+        conn.execute(insert(PROJ_CONTRADICTIONS), contradictions)
+
+
+# -- streams -------------------------------------------------------------------------------------
+
+
+def fold_stream(conn: Connection, stream_id: str, known: Sequence[Folded] = ()) -> None:
+    """Fold the stream's events not folded yet, up to its last event visible in ``conn``'s
+    transaction, taking ``known`` (read already, in version order) instead of reading them."""
+    conn.execute(
+        _dialect_insert(conn)(PROJ_STREAMS)
+        .values(stream_id=stream_id, version=0)
+        .on_conflict_do_nothing()
+    )
+    mark = select(PROJ_STREAMS.c.version).where(PROJ_STREAMS.c.stream_id == stream_id)
+    if conn.dialect.name == "postgresql":
+        mark = mark.with_for_update()
+    folded = conn.execute(mark).scalar_one()
+    pending = [item for item in known if item.stream_version > folded]
+    if known and not pending:
+        return  # another transaction folded them first
+    first_known = pending[0].stream_version if pending else None
+    query = (
+        select(EVENTS)
+        .where(EVENTS.c.stream_id == stream_id, EVENTS.c.stream_version > folded)
+        .order_by(EVENTS.c.stream_version)
+    )
+    if first_known is not None:
+        query = query.where(EVENTS.c.stream_version < first_known)
+    read = [
+        Folded(
+            stream_id,
+            row.stream_version,
+            row.position,
+            decode_payload(row.event_type, row.schema_version, row.payload),
+        )
+        for row in conn.execute(query)
+    ]
+    items = read + pending
+    if not items:
+        return
+    _fold(conn, items)
+    conn.execute(
+        update(PROJ_STREAMS)
+        .where(PROJ_STREAMS.c.stream_id == stream_id)
+        .values(version=items[-1].stream_version)
+    )
+
+
+def project_appended(conn: Connection, items: Sequence[Folded]) -> None:
+    """Fold one append's events (one stream, in version order) in the append's transaction."""
+    stream_id = items[0].stream_id
+    first, last = items[0].stream_version, items[-1].stream_version
+    if first == 1:
+        claim = (
+            _dialect_insert(conn)(PROJ_STREAMS)
+            .values(stream_id=stream_id, version=last)
+            .on_conflict_do_nothing()
+        )
+    else:
+        claim = (
+            update(PROJ_STREAMS)
+            .where(PROJ_STREAMS.c.stream_id == stream_id, PROJ_STREAMS.c.version == first - 1)
+            .values(version=last)
+        )
+    claimed = _inserted(conn, claim) if first == 1 else conn.execute(claim).rowcount == 1
+    if claimed:
+        _fold(conn, items)
+    else:
+        fold_stream(conn, stream_id, items)
