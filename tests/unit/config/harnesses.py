@@ -22,6 +22,9 @@ from openai import OpenAI
 from grove.client import CALL_ID_HEADER, CAPTURE_KEY_HEADER, Attempt, GroveClient
 
 _LOCK = threading.Lock()
+_MEETING = threading.Condition()
+_RUNNING = [0]  # rollouts between their start and end records, in this process
+_MEET_TIMEOUT_S = 60.0
 _PROBE = httpx.Client(timeout=30.0)  # one client for every unauthenticated request
 
 
@@ -75,10 +78,40 @@ def _played(
     }
 
 
+def _meet(count: int) -> None:
+    """Wait (up to a minute) until ``count`` rollouts are running at once, this one included."""
+    with _MEETING:
+        _RUNNING[0] += 1
+        _MEETING.notify_all()
+        _MEETING.wait_for(lambda: _RUNNING[0] >= count, timeout=_MEET_TIMEOUT_S)
+
+
+def _leave() -> None:
+    with _MEETING:
+        _RUNNING[0] -= 1
+
+
 def _conversation(
-    name: str, client: OpenAI, task: dict, seed: int, log: str, calls: int, returned: int | None
+    name: str,
+    client: OpenAI,
+    task: dict,
+    seed: int,
+    log: str,
+    calls: int,
+    returned: int | None,
+    meet: int = 1,
 ) -> dict[str, Any]:
     _write(log, {"event": "start", "harness": name})
+    _meet(meet)
+    try:
+        return _converse(name, client, task, seed, log, calls, returned)
+    finally:
+        _leave()
+
+
+def _converse(
+    name: str, client: OpenAI, task: dict, seed: int, log: str, calls: int, returned: int | None
+) -> dict[str, Any]:
     model = client.models.list().data[0].id
     history = [{"role": "user", "content": task["prompt"]}]
     usages, kept = [], []
@@ -96,11 +129,19 @@ def _conversation(
 
 
 def play(
-    client: OpenAI, task: dict, seed: int, *, log: str, calls: int = 1, returned: int | None = None
+    client: OpenAI,
+    task: dict,
+    seed: int,
+    *,
+    log: str,
+    calls: int = 1,
+    returned: int | None = None,
+    meet: int = 1,
 ) -> dict[str, Any]:
     """``calls`` chat calls in one conversation (no ``max_tokens``: ``engine.default_max_tokens``
-    applies); returns the history up to its ``returned``-th answer (default: all of it)."""
-    return _conversation("play", client, task, seed, log, calls, returned)
+    applies); returns the history up to its ``returned``-th answer (default: all of it). With
+    ``meet`` above 1 a rollout first waits until that many rollouts run at once."""
+    return _conversation("play", client, task, seed, log, calls, returned, meet)
 
 
 def play_elsewhere(client: OpenAI, task: dict, seed: int, *, log: str) -> dict[str, Any]:

@@ -134,7 +134,8 @@ def test_harness_target_is_the_function_that_plays_each_rollout(
 def test_harness_concurrency_plays_that_many_rollouts_at_once(
     base_run: Run, tmp_path: Path
 ) -> None:
-    run = train(tmp_path, {"harness": {"concurrency": 2}})
+    # each rollout waits (up to a minute) until two run at once: only concurrency lets them meet
+    run = train(tmp_path, {"harness": {"concurrency": 2, "options": {"meet": 2}}})
 
     # both rollouts of a step start before either ends; one at a time, each ends first
     assert [record["event"] for record in run.log()] == ["start", "start", "end", "end"] * 2
