@@ -109,9 +109,9 @@ class AttemptState:
     ``contradictions`` lists, in stream order, the events that break the lifecycle rules and
     were left out of the state: ``AttemptLog`` never writes them, but a writer that appends
     straight to the store can (an event before the attempt was opened, a call intended,
-    committed or failed twice, a commit or failure of a call never intended, a second selection,
-    a finalization without a selection or a second one). The first event stands; a
-    rollout whose attempt holds any contradiction never trains.
+    committed or failed twice, a commit or failure of a call never intended, a selection of
+    calls never intended or a second one, a finalization without a selection or a second one).
+    The first event stands; a rollout whose attempt holds any contradiction never trains.
     """
 
     capture_key: str
@@ -155,6 +155,9 @@ def _facts(state: AttemptState, event: Event) -> LifecycleFacts:
         ),
         selected=state.selection is not None,
         finalized=state.finalized is not None,
+        unknown_selected=tuple(c for c in dict.fromkeys(event.call_ids) if c not in state.calls)
+        if isinstance(event, RolloutSelected)
+        else (),
     )
 
 

@@ -49,6 +49,8 @@ class LifecycleFacts:
     call: CallFacts | None = None
     selected: bool = False
     finalized: bool = False
+    unknown_selected: tuple[str, ...] = ()
+    """The calls a ``rollout.selected`` names that the attempt never intended."""
 
 
 ATTEMPT_EVENTS = (
@@ -87,7 +89,11 @@ def lifecycle_violation(facts: LifecycleFacts, event: Event) -> str | None:
                 return f"the intent names parent {call.parent_call_id}"
         return None
     if isinstance(event, RolloutSelected):
-        return "the rollout is already selected" if facts.selected else None
+        if facts.selected:
+            return "the rollout is already selected"
+        if facts.unknown_selected:
+            return f"the selection names calls never intended: {', '.join(facts.unknown_selected)}"
+        return None
     if isinstance(event, RolloutFinalized):
         if not facts.selected:
             return "the rollout was never selected"

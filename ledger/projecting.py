@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, case, insert, literal, select, update
+from sqlalchemy import Connection, case, func, insert, literal, select, update
 from sqlalchemy.dialects.postgresql import insert as postgres_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.sql.dml import Insert
@@ -242,6 +242,15 @@ def _selected(conn: Connection, item: Folded) -> bool:
         literal("selected"),
         literal(item.position),
     ).where(PROJ_ATTEMPTS.c.capture_key == item.stream_id)
+    wanted = set(event.call_ids)
+    if wanted:  # every call it names is intended
+        intended = (
+            select(func.count())
+            .select_from(PROJ_CALLS)
+            .where(PROJ_CALLS.c.capture_key == item.stream_id, PROJ_CALLS.c.call_id.in_(wanted))
+            .scalar_subquery()
+        )
+        source = source.where(intended == len(wanted))
     columns = [
         "capture_key",
         "rollout_id",
@@ -329,6 +338,17 @@ def _facts(conn: Connection, item: Folded) -> LifecycleFacts:
     rollout = conn.execute(
         select(PROJ_ROLLOUTS.c.status).where(PROJ_ROLLOUTS.c.capture_key == key)
     ).first()
+    unknown: tuple[str, ...] = ()
+    if isinstance(item.event, RolloutSelected):
+        named = tuple(dict.fromkeys(item.event.call_ids))
+        known = set(
+            conn.execute(
+                select(PROJ_CALLS.c.call_id).where(
+                    PROJ_CALLS.c.capture_key == key, PROJ_CALLS.c.call_id.in_(named)
+                )
+            ).scalars()
+        )
+        unknown = tuple(c for c in named if c not in known)
     call_id = getattr(item.event, "call_id", None)
     call = None
     if isinstance(call_id, str):
@@ -349,6 +369,7 @@ def _facts(conn: Connection, item: Folded) -> LifecycleFacts:
         call=call,
         selected=rollout is not None,
         finalized=rollout is not None and rollout.status != "selected",
+        unknown_selected=unknown,
     )
 
 
