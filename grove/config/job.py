@@ -50,6 +50,12 @@ class ModelConfig(Section):
     dtype: Literal["float32", "bfloat16", "float16", "float64"] = "float32"
     """Parameter dtype of the loaded model (training and sampling)."""
 
+    warm_start: bool = False
+    """Before training, fit the embedded model briefly on synthetic conversations of a
+    tool-using agent (reasoning, tool calls, tool results, summaries), so that such an agent
+    works from the first step; the fit is deterministic and cached under ``WORKDIR/warm_start``
+    (``docs/train.md``, "The warm start"). ``model.path: embedded`` only."""
+
     @field_validator("path")
     @classmethod
     def _resolve(cls, value: str, info: ValidationInfo) -> str:

@@ -23,6 +23,7 @@ from pydantic_core import PydanticCustomError
 
 from grove.config.base import Section
 from grove.config.job import (
+    EMBEDDED,
     EXTERNAL,
     DataConfig,
     EngineConfig,
@@ -162,6 +163,11 @@ def unsupported_combinations(config: GroveConfig) -> list[str]:
         problems.append(
             "policy.sequence_packing.enabled: true is not supported: Grove's torch trainer runs "
             "fixed micro batches (policy.train_micro_batch_size rows)"
+        )
+    if config.model.warm_start and config.model.path != EMBEDDED:
+        problems.append(
+            "model.warm_start fits the embedded model only (model.path: embedded); a model "
+            "directory brings its own trained weights: remove model.warm_start"
         )
     if capture.selection_policy != "returned_history" and not capture.forest_training:
         problems.append(

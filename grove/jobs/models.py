@@ -13,6 +13,10 @@ of another shape) are refused, since training from them would not be training th
 ``save_embedded_model`` writes the embedded model as such a directory, so tests and users have a
 "real" model directory offline; ``grove export`` (``grove/tools/export.py``) writes a trained
 checkpoint the same way.
+
+``model.warm_start`` fits the embedded model briefly before it is used
+(``grove/jobs/warm_start.py``, cached under the workdir); it starts from the same seeded weights
+and applies to the embedded model only, since a directory brings its own trained weights.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from transformers.utils import logging as transformers_logging
 
 from capture.embedded import EMBEDDED_MODEL_NAME, build_model, build_tokenizer
 from grove.errors import JobError
+from grove.jobs.warm_start import warm_start
 
 __all__ = [
     "DTYPES",
@@ -253,22 +258,35 @@ def check_model_directory(path: str) -> list[str]:
     return _inspect(_directory(path))[0]
 
 
-def _load_embedded(dtype: torch.dtype, seed: int) -> LoadedModel:
+def _load_embedded(dtype: torch.dtype, seed: int, warm_start_dir: Path | None) -> LoadedModel:
     tokenizer = build_tokenizer()
-    model = build_model(tokenizer, seed=seed).to(dtype).eval()
+    model = build_model(tokenizer, seed=seed)
+    if warm_start_dir is not None:
+        warm_start(model, tokenizer, warm_start_dir, base_seed=seed)
+    model = model.to(dtype).eval()
     return LoadedModel(model=model, tokenizer=tokenizer, name=EMBEDDED_MODEL_NAME, source=EMBEDDED)
 
 
-def load_model(path: str, *, dtype: str = "float32", seed: int = 0) -> LoadedModel:
+def load_model(
+    path: str, *, dtype: str = "float32", seed: int = 0, warm_start_dir: Path | None = None
+) -> LoadedModel:
     """The model that ``model.path`` names, with parameters in ``dtype``, in eval mode.
 
-    ``embedded`` builds the embedded model from ``seed``; otherwise ``path`` is a local Hugging
-    Face directory, checked first by :func:`check_model_directory`. Raises ``ModelLoadError``
-    (every problem listed) rather than load a model with missing or misshapen weights.
+    ``embedded`` builds the embedded model from ``seed``, warm-started (``model.warm_start``) when
+    ``warm_start_dir`` names the directory that caches the fit (the workdir); otherwise ``path``
+    is a local Hugging Face directory, checked first by :func:`check_model_directory`, and a warm
+    start is refused. Raises ``ModelLoadError`` (every problem listed) rather than load a model
+    with missing or misshapen weights.
     """
     torch_dtype = _torch_dtype(path, dtype)
     if path == EMBEDDED:
-        return _load_embedded(torch_dtype, seed)
+        return _load_embedded(torch_dtype, seed, warm_start_dir)
+    if warm_start_dir is not None:
+        raise ModelLoadError(
+            path,
+            "model.warm_start fits the embedded model only, and a model directory brings its "
+            "own trained weights: remove model.warm_start, or set model.path: embedded",
+        )
     directory = _directory(path)
     problems, tokenizer = _inspect(directory)
     if problems or tokenizer is None:
@@ -304,7 +322,7 @@ def load_model(path: str, *, dtype: str = "float32", seed: int = 0) -> LoadedMod
 def save_embedded_model(out_dir: Path, *, seed: int = 0) -> Path:
     """Write the embedded model built from ``seed`` and its tokenizer (chat template included)
     as a Hugging Face directory at ``out_dir`` (safetensors weights); returns ``out_dir``."""
-    loaded = _load_embedded(torch.float32, seed)
+    loaded = _load_embedded(torch.float32, seed, None)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     with quiet_transformers():

@@ -94,7 +94,12 @@ def run_training(
     else:
         run = new_run(workspace, config, source, run_id)
     _seed_everything(config.seed)
-    loaded = load_model(config.model.path, dtype=config.model.dtype, seed=config.seed)
+    loaded = load_model(
+        config.model.path,
+        dtype=config.model.dtype,
+        seed=config.seed,
+        warm_start_dir=workspace.workdir if config.model.warm_start else None,
+    )
     store = EventStore.open(workspace.database_url)
     try:
         training = _training_run(config, workspace, store, loaded, run)

@@ -1,15 +1,21 @@
-"""The main job end to end: ``grove demo`` trains the recency agent, and resumes exactly."""
+"""The main job end to end: ``grove demo`` warm-starts the embedded model, trains the tool-using
+compaction agent (``examples/tool_agent.py``) on it, and resumes exactly."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
+
+from grove.workspace import Workspace
+from ledger.attempt import AttemptLog, AttemptState
+from ledger.store import EventStore
 
 GROVE = str(Path(sys.executable).parent / "grove")
 
@@ -28,11 +34,29 @@ def demo(workdir: Path, *args: str) -> dict:
     return json.loads(lines[0])
 
 
-def test_a_two_step_demo_trains_forest_rows_with_exact_logprobs(tmp_path: Path):
+def attempts(workdir: Path, run_id: str, steps: int) -> list[AttemptState]:
+    """Every attempt of the demo's run: two prompt groups of four rollouts per step."""
+    store = EventStore.open(Workspace.resolve(workdir).database_url, pool=False)
+    try:
+        log = AttemptLog(store)
+        return [
+            log.load(f"{run_id}-s{s}-g{g}-r{r}")
+            for s in range(steps)
+            for g in range(2)
+            for r in range(4)
+        ]
+    finally:
+        store.close()
+
+
+def test_a_two_step_demo_trains_a_tool_using_agent_on_forest_rows_with_exact_logprobs(
+    tmp_path: Path,
+):
     summary = demo(tmp_path, "--steps", "2")
     assert summary["steps"] == 2
     assert summary["logical_rollouts"] == 16
     assert summary["rows"] > summary["logical_rollouts"]  # compaction made more rows
+    assert summary["reward_first"] > 0
     assert summary["max_tmpe"] < 1.001
     assert summary["max_gen_kl_error"] < 1e-6
     assert Path(summary["checkpoint"], "manifest.json").is_file()
@@ -47,11 +71,33 @@ def test_a_two_step_demo_trains_forest_rows_with_exact_logprobs(tmp_path: Path):
         "checkpoint",
         "run_id",
     }
+    # The model was warm-started, and the fit is cached in the workdir.
+    (entry,) = (tmp_path / "warm_start").iterdir()
+    fit = json.loads((entry / "manifest.json").read_text())
+    assert fit["final_loss"] < fit["first_loss"] / 10
+    # The agent called its tool, and every accepted tool call was continued with its result.
+    states = attempts(tmp_path, summary["run_id"], steps=2)
+    calls = [(s.capture_key, c) for s in states for c in s.calls.values()]
+    looked_up = [
+        (key, c.call_id)
+        for key, c in calls
+        if c.committed is not None and c.committed.finish_reason == "tool_calls"
+        if c.failure is None  # not rejected
+    ]
+    continued = {
+        (key, c.parent_call_id) for key, c in calls if c.intended.decision == "continuation"
+    }
+    assert len(looked_up) >= 16  # at least one per rollout
+    assert set(looked_up) <= continued
+    # A compaction restarted the context: a new root, hence more rows than rollouts.
+    assert any(c.intended.root_reason == "history_rewritten" for _, c in calls)
 
 
 @pytest.mark.slow
 def test_a_resumed_demo_reaches_the_state_of_an_uninterrupted_one(tmp_path: Path):
     straight = demo(tmp_path / "straight", "--steps", "3")
+    # The warm start is deterministic (tests/unit/jobs/test_warm_start.py); share its cache.
+    shutil.copytree(tmp_path / "straight" / "warm_start", tmp_path / "resumed" / "warm_start")
     demo(tmp_path / "resumed", "--steps", "2")
     resumed = demo(tmp_path / "resumed", "--steps", "3", "--resume")
     assert resumed["steps"] == straight["steps"] == 3

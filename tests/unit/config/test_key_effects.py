@@ -31,6 +31,7 @@ EFFECTS: dict[str, Callable[..., None]] = {
     "seed": run.test_seed_seeds_every_rollout,
     "model.path": run.test_model_path_is_the_policy_the_gateway_serves_and_trains,
     "model.dtype": run.test_model_dtype_is_the_dtype_the_policy_trains_in,
+    "model.warm_start": run.test_model_warm_start_trains_from_the_warm_started_weights,
     "engine.host": run.test_engine_host_is_the_address_the_gateway_listens_on,
     "engine.port": run.test_engine_port_is_the_port_the_gateway_listens_on,
     "engine.auth_token": (

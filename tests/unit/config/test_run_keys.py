@@ -14,6 +14,7 @@ import socket
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
 from capture.embedded import EMBEDDED_MODEL_NAME
@@ -26,6 +27,7 @@ from grove.jobs.training_run import TrainingRun
 from ledger.attempt import AttemptLog
 from tests.e2e.external_run import ExternalRun
 from tests.unit.config.runs import TASKS, Run, train, write_tasks
+from tests.unit.jobs.warm_cache import seed_workdir
 from training.forest import MaskReason
 from training.projector import finalization_forest
 
@@ -75,6 +77,21 @@ def test_model_dtype_is_the_dtype_the_policy_trains_in(base_run: Run, tmp_path: 
     assert {str(t.dtype) for t in trained.values()} == {"torch.float64"}
     base = load_file(Path(str(base_run.summary.checkpoint), "model.safetensors"))
     assert {str(t.dtype) for t in base.values()} == {"torch.float32"}
+
+
+def test_model_warm_start_trains_from_the_warm_started_weights(
+    base_run: Run, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    entry = seed_workdir(tmp_path / "work", tmp_path_factory.getbasetemp())  # fitted once
+
+    run = train(tmp_path, {"model": {"warm_start": True}})
+
+    warm = load_file(entry / "model.safetensors")
+    trained = load_file(Path(str(run.summary.checkpoint), "model.safetensors"))
+    base = load_file(Path(str(base_run.summary.checkpoint), "model.safetensors"))
+    # policy.learning_rate 1e-6: two Adam steps move a weight by about 2e-6
+    assert all(torch.allclose(trained[name], warm[name], atol=1e-4) for name in warm)
+    assert not any(torch.allclose(base[name], warm[name], atol=1e-2) for name in warm)
 
 
 # -- engine --------------------------------------------------------------------------------------

@@ -1,0 +1,211 @@
+"""A tool-using agent that compacts its context: a Grove harness on the official ``openai`` client.
+
+``play(client, task, seed, **options)`` is the harness ``grove demo`` calls once per rollout
+(``examples/demo.yaml``: ``harness.target: examples.tool_agent:play``). A task names the items to
+ask about and the table the agent's one tool reads (``examples/tool_tasks.jsonl``)::
+
+    {"questions": ["fox", "sky", "leaf"], "facts": {"fox": "red", "sky": "blue", ...}}
+
+For each item the agent asks ``What colour is the ITEM?`` and offers the ``lookup`` tool. When the
+model calls it, the agent runs the call on the task's table and sends the result back after the
+model's own message (its reasoning and tool calls echoed as they came), so Grove continues the
+call instead of starting a new context; the model then answers. When the context passes
+``compact_at_tokens`` (the gateway's usage count), the agent asks the model to summarize its notes
+and starts a new context from the summary (``Notes: ...`` before the next question): a rewrite,
+so Grove starts a new root and the rollout trains as more than one row. Answers that are empty or
+hold tool-call markup that does not parse are rejected with ``grove.client.reject`` and sampled
+again, as is a seeded fraction of the rest; rejected answers never enter the history.
+
+The reward is verifiable from the task alone: the mean, over the agent's checks, of 1 for each
+question whose item the model looked up, 1 for each answer that names the item's colour, and for
+each summary the share of its context's facts (``ITEM is COLOUR``) it keeps. The warm-started
+embedded model (``model.warm_start``, fitted on conversations of this very agent by
+``grove/jobs/agent_corpus.py``) earns most of it from the first step; GRPO does the rest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from openai import OpenAI
+from openai.types.chat import ChatCompletion
+
+from grove.client import CALL_ID_HEADER, reject
+from grove.jobs.agent_corpus import (
+    LOOKUP_TOOL,
+    SUMMARY_REQUEST,
+    lookup_result,
+    notes_prompt,
+    question,
+)
+
+__all__ = ["kept_facts", "lookup", "names_colour", "play", "requested_item"]
+
+_TOOL_MARKUP = "<tool_call>"
+
+
+def requested_item(name: str, arguments: str) -> str | None:
+    """The item a tool call asks ``lookup`` about; None when it is another tool or malformed."""
+    if name != "lookup":
+        return None
+    try:
+        item = json.loads(arguments).get("item")
+    except (ValueError, AttributeError):
+        return None
+    return item if isinstance(item, str) else None
+
+
+def lookup(facts: Mapping[str, str], name: str, arguments: str) -> str:
+    """The tool: what ``lookup`` answers for the call's item (``ITEM: COLOUR``), or why it
+    cannot."""
+    item = requested_item(name, arguments)
+    if item is None:
+        return f"no such call: {name} with {arguments}"
+    return lookup_result(item, facts.get(item, "unknown"))
+
+
+def names_colour(text: str, colour: str) -> bool:
+    """The verifier of an answer: ``colour`` is one of ``text``'s words."""
+    return colour in re.findall(r"[a-z]+", text.lower())
+
+
+def kept_facts(summary: str, facts: Sequence[tuple[str, str]]) -> float:
+    """The verifier of a summary: the share of ``facts`` written as ``ITEM is COLOUR`` in it
+    (1 when there is nothing to keep)."""
+    if not facts:
+        return 1.0
+    return sum(f"{item} is {colour}" in summary for item, colour in facts) / len(facts)
+
+
+def _unit(*parts: object) -> float:
+    digest = hashlib.sha256("/".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+@dataclass
+class _Rollout:
+    """One rollout's state: the context the model sees, the history the agent returns, the
+    facts of the current context and the verifier's scores."""
+
+    client: OpenAI
+    model: str
+    seed: int
+    options: dict[str, Any]
+    context: list[dict[str, Any]] = field(default_factory=list)
+    history: list[dict[str, Any]] = field(default_factory=list)
+    facts: list[tuple[str, str]] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)
+    calls: int = 0
+    total_tokens: int = 0
+
+    def observe(self, message: dict[str, Any]) -> None:
+        """A user or tool message, for the model and the history alike."""
+        self.context.append(message)
+        self.history.append(message)
+
+    def sample(self) -> dict[str, Any]:
+        """The model's next message on the context (resampled after a rejection), echoed into
+        the context and the history (with its response id)."""
+        retries = self.options["max_response_retries"]
+        for retry in range(retries + 1):
+            call_id = f"c{self.calls}-{retry}"
+            completion = self._create(call_id)
+            message = completion.choices[0].message
+            text = message.content or ""
+            malformed = not message.tool_calls and (not text.strip() or _TOOL_MARKUP in text)
+            unlucky = _unit(self.seed, call_id) < self.options["reject_fraction"]
+            if retry == retries or not (malformed or unlucky):
+                break
+            reject(self.client, completion.id, "malformed" if malformed else "resampled")
+        self.calls += 1
+        self.total_tokens = completion.usage.total_tokens if completion.usage else 0
+        echoed = message.model_dump(exclude_none=True)
+        self.context.append(echoed)
+        self.history.append({**echoed, "response_id": completion.id})
+        return echoed
+
+    def _create(self, call_id: str) -> ChatCompletion:
+        return self.client.chat.completions.create(
+            model=self.model,
+            messages=self.context,
+            tools=[LOOKUP_TOOL],
+            max_tokens=self.options["max_tokens"],
+            extra_headers={CALL_ID_HEADER: call_id},
+        )
+
+    def ask(self, item: str, notes: str | None, table: Mapping[str, str]) -> None:
+        """One question: the model's lookups, run on ``table``, then its answer; scored."""
+        text = question(item) if notes is None else notes_prompt(notes, item)
+        self.observe({"role": "user", "content": text})
+        message = self.sample()
+        looked_up = False
+        for _ in range(self.options["max_lookups"]):
+            calls = message.get("tool_calls") or []
+            if not calls:
+                break
+            for call in calls:
+                name, arguments = call["function"]["name"], call["function"]["arguments"]
+                looked_up |= requested_item(name, arguments) == item
+                result = lookup(table, name, arguments)
+                self.observe({"role": "tool", "tool_call_id": call["id"], "content": result})
+            message = self.sample()
+        colour = table[item]
+        self.facts.append((item, colour))
+        self.scores += [float(looked_up), float(names_colour(message.get("content") or "", colour))]
+
+    def compact(self) -> str:
+        """Ask for a summary, score it, and start a new context; the summary is the notes."""
+        self.observe({"role": "user", "content": SUMMARY_REQUEST})
+        notes = (self.sample().get("content") or "").strip()
+        self.scores.append(kept_facts(notes, self.facts))
+        self.context = []
+        return notes
+
+
+def play(
+    client: OpenAI,
+    task: dict[str, Any],
+    seed: int,
+    *,
+    max_tokens: int = 48,
+    compact_at_tokens: int = 200,
+    max_lookups: int = 2,
+    reject_fraction: float = 0.15,
+    max_response_retries: int = 1,
+) -> dict[str, Any]:
+    """One rollout of ``task``: each question looked up and answered, compacting when the context
+    passes ``compact_at_tokens``; returns the harness result (``output``: the accepted history,
+    ``reward``). Rejections derive from ``seed``, so the same seed under the same weights replays
+    the same rollout."""
+    rollout = _Rollout(
+        client,
+        client.models.list().data[0].id,
+        seed,
+        {
+            "max_tokens": max_tokens,
+            "max_lookups": max_lookups,
+            "reject_fraction": reject_fraction,
+            "max_response_retries": max_response_retries,
+        },
+    )
+    table: dict[str, str] = dict(task["facts"])
+    questions: list[str] = list(task["questions"])
+    notes: str | None = None
+    for index, item in enumerate(questions):
+        rollout.ask(item, notes, table)
+        notes = None
+        if index + 1 < len(questions) and rollout.total_tokens >= compact_at_tokens:
+            notes = rollout.compact()
+            rollout.facts = _noted(notes, rollout.facts)
+    reward = sum(rollout.scores) / len(rollout.scores)
+    return {"output": rollout.history, "reward": reward}
+
+
+def _noted(notes: str, facts: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The facts a new context starts with: those its notes kept."""
+    return [(item, colour) for item, colour in facts if f"{item} is {colour}" in notes]
