@@ -9,6 +9,9 @@ Per database (PostgreSQL at ``GROVE_BENCH_DATABASE_URL`` or 127.0.0.1:5432, and 
 - ``raw_copy_events_per_s``: the same rows by raw ``COPY`` (PostgreSQL) or a raw ``executemany``
   of the sqlite3 driver (SQLite) — the floor cost of getting bytes into the table;
 - ``batched_over_copy``: batched over raw (aim >= 0.5).
+- ``capture_call_us_plain`` / ``capture_call_us_inline``: one captured call's two appends
+  (``call.intended``, ``call.committed`` on an open attempt), median microseconds, without and
+  with the inline fold into the projection tables, alternating in the same process;
 Then 8 writer processes append while two readers tail the ledger: one keeps only the last
 position (``missed_events_position_only``), one is Grove's (``missed_events_grove``, must be 0).
 """
@@ -20,6 +23,7 @@ import json
 import multiprocessing
 import os
 import sqlite3
+import statistics
 import sys
 import tempfile
 import time
@@ -33,10 +37,12 @@ from sqlalchemy.engine import make_url
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ledger import migrate
+from ledger.database import open_engine
 from ledger.events import CallFailed, LedgerPosition
 from ledger.postgres import COPY_COLUMNS
 from ledger.schema import EVENTS
 from ledger.store import EventStore
+from tests.integration.ledger.scenario import committed, intended, opened
 
 BATCH = 500
 PG_ADMIN = os.environ.get(
@@ -73,6 +79,30 @@ def _append_rates(url: str, singles: int, batched: int) -> dict[str, float]:
     return {
         "single_events_per_s": _rate(singles, single_s),
         "batched_events_per_s": _rate(batched // BATCH * BATCH, batched_s),
+    }
+
+
+def _capture_costs(url: str, calls: int) -> dict[str, float]:
+    """Median microseconds of one call's intent and commit appends, plain beside inline."""
+    samples: dict[bool, list[float]] = {False: [], True: []}
+    stores = {inline: EventStore(open_engine(url), project_inline=inline) for inline in samples}
+    for inline, store in stores.items():
+        store.append(f"cap-{inline}", [opened(f"cap-{inline}")], expected_version=0)
+    for i in range(calls):
+        for inline, store in stores.items():
+            key, version = f"cap-{inline}", 1 + 2 * i
+            pair = [intended(f"c{i}"), committed(key, f"c{i}")]
+            start = time.perf_counter()
+            store.append(key, [pair[0]], expected_version=version)
+            store.append(key, [pair[1]], expected_version=version + 1)
+            samples[inline].append(time.perf_counter() - start)
+    for store in stores.values():
+        store.close()
+    return {
+        f"capture_call_us_{'inline' if inline else 'plain'}": round(
+            statistics.median(times) * 1e6, 1
+        )
+        for inline, times in samples.items()
     }
 
 
@@ -194,6 +224,7 @@ def bench_postgres(quick: bool) -> dict[str, object]:
         migrate.upgrade(url)
         singles, batched = (300, 5_000) if quick else (2_000, 50_000)
         result: dict[str, object] = _append_rates(url, singles, batched)
+        result.update(_capture_costs(url, singles))
         result["raw_copy_events_per_s"] = _raw_copy_rate(dsn, batched)
         result["batched_over_copy"] = round(
             result["batched_events_per_s"] / result["raw_copy_events_per_s"], 3
@@ -212,6 +243,7 @@ def bench_sqlite(quick: bool) -> dict[str, object]:
         migrate.upgrade(url)
         singles, batched = (300, 5_000) if quick else (2_000, 50_000)
         result: dict[str, object] = _append_rates(url, singles, batched)
+        result.update(_capture_costs(url, singles))
         result["raw_executemany_events_per_s"] = _raw_sqlite_rate(path, batched)
         result["batched_over_copy"] = round(
             result["batched_events_per_s"] / result["raw_executemany_events_per_s"], 3

@@ -20,10 +20,22 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, case, func, insert, literal, select, update
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    Integer,
+    String,
+    bindparam,
+    case,
+    func,
+    insert,
+    literal,
+    select,
+    update,
+)
 from sqlalchemy.dialects.postgresql import insert as postgres_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.sql.dml import Insert
+from sqlalchemy.sql.dml import Insert, Update
 
 from ledger.events import (
     AdmissionsClosed,
@@ -135,75 +147,115 @@ def _call_key(item: Folded, call_id: str):
     return (PROJ_CALLS.c.capture_key == item.stream_id) & (PROJ_CALLS.c.call_id == call_id)
 
 
+_INTENT_COLUMNS = (
+    "call_id",
+    "parent_call_id",
+    "decision",
+    "root_reason",
+    "prompt_tokens",
+    "intended_position",
+    "policy_version",
+)
+
+
+def _intent_statement(dialect_insert) -> Insert:
+    # Taken from the attempt's row: no row (never opened), no call. Built once: the capture path
+    # runs it for every call, and building a statement costs more than running it.
+    values = [bindparam(f"p_{name}", type_=PROJ_CALLS.c[name].type) for name in _INTENT_COLUMNS]
+    source = select(PROJ_ATTEMPTS.c.capture_key, literal("pending"), literal(False), *values).where(
+        PROJ_ATTEMPTS.c.capture_key == bindparam("p_key")
+    )
+    columns = ["capture_key", "status", "late", *_INTENT_COLUMNS]
+    return (
+        dialect_insert(PROJ_CALLS)
+        .from_select(columns, source)
+        .on_conflict_do_nothing()
+        .returning(PROJ_CALLS.c.call_id)
+    )
+
+
+_INTENT = {
+    "postgresql": _intent_statement(postgres_insert),
+    "sqlite": _intent_statement(sqlite_insert),
+}
+
+
 def _intended(conn: Connection, item: Folded) -> bool:
     event = item.event
     assert isinstance(event, CallIntended)
-    # Taken from the attempt's row: no row (never opened), no call.
-    source = select(
-        PROJ_ATTEMPTS.c.capture_key,
-        literal(event.call_id),
-        literal(event.parent_call_id),
-        literal(event.decision),
-        literal(event.root_reason),
-        literal("pending"),
-        literal(False),
-        literal(event.prompt_tokens),
-        literal(item.position),
-        literal(event.policy_version),
-    ).where(PROJ_ATTEMPTS.c.capture_key == item.stream_id)
-    columns = [
-        "capture_key",
-        "call_id",
-        "parent_call_id",
-        "decision",
-        "root_reason",
-        "status",
-        "late",
-        "prompt_tokens",
-        "intended_position",
-        "policy_version",
-    ]
-    statement = (
-        _dialect_insert(conn)(PROJ_CALLS).from_select(columns, source).on_conflict_do_nothing()
+    parameters = {
+        "p_key": item.stream_id,
+        "p_call_id": event.call_id,
+        "p_parent_call_id": event.parent_call_id,
+        "p_decision": event.decision,
+        "p_root_reason": event.root_reason,
+        "p_prompt_tokens": event.prompt_tokens,
+        "p_intended_position": item.position,
+        "p_policy_version": event.policy_version,
+    }
+    return conn.execute(_INTENT[conn.dialect.name], parameters).first() is not None
+
+
+_COMMIT_COLUMNS = (
+    "prev_len",
+    "delta_len",
+    "cum_len",
+    "generated_len",
+    "blob_key",
+    "blob_sha256",
+    "blob_bytes",
+    "finish_reason",
+    "response_id",
+)
+
+
+def _commit_statement() -> Update:
+    settled = (
+        select(PROJ_ATTEMPTS.c.settled)
+        .where(PROJ_ATTEMPTS.c.capture_key == bindparam("p_key"))
+        .scalar_subquery()
     )
-    return _inserted(conn, statement)
+    # The generation's policy version replaces the one intended; a commit that does not say
+    # (an engine that does not know, an older event) keeps the intended one.
+    version = func.coalesce(
+        bindparam("p_policy_version", type_=Integer), PROJ_CALLS.c.policy_version
+    )
+    values = {
+        name: bindparam(f"p_{name}", type_=PROJ_CALLS.c[name].type) for name in _COMMIT_COLUMNS
+    }
+    return (
+        update(PROJ_CALLS)
+        .where(
+            PROJ_CALLS.c.capture_key == bindparam("p_key"),
+            PROJ_CALLS.c.call_id == bindparam("p_call_id"),
+            PROJ_CALLS.c.status == "pending",
+            PROJ_CALLS.c.parent_call_id.is_not_distinct_from(bindparam("p_parent", type_=String)),
+        )
+        .values(
+            **values,
+            policy_version=version,
+            status="committed",
+            late=settled,
+            resolved_position=bindparam("p_position", type_=BigInteger),
+        )
+    )
+
+
+_COMMIT = _commit_statement()
 
 
 def _committed(conn: Connection, item: Folded) -> bool:
     event = item.event
     assert isinstance(event, CallCommitted)
-    settled = (
-        select(PROJ_ATTEMPTS.c.settled)
-        .where(PROJ_ATTEMPTS.c.capture_key == item.stream_id)
-        .scalar_subquery()
+    parameters = {f"p_{name}": getattr(event, name) for name in _COMMIT_COLUMNS}
+    parameters.update(
+        p_key=item.stream_id,
+        p_call_id=event.call_id,
+        p_parent=event.parent_call_id,
+        p_policy_version=event.policy_version,
+        p_position=item.position,
     )
-    # The generation's policy version replaces the one intended; a commit that does not say
-    # (an engine that does not know, an older event) keeps the intended one.
-    version = {} if event.policy_version is None else {"policy_version": event.policy_version}
-    statement = (
-        update(PROJ_CALLS)
-        .where(
-            _call_key(item, event.call_id),
-            PROJ_CALLS.c.status == "pending",
-            PROJ_CALLS.c.parent_call_id.is_not_distinct_from(event.parent_call_id),
-        )
-        .values(
-            **version,
-            status="committed",
-            late=settled,
-            prev_len=event.prev_len,
-            delta_len=event.delta_len,
-            cum_len=event.cum_len,
-            generated_len=event.generated_len,
-            blob_key=event.blob_key,
-            blob_sha256=event.blob_sha256,
-            blob_bytes=event.blob_bytes,
-            finish_reason=event.finish_reason,
-            response_id=event.response_id,
-            resolved_position=item.position,
-        )
-    )
-    return conn.execute(statement).rowcount == 1
+    return conn.execute(_COMMIT, parameters).rowcount == 1
 
 
 def _failed(conn: Connection, item: Folded) -> bool:
@@ -385,6 +437,24 @@ def _contradiction_row(item: Folded, facts: LifecycleFacts) -> dict[str, object]
     }
 
 
+def _text_safe(item: Folded) -> Folded:
+    """``item`` with U+0000 in its event's strings replaced by U+FFFD: PostgreSQL's text columns
+    cannot hold it (the event table keeps the exact string, escaped in JSONB)."""
+    changed = {}
+    for name, value in item.event:
+        if isinstance(value, str) and "\x00" in value:
+            changed[name] = value.replace("\x00", "\ufffd")
+        elif isinstance(value, tuple) and any(isinstance(v, str) and "\x00" in v for v in value):
+            changed[name] = tuple(
+                v.replace("\x00", "\ufffd") if isinstance(v, str) else v for v in value
+            )
+    if not changed:
+        return item
+    return Folded(
+        item.stream_id, item.stream_version, item.position, item.event.model_copy(update=changed)
+    )
+
+
 def _fold(conn: Connection, items: Sequence[Folded]) -> None:
     """Apply one stream's events in order; record those the rules leave out, in one insert.
 
@@ -393,6 +463,8 @@ def _fold(conn: Connection, items: Sequence[Folded]) -> None:
     """
     contradictions: list[dict[str, object]] = []
     never_opened = False
+    if conn.dialect.name == "postgresql":
+        items = [_text_safe(item) for item in items]
     for item in items:
         event = item.event
         if never_opened and isinstance(event, ATTEMPT_EVENTS):
@@ -455,23 +527,37 @@ def fold_stream(conn: Connection, stream_id: str, known: Sequence[Folded] = ()) 
     )
 
 
+def _claim_new(dialect_insert) -> Insert:
+    return (
+        dialect_insert(PROJ_STREAMS)
+        .values(stream_id=bindparam("p_stream"), version=bindparam("p_last"))
+        .on_conflict_do_nothing()
+        .returning(PROJ_STREAMS.c.stream_id)
+    )
+
+
+# A stream's first append claims it by inserting its mark; a later one by moving the mark on
+# from the version just before its first event.
+_CLAIM_NEW = {"postgresql": _claim_new(postgres_insert), "sqlite": _claim_new(sqlite_insert)}
+_CLAIM_NEXT = (
+    update(PROJ_STREAMS)
+    .where(
+        PROJ_STREAMS.c.stream_id == bindparam("p_stream"),
+        PROJ_STREAMS.c.version == bindparam("p_first"),
+    )
+    .values(version=bindparam("p_last"))
+)
+
+
 def project_appended(conn: Connection, items: Sequence[Folded]) -> None:
     """Fold one append's events (one stream, in version order) in the append's transaction."""
     stream_id = items[0].stream_id
     first, last = items[0].stream_version, items[-1].stream_version
+    parameters = {"p_stream": stream_id, "p_first": first - 1, "p_last": last}
     if first == 1:
-        claim = (
-            _dialect_insert(conn)(PROJ_STREAMS)
-            .values(stream_id=stream_id, version=last)
-            .on_conflict_do_nothing()
-        )
+        claimed = conn.execute(_CLAIM_NEW[conn.dialect.name], parameters).first() is not None
     else:
-        claim = (
-            update(PROJ_STREAMS)
-            .where(PROJ_STREAMS.c.stream_id == stream_id, PROJ_STREAMS.c.version == first - 1)
-            .values(version=last)
-        )
-    claimed = _inserted(conn, claim) if first == 1 else conn.execute(claim).rowcount == 1
+        claimed = conn.execute(_CLAIM_NEXT, parameters).rowcount == 1
     if claimed:
         _fold(conn, items)
     else:

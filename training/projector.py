@@ -290,7 +290,8 @@ class Projector:
         """A ``rollout.finalized`` was read: the rollout joins its group (first attempt wins)."""
         progress = self._progress
         state = self.log.load(capture_key)
-        assert state.opened is not None
+        if state.opened is None or state.finalized is None:
+            return  # the fold left it out (never opened or never selected): a contradiction
         if state.opened.rollout_id in progress.finalized:
             return
         rollout = self._reconstruct(state)
