@@ -51,7 +51,11 @@ def test_lineage_shows_the_rejected_call_unselected_and_the_rewrite_as_its_own_r
     (attempt,) = _lineage(demo, demo.showcase_key, demo.workspace.database_url)["attempts"]
     calls = {c["call_id"]: c for c in attempt["calls"]}
     rejected = [c for c in calls.values() if c["failure_reason"] == "rejected_by_harness"]
-    rewrites = [c for c in calls.values() if c["root_reason"] == "history_rewritten"]
+    rewrites = [
+        c
+        for c in calls.values()
+        if c["root_reason"] == "history_rewritten" and c["failure_reason"] is None
+    ]  # a rejected rewrite is an unselected call like any other rejected one
     assert rejected and rewrites
     for call in rejected:
         assert (call["status"], call["selection_index"], call["rows"]) == (
