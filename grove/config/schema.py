@@ -227,6 +227,11 @@ def _harness_problems(config: GroveConfig) -> list[str]:
                 ("data.path", data.path, None),
                 ("harness.options", harness.options, {}),
                 ("harness.concurrency", harness.concurrency, 1),
+                (
+                    "async_rl.rollout_failure.max_replacement_groups",
+                    config.async_rl.rollout_failure.max_replacement_groups,
+                    0,
+                ),
             )
             if value != default
         ]

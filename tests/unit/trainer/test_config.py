@@ -168,6 +168,11 @@ def test_unusable_selection_policy_is_refused_before_any_rollout(policy, message
             "external your agents bring their own tasks: remove it",
         ),
         (
+            {"async_rl": {"rollout_failure": {"max_replacement_groups": 1}}},
+            "async_rl.rollout_failure.max_replacement_groups is read only by an in-process "
+            "harness; with harness.target: external your agents bring their own tasks: remove it",
+        ),
+        (
             {"token_capture": {"selection_policy": "all_captured"}},
             "token_capture.selection_policy 'all_captured' needs "
             "token_capture.forest_training: true",
