@@ -25,8 +25,8 @@ embedded model (``model.warm_start``, fitted on conversations of this very agent
 
 from __future__ import annotations
 
-import hashlib
 import json
+import random
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -82,11 +82,6 @@ def kept_facts(summary: str, facts: Sequence[tuple[str, str]]) -> float:
     return sum(f"{item} is {colour}" in summary for item, colour in facts) / len(facts)
 
 
-def _unit(*parts: object) -> float:
-    digest = hashlib.sha256("/".join(map(str, parts)).encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64
-
-
 @dataclass
 class _Rollout:
     """One rollout's state: the context the model sees, the history the agent returns, the
@@ -118,7 +113,8 @@ class _Rollout:
             message = completion.choices[0].message
             text = message.content or ""
             malformed = not message.tool_calls and (not text.strip() or _TOOL_MARKUP in text)
-            unlucky = _unit(self.seed, call_id) < self.options["reject_fraction"]
+            draw = random.Random(f"{self.seed}/{call_id}").random()  # the same in every process
+            unlucky = draw < self.options["reject_fraction"]
             if retry == retries or not (malformed or unlucky):
                 break
             reject(self.client, completion.id, "malformed" if malformed else "resampled")

@@ -218,7 +218,8 @@ def demo(
     database_url: DatabaseOption = None,
     blob_url: BlobOption = None,
 ) -> None:
-    """``grove train examples/demo.yaml``: a recency-compaction agent on the embedded model."""
+    """``grove train examples/demo.yaml``: a tool-using compaction agent on the warm-started
+    embedded model."""
     from examples import DEMO_CONFIG
 
     _train(DEMO_CONFIG, steps, resume, None, as_json, _workspace(workdir, database_url, blob_url))

@@ -15,8 +15,9 @@ The fit is ordinary supervised fine-tuning, made deterministic and small:
 - AdamW (betas 0.9, 0.95, no weight decay) at ``learning_rate``, warmed up linearly over
   ``warmup_steps`` and decayed linearly to a tenth by the last step; gradients clipped to norm
   ``max_grad_norm``;
-- ``steps`` steps, on one CPU thread, under the model's own seed, with the global torch random
-  state left as it was: the same settings give the same weights, bit for bit, on any core count.
+- ``steps`` steps on one CPU thread, so the core count does not change the sums; the batch order
+  is the fit's only randomness (``seed``), and the global torch random state is left as it was:
+  the same settings give the same weights, bit for bit.
 
 The fitted weights are cached under ``WORKDIR/warm_start/KEY/`` (``model.safetensors`` and
 ``manifest.json``, which records the key and the weights' sha256 and size). ``KEY`` is the sha256
@@ -108,7 +109,9 @@ class FitSettings:
 @dataclass(frozen=True)
 class WarmStart:
     """What :func:`warm_start` did: the cache directory it used, its key, whether it fitted (or
-    loaded), and the fit's record (``manifest.json``: settings, losses, seconds)."""
+    loaded), and the fit's record (``manifest.json``: the settings, the first step's loss, the
+    final loss as the mean of the last tenth of the steps, the seconds and CPU seconds taken, and
+    the weights' sha256 and size)."""
 
     directory: Path
     key: str
@@ -204,7 +207,8 @@ def fit(
     *,
     pad_token_id: int,
 ) -> list[float]:
-    """Fit ``model`` in place on ``examples`` by the rules in the module docstring; returns each
+    """Fit ``model`` (a causal LM with a ``model`` decoder and an ``lm_head``, as the embedded
+    Qwen2 model is) in place on ``examples`` by the rules in the module docstring; returns each
     step's loss. The model is left in eval mode."""
     if not examples:
         raise ValueError("the warm start needs at least one training example, got none")
@@ -234,11 +238,8 @@ def fit(
 
 
 def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with path.open("rb") as file:
-        for chunk in iter(lambda: file.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(file, "sha256").hexdigest()
 
 
 def _load_cached(model: PreTrainedModel, directory: Path, key: str) -> dict[str, Any] | None:
@@ -313,6 +314,7 @@ def warm_start(
     examples = corpus_examples(tokenizer, corpus)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     losses = fit(model, examples, settings, pad_token_id=int(pad))
+    tail = max(len(losses) // 10, 1)  # the final loss: the mean of the last tenth of the steps
     record = {
         "key": key,
         "format": _FORMAT,
@@ -322,7 +324,7 @@ def warm_start(
         "examples": len(examples),
         "trained_tokens_per_pass": sum(sum(e.loss_mask) for e in examples),
         "first_loss": losses[0],
-        "final_loss": losses[-1],
+        "final_loss": sum(losses[-tail:]) / tail,
         "seconds": round(time.perf_counter() - started, 3),
         "cpu_seconds": round(time.process_time() - cpu, 3),
     }
@@ -337,7 +339,7 @@ def warm_start(
     if manifest is None:
         raise WarmStartError(
             directory,
-            "the entry just written does not verify (the disk changed it?); remove the "
-            "directory and run again",
+            "the entry just written is not in place or does not verify; check that the workdir "
+            "is writable and the disk sound, remove the directory and run again",
         )
     return WarmStart(directory, key, fitted=True, manifest=manifest)

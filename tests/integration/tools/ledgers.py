@@ -1,6 +1,6 @@
 """The ledger a short real ``grove demo`` leaves, built once per test process, and copies of it.
 
-``demo_ledger`` runs one demo step in this process (8 rollouts of the recency agent through the
+``demo_ledger`` runs one demo step in this process (8 rollouts of the tool agent through the
 in-process gateway, projected and trained) and picks a *showcase* attempt: one with a call the
 harness rejected and a context rewrite that started a new root, finalized trainable — the seed's
 figure "Selecting and reconstructing training rows". ``copy_ledger`` imports its events into
