@@ -19,6 +19,9 @@ from ledger.store import EventStore
 
 GROVE = str(Path(sys.executable).parent / "grove")
 
+# One worker runs both tests, so the resumed demo reuses the first demo's warm start.
+pytestmark = pytest.mark.xdist_group("grove-demo")
+
 
 def demo(workdir: Path, *args: str) -> dict:
     result = subprocess.run(
@@ -49,10 +52,17 @@ def attempts(workdir: Path, run_id: str, steps: int) -> list[AttemptState]:
         store.close()
 
 
+@pytest.fixture(scope="module")
+def two_steps(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """A two-step demo from scratch (the warm start fitted in its workdir): workdir, summary."""
+    workdir = tmp_path_factory.mktemp("demo")
+    return workdir, demo(workdir, "--steps", "2")
+
+
 def test_a_two_step_demo_trains_a_tool_using_agent_on_forest_rows_with_exact_logprobs(
-    tmp_path: Path,
+    two_steps: tuple[Path, dict],
 ):
-    summary = demo(tmp_path, "--steps", "2")
+    workdir, summary = two_steps
     assert summary["steps"] == 2
     assert summary["logical_rollouts"] == 16
     assert summary["rows"] > summary["logical_rollouts"]  # compaction made more rows
@@ -72,11 +82,11 @@ def test_a_two_step_demo_trains_a_tool_using_agent_on_forest_rows_with_exact_log
         "run_id",
     }
     # The model was warm-started, and the fit is cached in the workdir.
-    (entry,) = (tmp_path / "warm_start").iterdir()
+    (entry,) = (workdir / "warm_start").iterdir()
     fit = json.loads((entry / "manifest.json").read_text())
     assert fit["final_loss"] < fit["first_loss"] / 10
     # The agent called its tool, and every accepted tool call was continued with its result.
-    states = attempts(tmp_path, summary["run_id"], steps=2)
+    states = attempts(workdir, summary["run_id"], steps=2)
     calls = [(s.capture_key, c) for s in states for c in s.calls.values()]
     looked_up = [
         (key, c.call_id)
@@ -94,10 +104,13 @@ def test_a_two_step_demo_trains_a_tool_using_agent_on_forest_rows_with_exact_log
 
 
 @pytest.mark.slow
-def test_a_resumed_demo_reaches_the_state_of_an_uninterrupted_one(tmp_path: Path):
+def test_a_resumed_demo_reaches_the_state_of_an_uninterrupted_one(
+    tmp_path: Path, two_steps: tuple[Path, dict]
+):
+    # The warm start is deterministic (tests/unit/jobs/test_warm_start.py): share its cache.
+    for run in ("straight", "resumed"):
+        shutil.copytree(two_steps[0] / "warm_start", tmp_path / run / "warm_start")
     straight = demo(tmp_path / "straight", "--steps", "3")
-    # The warm start is deterministic (tests/unit/jobs/test_warm_start.py); share its cache.
-    shutil.copytree(tmp_path / "straight" / "warm_start", tmp_path / "resumed" / "warm_start")
     demo(tmp_path / "resumed", "--steps", "2")
     resumed = demo(tmp_path / "resumed", "--steps", "3", "--resume")
     assert resumed["steps"] == straight["steps"] == 3
