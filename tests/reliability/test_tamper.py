@@ -33,7 +33,7 @@ from training.projector import FinalizedRollout, Projector, ProjectorSettings, P
 
 from .conftest import capture_service
 from .figures import FiguresFile
-from .rollouts import Played, play
+from .rollouts import Played, play, record_result
 
 SEED = 20261129
 GROUPS = 6
@@ -189,6 +189,9 @@ class Contradiction:
     masked: str
     selected_first: bool = True
     after_decision: bool = False
+    result_after: bool = False
+    """The fold leaves the appended event out (a selection naming calls never intended), so the
+    attempt still takes its harness's result, recorded after it; the contradiction masks it."""
 
 
 def _committed(log: AttemptLog, key: str, call_id: str = "t1") -> CallCommitted:
@@ -240,8 +243,9 @@ CONTRADICTIONS = [
         ),
         AttemptError,
         r"selection names unknown calls \['t7'\]",
-        "selected_call_missing",
+        "ledger_contradiction",
         selected_first=False,
+        result_after=True,
     ),
     Contradiction(
         "second selection of other calls",
@@ -305,6 +309,9 @@ def test_a_contradictory_event_appended_to_the_store_masks_only_its_rollout(
     store = capture.log.store
     event = case.make(capture.log, victim.capture_key, sibling.capture_key)
     store.append(victim.capture_key, [event])  # payload checked, lifecycle rules not
+    if case.result_after:
+        assert capture.log.load(victim.capture_key).selection is None
+        record_result(capture, victim.capture_key, victim.result)
     batches = publish_all(caught_up(fresh_projector(capture), store))
 
     (batch,) = batches
