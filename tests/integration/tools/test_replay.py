@@ -15,7 +15,7 @@ from ledger import admission
 from ledger.admission import DecisionKind, RootReason
 from ledger.events import BatchPublished
 from ledger.store import EventStore
-from training import projector
+from training import finalization
 from training.selection import BUILTIN_POLICIES, returned_history
 
 from .grove_cli import Outcome, run_grove
@@ -152,12 +152,12 @@ def test_verify_reports_a_changed_selection_policy_and_exits_non_zero(
 def test_verify_reports_a_changed_forest_and_exits_non_zero(
     demo: DemoLedger, monkeypatch: pytest.MonkeyPatch
 ):
-    build_forest = projector.build_forest
+    build_forest = finalization.build_forest
 
     def reversed_paths(records, selected, terminal=None):
         return build_forest(records, list(reversed(selected)), terminal=terminal)
 
-    monkeypatch.setattr(projector, "build_forest", reversed_paths)
+    monkeypatch.setattr(finalization, "build_forest", reversed_paths)
     outcome = _replay(demo, demo.showcase_key, "--verify")
     assert outcome.code == 1
     finalized = demo.state(demo.showcase_key).finalized
