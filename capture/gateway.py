@@ -35,8 +35,6 @@ call; a committed call whose answer was not delivered records the cancellation
 from __future__ import annotations
 
 import hmac
-import threading
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -98,7 +96,6 @@ ROOT_REASON_HEADER: Final = "X-Grove-Root-Reason"
 """Answer header: why the call is a root (``docs/normalization.md``)."""
 DEFAULT_MAX_TOKENS: Final = 256
 DEFAULT_SETTLE_TIMEOUT_S: Final = 300.0
-_STATE_CACHE_SIZE: Final = 4096
 
 Selector = Callable[[AttemptState, dict[str, Any]], RolloutSelected]
 """``(settled attempt state, harness result) -> rollout.selected``; raises ``ValueError`` when
@@ -131,8 +128,6 @@ class _Gateway:
         self.default_max_tokens = default_max_tokens
         self.settle_timeout_s = settle_timeout_s
         self.converter = RequestConverter(model_name, default_max_tokens, service.renderer)
-        self._states: OrderedDict[str, AttemptState] = OrderedDict()
-        self._lock = threading.Lock()
 
     # -- attempts ----------------------------------------------------------------------------
 
