@@ -38,14 +38,17 @@ from training.loss import (
     token_diagnostics,
 )
 from training.metrics import OPTIMIZER_STEPS, SCHEDULER_STEP_INCREMENT
+from training.rows import RowMedia
 
 __all__ = [
+    "LogprobFunction",
     "StepBatch",
     "StepReport",
     "Trainer",
     "causal_token_logprobs",
     "recompute_token_logprobs",
     "rollout_warmup_scheduler",
+    "row_logprobs",
     "step_batch",
 ]
 
@@ -62,6 +65,8 @@ class StepBatch:
     rollout index in ``[0, logical_rollouts)`` or -1 for execution padding; ``row_mask`` bool
     ``(R,)`` or None (all kept): False for rows a rollout decision excluded from loss (pooled
     TMPE threshold, overlong filtering). Padding rows carry no loss token and zero advantage.
+    ``routes`` int ``(R, T, top_k)`` or None and ``media`` (per row) are the rows' routed experts
+    and media, for a ``LogprobFunction`` that replays them.
     """
 
     token_ids: torch.Tensor
@@ -71,6 +76,8 @@ class StepBatch:
     owners: torch.Tensor
     logical_rollouts: int
     row_mask: torch.Tensor | None = None
+    routes: torch.Tensor | None = None
+    media: tuple[tuple[RowMedia, ...], ...] = ()
 
     def __post_init__(self) -> None:
         grid = tuple(self.token_ids.shape)
@@ -177,6 +184,8 @@ def step_batch(batch: TrainingBatch, advantages: LogicalAdvantages) -> StepBatch
         owners=batch.parent_indices,
         logical_rollouts=batch.num_rollouts,
         row_mask=broadcast_to_rows(advantages.trained, batch.parent_indices),
+        routes=batch.routes,
+        media=batch.media,
     )
 
 
@@ -198,6 +207,17 @@ def causal_token_logprobs(model: torch.nn.Module, token_ids: torch.Tensor) -> to
     predicted = logits[:, :-1].log_softmax(dim=-1)  # (R, T-1, V)
     logprobs = predicted.gather(-1, token_ids[:, 1:, None]).squeeze(-1)  # (R, T-1)
     return torch.nn.functional.pad(logprobs, (1, 0), value=0.0)  # (R, T)
+
+
+LogprobFunction = Callable[[torch.nn.Module, StepBatch, slice], torch.Tensor]
+"""How the trainer computes the differentiable logprobs ``(r, T)`` of a micro batch: the model,
+the step's batch, and the slice of its rows. Model features that need more than token ids
+(replayed routes, media, packed trees) supply their own."""
+
+
+def row_logprobs(model: torch.nn.Module, batch: StepBatch, rows: slice) -> torch.Tensor:
+    """The default ``LogprobFunction``: each row as its own causal sequence of token ids."""
+    return causal_token_logprobs(model, batch.token_ids[rows])
 
 
 @torch.no_grad()
@@ -257,7 +277,7 @@ class Trainer:
         clip: ClipRange = DEFAULT_CLIP,
         max_grad_norm: float | None = 1.0,
         min_step_batch_fraction: float = 1.0,
-        logprobs: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor] = causal_token_logprobs,
+        logprobs: LogprobFunction = row_logprobs,
     ) -> None:
         if global_batch_rollouts < 1 or micro_batch_size < 1:
             raise BatchError(
@@ -311,7 +331,7 @@ class Trainer:
         logprob_parts: list[torch.Tensor] = []
         for start in range(0, batch.rows, self.micro_batch_size):
             rows = slice(start, start + self.micro_batch_size)
-            trainer_logprobs = self.logprobs(self.model, batch.token_ids[rows])
+            trainer_logprobs = self.logprobs(self.model, batch, rows)
             result = clipped_policy_gradient_loss(
                 trainer_logprobs,
                 batch.generation_logprobs[rows],
