@@ -49,12 +49,14 @@ PUBLIC = {
         "token_diagnostics",
     },
     "training.trainer": {
+        "LogprobFunction",
         "StepBatch",
         "StepReport",
         "Trainer",
         "causal_token_logprobs",
         "recompute_token_logprobs",
         "rollout_warmup_scheduler",
+        "row_logprobs",
         "step_batch",
     },
     "training.checkpoint": {
