@@ -29,7 +29,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from capture.engine import Generation, SamplingParams
+from capture.engine import Generation, OutputConstraint, SamplingParams
 from capture.errors import InvalidPromptError, PromptTooLongError, UnsupportedSamplingError
 from capture.grammar import (
     ConstraintUnsupportedError,
@@ -231,7 +231,9 @@ class EmbeddedEngine:
                 if sampling.seed is None
                 else torch.Generator().manual_seed(sampling.seed)
             )
-            mask = None if sampling.constraint is None else self._mask(sampling)
+            mask = (
+                None if sampling.constraint is None else self._mask(sampling.constraint, sampling)
+            )
             tokens: list[int] = []
             logprobs: list[float] = []
             finish = "length"
@@ -270,12 +272,7 @@ class EmbeddedEngine:
             if got != supported:
                 raise UnsupportedSamplingError(self.name, name, got, supported)
         if sampling.constraint is not None:
-            if self.tokenizer is None:
-                raise ConstraintUnsupportedError(
-                    self.name,
-                    "it was built without its tokenizer, whose vocabulary the grammar "
-                    "masks; build it with tokenizer=...",
-                )
+            self._tokenizer_for_grammar()
             grammar_text(sampling.constraint)  # a schema it cannot enforce is refused here
         if not prompt_token_ids:
             raise InvalidPromptError("a prompt has at least one token", list(prompt_token_ids))
@@ -287,14 +284,22 @@ class EmbeddedEngine:
         if len(prompt_token_ids) + sampling.max_tokens > context:
             raise PromptTooLongError(len(prompt_token_ids), sampling.max_tokens, context)
 
-    def _mask(self, sampling: SamplingParams) -> GrammarMask:
+    def _tokenizer_for_grammar(self) -> PreTrainedTokenizerBase:
+        if self.tokenizer is None:
+            raise ConstraintUnsupportedError(
+                self.name,
+                "it was built without its tokenizer, whose vocabulary the grammar "
+                "masks; build it with tokenizer=...",
+            )
+        return self.tokenizer
+
+    def _mask(self, constraint: OutputConstraint, sampling: SamplingParams) -> GrammarMask:
         """A grammar mask for one generation (the compiler built on first use, under the lock)."""
-        assert sampling.constraint is not None and self.tokenizer is not None  # check() ran
         if self._grammar is None:
             self._grammar = TokenizerGrammar(
-                self.tokenizer,
+                self._tokenizer_for_grammar(),
                 vocab_size=self.model.config.vocab_size,
                 stop_token_ids=self.stop_token_ids,
             )
         stops = self.stop_token_ids | set(sampling.stop_token_ids)
-        return self._grammar.mask(sampling.constraint, stops)
+        return self._grammar.mask(constraint, stops)

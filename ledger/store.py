@@ -33,7 +33,7 @@ from ledger.postgres import PostgresBackend
 from ledger.projecting import Folded, project_appended
 from ledger.schema import EVENTS
 from ledger.sqlite import SqliteBackend
-from ledger.upcasting import decode_payload, upcast
+from ledger.upcasting import E, decode_as, decode_payload, upcast
 
 __all__ = [
     "ANY_VERSION",
@@ -102,6 +102,10 @@ class StoredEvent:
     def decode(self) -> Event:
         """The payload as the current event model (upcast when it is an older version)."""
         return decode_payload(self.event_type, self.schema_version, self.payload)
+
+    def decode_as(self, kind: type[E]) -> E:
+        """The payload as the event model ``kind``, or ``InvalidEventPayload`` if it is another."""
+        return decode_as(kind, self.event_type, self.schema_version, self.payload)
 
 
 @dataclass(frozen=True)

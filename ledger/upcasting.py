@@ -8,12 +8,12 @@ bump an event's ``schema_version`` (``test_upcasting.py`` checks every gap is co
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from ledger.errors import InvalidEventPayload
 from ledger.events import Event, event_class, validate_payload
 
-__all__ = ["UPCASTERS", "Upcaster", "decode_payload", "upcast", "upcaster"]
+__all__ = ["UPCASTERS", "Upcaster", "decode_as", "decode_payload", "upcast", "upcaster"]
 
 Payload = dict[str, Any]
 Upcaster = Callable[[Payload], Payload]
@@ -58,6 +58,20 @@ def upcast(event_type: str, schema_version: int, payload: Payload) -> Payload:
 def decode_payload(event_type: str, schema_version: int, payload: Payload) -> Event:
     """The stored payload as the current event model."""
     return validate_payload(event_type, upcast(event_type, schema_version, payload))
+
+
+E = TypeVar("E", bound=Event)
+
+
+def decode_as(kind: type[E], event_type: str, schema_version: int, payload: Payload) -> E:
+    """The stored payload as the event model ``kind``; ``InvalidEventPayload`` when the stored
+    event is of another type (a reader that filtered by type and got something else)."""
+    event = decode_payload(event_type, schema_version, payload)
+    if not isinstance(event, kind):
+        raise InvalidEventPayload(
+            event_type, schema_version, f"expected a {kind.__name__} event here"
+        )
+    return event
 
 
 @upcaster("attempt.opened", from_version=1)

@@ -30,7 +30,7 @@ from ledger.events import AttemptOpened, CallIntended, RolloutFinalized
 from ledger.projections import catch_up
 from ledger.schema import JsonType
 from ledger.store import EventStore, StoredEvent
-from ledger.upcasting import decode_payload
+from ledger.upcasting import decode_as
 
 __all__ = [
     "QUERIES",
@@ -212,9 +212,7 @@ def _finalized(conn: Connection, capture_key: str) -> RolloutFinalized | None:
     row = conn.execute(query, {"key": capture_key}).first()
     if row is None:
         return None
-    event = decode_payload(RolloutFinalized.type, row.schema_version, row.payload)
-    assert isinstance(event, RolloutFinalized)
-    return event
+    return decode_as(RolloutFinalized, RolloutFinalized.type, row.schema_version, row.payload)
 
 
 def _divergences(store: EventStore, capture_key: str) -> dict[str, dict[str, Any]]:
@@ -224,8 +222,7 @@ def _divergences(store: EventStore, capture_key: str) -> dict[str, dict[str, Any
     for stored in store.read_stream(capture_key):
         if stored.event_type != CallIntended.type:
             continue
-        event = stored.decode()
-        assert isinstance(event, CallIntended)
+        event = stored.decode_as(CallIntended)
         divergence = event.admission.get("divergence")
         if isinstance(divergence, dict):
             found[event.call_id] = divergence

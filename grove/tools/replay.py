@@ -48,7 +48,7 @@ from ledger.replay import (
 )
 from ledger.schema import JsonType
 from ledger.store import EventStore, StoredEvent
-from ledger.upcasting import decode_payload
+from ledger.upcasting import decode_as
 from storage import BlobStore
 from training.errors import TrainingError
 from training.projector import captured_calls, finalization_event, finalization_forest
@@ -134,8 +134,7 @@ def verify_selection(
     stored = _first(events, RolloutSelected.type, until)
     if stored is None:
         return []
-    recorded = stored.decode()
-    assert isinstance(recorded, RolloutSelected)
+    recorded = stored.decode_as(RolloutSelected)
     subject = capture_key
     policies = policies or PolicyRegistry.of()
     skipped = None
@@ -189,8 +188,7 @@ def verify_finalization(
     stored = _first(events, RolloutFinalized.type, until)
     if stored is None:
         return []
-    recorded = stored.decode()
-    assert isinstance(recorded, RolloutFinalized)
+    recorded = stored.decode_as(RolloutFinalized)
     state = state_before(capture_key, events, stored.position)
     # The decision reads only the selected calls' blobs: cleaning unselected ones changes nothing.
     selection = state.selection.call_ids if state.selection else ()
@@ -253,8 +251,7 @@ def _published(conn: Connection) -> list[_Published]:
     query = text(QUERIES["published"]).columns(payload=JsonType)
     batches = []
     for row in conn.execute(query):
-        event = decode_payload(BatchPublished.type, row.schema_version, row.payload)
-        assert isinstance(event, BatchPublished)
+        event = decode_as(BatchPublished, BatchPublished.type, row.schema_version, row.payload)
         batches.append(_Published(row.stream_id, row.stream_version, row.position, event))
     return batches
 
@@ -280,8 +277,7 @@ def _finalized_rollouts(
         opened = events[0].decode() if events else None
         if stored is None or not isinstance(opened, AttemptOpened):
             continue
-        event = stored.decode()
-        assert isinstance(event, RolloutFinalized)
+        event = stored.decode_as(RolloutFinalized)
         if rollout_id not in first or stored.position < first[rollout_id].position:
             first[rollout_id] = _Finalized(opened.prompt_group, event, stored.position)
     return first
@@ -406,15 +402,14 @@ def replay(
     steps = replay_attempt(capture_key, events, until)
     if blobs is None:
         return AttemptReplay(capture_key, steps, None)
-    state = fold_attempt(capture_key, (s.decode() for s in events))
-    assert state.opened is not None
+    opened = events[0].decode_as(AttemptOpened)  # attempt_events: the stream opens an attempt
     finalized = _first(events, RolloutFinalized.type, until)
     checks = [
         *verify_admissions(capture_key, events, until),
         *verify_selection(capture_key, events, until, policies),
         *verify_finalization(capture_key, events, blobs, until),
         *verify_publication(
-            store, state.opened.rollout_id, finalized.position if finalized else None, until
+            store, opened.rollout_id, finalized.position if finalized else None, until
         ),
     ]
     return AttemptReplay(capture_key, steps, tuple(checks))

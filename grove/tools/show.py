@@ -103,13 +103,12 @@ def _node_title(call: CallLineage) -> str:
             f"{call.generated_len} generated"
         )
     if call.divergence is not None:
-        lines.append(_divergence_text(call))
+        lines.append(_divergence_text(call.divergence))
     return "\n".join(lines)
 
 
-def _divergence_text(call: CallLineage) -> str:
-    assert call.divergence is not None
-    return Divergence.from_payload(call.divergence).describe()
+def _divergence_text(divergence: dict[str, Any]) -> str:
+    return Divergence.from_payload(divergence).describe()
 
 
 def _graph_svg(lineage: AttemptLineage) -> str:
@@ -273,7 +272,7 @@ def _divergences_html(lineage: AttemptLineage) -> str:
     blocks = [
         f'<section class="divergence" data-call="{html.escape(c.call_id)}">'
         f"<h3>{html.escape(c.call_id)}: root ({html.escape(str(c.root_reason))})</h3>"
-        f"<pre>{html.escape(_divergence_text(c))}</pre></section>"
+        f"<pre>{html.escape(_divergence_text(c.divergence))}</pre></section>"
         for c in lineage.calls
         if c.divergence is not None
     ]
@@ -416,8 +415,7 @@ def write_attempt_page(store: EventStore, blobs: BlobStore, key: str, path: Path
     """Write the page of the attempt ``key`` names to ``path`` (written last, whole)."""
     capture_key, events = attempt_events(store, key)
     (lineage,) = [a for a in attempt_lineages(store, capture_key) if a.capture_key == capture_key]
-    opened = events[0].decode()
-    assert isinstance(opened, AttemptOpened)
+    opened = events[0].decode_as(AttemptOpened)
     finalized = [s for s in events if s.event_type == RolloutFinalized.type]
     cutoff = finalized[0].position if finalized else events[-1].position + 1
     state = state_before(capture_key, events, cutoff)
