@@ -42,6 +42,7 @@ from training.rows import RowMedia
 
 __all__ = [
     "LogprobFunction",
+    "MicroBatchPlan",
     "StepBatch",
     "StepReport",
     "Trainer",
@@ -215,6 +216,19 @@ the step's batch, and the slice of its rows. Model features that need more than 
 (replayed routes, media, packed trees) supply their own."""
 
 
+MicroBatchPlan = Callable[[StepBatch, int], list[slice]]
+"""How the trainer splits a step's rows into micro batches, given the micro batch size: slices
+that tile the rows in order (default: fixed slices of that many rows). A ``LogprobFunction`` that
+shares work between rows supplies one that keeps those rows together
+(``training.tree_logprobs.owner_micro_batches``)."""
+
+
+def _fixed_micro_batches(batch: StepBatch, micro_batch_size: int) -> list[slice]:
+    return [
+        slice(start, start + micro_batch_size) for start in range(0, batch.rows, micro_batch_size)
+    ]
+
+
 def row_logprobs(model: torch.nn.Module, batch: StepBatch, rows: slice) -> torch.Tensor:
     """The default ``LogprobFunction``: each row as its own causal sequence of token ids."""
     return causal_token_logprobs(model, batch.token_ids[rows])
@@ -278,6 +292,7 @@ class Trainer:
         max_grad_norm: float | None = 1.0,
         min_step_batch_fraction: float = 1.0,
         logprobs: LogprobFunction = row_logprobs,
+        micro_batches: MicroBatchPlan | None = None,
     ) -> None:
         if global_batch_rollouts < 1 or micro_batch_size < 1:
             raise BatchError(
@@ -299,6 +314,7 @@ class Trainer:
         self.max_grad_norm = max_grad_norm
         self.min_step_rollouts = math.ceil(min_step_batch_fraction * global_batch_rollouts)
         self.logprobs = logprobs
+        self.micro_batches = micro_batches
         self.step = 0
 
     def _check_cardinality(self, batch: StepBatch) -> None:
@@ -329,8 +345,8 @@ class Trainer:
         loss = 0.0
         clipped = 0
         logprob_parts: list[torch.Tensor] = []
-        for start in range(0, batch.rows, self.micro_batch_size):
-            rows = slice(start, start + self.micro_batch_size)
+        plan = self.micro_batches or _fixed_micro_batches
+        for rows in plan(batch, self.micro_batch_size):
             trainer_logprobs = self.logprobs(self.model, batch, rows)
             result = clipped_policy_gradient_loss(
                 trainer_logprobs,

@@ -50,6 +50,7 @@ PUBLIC = {
     },
     "training.trainer": {
         "LogprobFunction",
+        "MicroBatchPlan",
         "StepBatch",
         "StepReport",
         "Trainer",
