@@ -39,6 +39,7 @@ from training.loss import (
 )
 from training.metrics import OPTIMIZER_STEPS, SCHEDULER_STEP_INCREMENT
 from training.rows import RowMedia
+from training.sharding import SINGLE_PROCESS, RankGroup, rank_micro_batches, rank_rows
 
 __all__ = [
     "LogprobFunction",
@@ -229,6 +230,13 @@ def _fixed_micro_batches(batch: StepBatch, micro_batch_size: int) -> list[slice]
     ]
 
 
+def _row_grid(model: torch.nn.Module, batch: StepBatch) -> torch.Tensor:
+    """Zeros ``(R, T)`` in the dtype (at least float32) and device of the model's logprobs."""
+    param = next(model.parameters())
+    dtype = torch.promote_types(param.dtype, torch.float32)
+    return torch.zeros(batch.token_ids.shape, dtype=dtype, device=param.device)
+
+
 def row_logprobs(model: torch.nn.Module, batch: StepBatch, rows: slice) -> torch.Tensor:
     """The default ``LogprobFunction``: each row as its own causal sequence of token ids."""
     return causal_token_logprobs(model, batch.token_ids[rows])
@@ -293,6 +301,7 @@ class Trainer:
         min_step_batch_fraction: float = 1.0,
         logprobs: LogprobFunction = row_logprobs,
         micro_batches: MicroBatchPlan | None = None,
+        ranks: RankGroup = SINGLE_PROCESS,
     ) -> None:
         if global_batch_rollouts < 1 or micro_batch_size < 1:
             raise BatchError(
@@ -315,6 +324,7 @@ class Trainer:
         self.min_step_rollouts = math.ceil(min_step_batch_fraction * global_batch_rollouts)
         self.logprobs = logprobs
         self.micro_batches = micro_batches
+        self.ranks = ranks
         self.step = 0
 
     def _check_cardinality(self, batch: StepBatch) -> None:
@@ -344,9 +354,13 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         loss = 0.0
         clipped = 0
-        logprob_parts: list[torch.Tensor] = []
         plan = self.micro_batches or _fixed_micro_batches
-        for rows in plan(batch, self.micro_batch_size):
+        # Data-parallel ranks (training/sharding.py): this rank runs the micro batches that start
+        # in its shard of the rows (all of them in one process); gradients, loss and logprobs
+        # are then summed over the ranks.
+        shard = rank_rows(batch.rows, rank=self.ranks.rank, world_size=self.ranks.world_size)
+        trained_logprobs = _row_grid(self.model, batch)  # (R, T): this rank's rows, zero elsewhere
+        for rows in rank_micro_batches(plan(batch, self.micro_batch_size), shard):
             trainer_logprobs = self.logprobs(self.model, batch, rows)
             result = clipped_policy_gradient_loss(
                 trainer_logprobs,
@@ -359,7 +373,10 @@ class Trainer:
             result.loss.backward()
             loss += float(result.loss.detach())
             clipped += result.clipped_tokens
-            logprob_parts.append(trainer_logprobs.detach())
+            trained_logprobs[rows] = trainer_logprobs.detach()
+        self.ranks.sum_gradients(self.model.parameters())
+        loss, summed_clipped = self.ranks.sum_values([loss, clipped])
+        clipped = int(summed_clipped)
         grad_norm = None
         if self.max_grad_norm is not None:
             grad_norm = float(
@@ -371,7 +388,7 @@ class Trainer:
                 self.scheduler.step()
         self.step += 1
         diagnostics = token_diagnostics(
-            torch.cat(logprob_parts),
+            self.ranks.sum_tensor(trained_logprobs),
             batch.generation_logprobs,
             batch.loss_mask,
             batch.owners,
