@@ -6,8 +6,9 @@ A checkpoint is one directory ``step_{step:08d}`` holding::
     optimizer.pt        optimizer state
     scheduler.pt        learning-rate scheduler state (its clock counts logical rollouts)
     rng.pt              python, numpy and torch generator states
-    metadata.json       schema version, step, forest mode, execution row multiple, selection
-                        policy, configuration digest, projector position (opaque, the caller's)
+    metadata.json       schema version, step, forest mode, execution row multiple, data-parallel
+                        size, selection policy, configuration digest, projector position (opaque,
+                        the caller's)
     manifest.json       sha256 and size of every file above; written last
 
 It is written into a temporary directory next to its final name and renamed into place, with the
@@ -20,8 +21,13 @@ what to do:
 - a missing file (the manifest included) or a digest mismatch;
 - a schema older than 4, or newer than 5; schema 4 (no forest metadata) in forest mode — schema 4
   still loads in non-forest mode (``docs/train.md``, "Resume");
-- a changed forest mode, a changed execution row multiple (forest mode), or a configuration digest
-  other than the one the caller expects.
+- a changed forest mode, a changed data-parallel size, a changed execution row multiple (forest
+  mode), or a configuration digest other than the one the caller expects.
+
+The data-parallel size is the ``policy.data_parallel_size`` the run's steps were laid out for, not
+how many processes trained them: a run of two ``torchrun`` ranks resumes in one process with the
+same setting (that process trains every rank's rows) and the other way round
+(``docs/train.md``, "Data-parallel training").
 
 Torch files are read with ``weights_only=True``: a checkpoint is data, never code.
 """
@@ -146,7 +152,9 @@ class CheckpointMetadata:
     ``save_checkpoint``; consumer: ``load_checkpoint`` and the projector on resume).
 
     ``step`` counts optimizer steps taken. ``forest_mode``, ``execution_row_multiple`` and
-    ``selection_policy`` are None only in schema-4 checkpoints, which predate them.
+    ``selection_policy`` are None only in schema-4 checkpoints, which predate them;
+    ``data_parallel_size`` (``policy.data_parallel_size``) is None in checkpoints written before
+    Grove recorded it.
     ``projector_position`` is the projector's opaque JSON-able resume point (ledger position and
     whatever else it needs); ``config_digest`` is ``GroveConfig.digest()`` of the run.
     """
@@ -158,16 +166,19 @@ class CheckpointMetadata:
     config_digest: str
     projector_position: Mapping[str, Any] = field(default_factory=dict)
     schema_version: int = CHECKPOINT_SCHEMA
+    data_parallel_size: int | None = None
 
 
 @dataclass(frozen=True)
 class ResumeExpectation:
     """The resuming run's settings that a checkpoint must match. ``config_digest`` None accepts
-    any configuration digest (an explicit decision to resume under a changed configuration)."""
+    any configuration digest (an explicit decision to resume under a changed configuration);
+    ``data_parallel_size`` None accepts any data-parallel size."""
 
     forest_mode: bool
     execution_row_multiple: int
     config_digest: str | None = None
+    data_parallel_size: int | None = None
 
 
 def _sha256(path: Path) -> str:
@@ -345,6 +356,7 @@ def verify_checkpoint(path: str | os.PathLike[str]) -> CheckpointMetadata:
             config_digest=str(raw["config_digest"]),
             projector_position=dict(raw.get("projector_position", {})),
             schema_version=raw["schema_version"],
+            data_parallel_size=raw.get("data_parallel_size"),
         )
     except (KeyError, TypeError, ValueError) as error:
         raise CheckpointError(
@@ -392,6 +404,22 @@ def _check_compatible(path: Path, saved: CheckpointMetadata, expect: ResumeExpec
             expect.forest_mode,
             f"resume with token_capture.forest_training: {str(saved_forest).lower()}, or start "
             "a fresh run.",
+        )
+    if (
+        saved.data_parallel_size is not None
+        and expect.data_parallel_size is not None
+        and saved.data_parallel_size != expect.data_parallel_size
+    ):
+        raise CheckpointIncompatible(
+            path,
+            "policy.data_parallel_size",
+            saved.data_parallel_size,
+            expect.data_parallel_size,
+            "its steps were laid out for that many data-parallel ranks (each prompt group padded "
+            "to policy.data_parallel_size x policy.train_micro_batch_size rows). Resume with "
+            f"policy.data_parallel_size: {saved.data_parallel_size}, under torchrun "
+            f"--nproc-per-node {saved.data_parallel_size} or in one process (which trains every "
+            "rank's rows), or start a fresh run.",
         )
     if expect.forest_mode and saved.execution_row_multiple != expect.execution_row_multiple:
         raise CheckpointIncompatible(

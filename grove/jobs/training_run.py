@@ -46,6 +46,7 @@ from training.errors import BatchError
 from training.loss import ClipRange
 from training.metrics import length_metrics, rollout_lengths, step_metrics
 from training.projector import Projector, ProjectorSettings, PublishedBatch
+from training.sharding import SINGLE_PROCESS, RankGroup
 from training.trainer import (
     StepReport,
     Trainer,
@@ -54,7 +55,7 @@ from training.trainer import (
     step_batch,
 )
 
-__all__ = ["StepSummary", "TrainingRun", "advantage_config"]
+__all__ = ["StepSummary", "TrainingRun", "advantage_config", "build_trainer"]
 
 
 @dataclass(frozen=True)
@@ -91,12 +92,37 @@ def advantage_config(config: GroveConfig) -> AdvantageConfig:
     )
 
 
+def build_trainer(
+    config: GroveConfig, model: torch.nn.Module, *, ranks: RankGroup = SINGLE_PROCESS
+) -> Trainer:
+    """The trainer of ``model`` with the configuration's optimizer (AdamW), scheduler (warm-up in
+    logical rollouts), batches and loss; every data-parallel rank builds the same one."""
+    policy = config.policy
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=policy.learning_rate, weight_decay=policy.weight_decay
+    )
+    scheduler = rollout_warmup_scheduler(optimizer, warmup_rollouts=policy.lr_warmup_rollouts)
+    return Trainer(
+        model,
+        optimizer,
+        scheduler,
+        global_batch_rollouts=policy.train_global_batch_size,
+        micro_batch_size=policy.train_micro_batch_size,
+        clip=ClipRange(low=config.loss_fn.ratio_clip_min, high=config.loss_fn.ratio_clip_max),
+        max_grad_norm=policy.max_grad_norm,
+        min_step_batch_fraction=config.async_rl.rollout_failure.min_step_batch_fraction,
+        ranks=ranks,
+    )
+
+
 class TrainingRun:
     """The consuming side of one run: projector, trainer, checkpoints.
 
     With ``run_id`` the run publishes on the stream ``training-{run_id}`` and follows only
     attempts whose capture keys start with ``capture_prefix`` (default ``{run_id}-``; empty:
-    every attempt), so several runs can share one ledger.
+    every attempt), so several runs can share one ledger. ``ranks`` are the data-parallel ranks
+    it leads (``grove/jobs/distributed.py``): each step's batch is broadcast to them before it
+    trains.
     """
 
     HORIZON_WAIT_S = 30.0  # how long a step waits for events held behind the reader's horizon
@@ -112,6 +138,7 @@ class TrainingRun:
         pad_token_id: int = 0,
         run_id: str = "",
         capture_prefix: str | None = None,
+        ranks: RankGroup = SINGLE_PROCESS,
     ) -> None:
         self.config = config
         self.model = model
@@ -135,20 +162,7 @@ class TrainingRun:
                 max_policy_lag=config.async_rl.max_policy_lag,
             ),
         )
-        optimizer = torch.optim.AdamW(
-            model.parameters(), lr=policy.learning_rate, weight_decay=policy.weight_decay
-        )
-        scheduler = rollout_warmup_scheduler(optimizer, warmup_rollouts=policy.lr_warmup_rollouts)
-        self.trainer = Trainer(
-            model,
-            optimizer,
-            scheduler,
-            global_batch_rollouts=policy.train_global_batch_size,
-            micro_batch_size=policy.train_micro_batch_size,
-            clip=ClipRange(low=config.loss_fn.ratio_clip_min, high=config.loss_fn.ratio_clip_max),
-            max_grad_norm=policy.max_grad_norm,
-            min_step_batch_fraction=config.async_rl.rollout_failure.min_step_batch_fraction,
-        )
+        self.trainer = build_trainer(config, model, ranks=ranks)
         self.advantages = advantage_config(config)
 
     @property
@@ -170,6 +184,7 @@ class TrainingRun:
                 forest_mode=self.config.token_capture.forest_training,
                 execution_row_multiple=self.config.policy.execution_row_multiple,
                 config_digest=self.config.digest(),
+                data_parallel_size=self.config.policy.data_parallel_size,
             ),
         )
         self.trainer.step = meta.step
@@ -230,7 +245,9 @@ class TrainingRun:
         published, decisions = self._kept_groups(published)
         outcomes = self._outcomes(published)
         advantages = compute_advantages(outcomes, self.advantages)
-        report = self.trainer.train_step(step_batch(published.batch, advantages))
+        # Every data-parallel rank trains its shard of the same step (one process: all of it).
+        batch = self.trainer.ranks.broadcast(step_batch(published.batch, advantages))
+        report = self.trainer.train_step(batch)
         metrics = {
             **report.metrics(),
             **step_metrics(
@@ -329,6 +346,7 @@ class TrainingRun:
                 step=self.trainer.step,
                 forest_mode=self.config.token_capture.forest_training,
                 execution_row_multiple=self.config.policy.execution_row_multiple,
+                data_parallel_size=self.config.policy.data_parallel_size,
                 selection_policy=self.config.token_capture.selection_policy,
                 config_digest=self.config.digest(),
                 projector_position={
