@@ -341,6 +341,89 @@ def serve(
         policy.close()
 
 
+@app.command("project")
+def project(
+    rollouts_per_group: Annotated[
+        int, typer.Option("--rollouts-per-group", min=1, help="Logical rollouts per prompt group.")
+    ],
+    groups_per_step: Annotated[
+        int, typer.Option("--groups-per-step", min=1, help="Prompt groups per published step.")
+    ] = 1,
+    steps: Annotated[
+        int,
+        typer.Option(
+            "--steps",
+            min=0,
+            help="Publish steps 0..N-1 too and return when all are published (0: only "
+            "finalize, until stopped).",
+        ),
+    ] = 0,
+    max_groups: Annotated[
+        int,
+        typer.Option("--max-groups", min=1, help="Prompt groups this shard leases at once."),
+    ] = 8,
+    row_multiple: Annotated[
+        int, typer.Option("--row-multiple", min=1, help="Pad each step's rows to a multiple.")
+    ] = 1,
+    pad_token_id: Annotated[
+        int, typer.Option("--pad-token-id", min=0, help="Token id of padding rows.")
+    ] = 0,
+    forest_training: Annotated[
+        bool,
+        typer.Option(
+            "--forest-training/--no-forest-training",
+            help="The run's token_capture.forest_training.",
+        ),
+    ] = True,
+    max_row_tokens: Annotated[
+        int | None,
+        typer.Option("--max-row-tokens", min=1, help="Mask rollouts with longer rows."),
+    ] = None,
+    training_stream: Annotated[
+        str, typer.Option("--training-stream", help="The stream steps are published on.")
+    ] = "training",
+    capture_prefix: Annotated[
+        str, typer.Option("--capture-prefix", help="Follow only attempts with this prefix.")
+    ] = "",
+    poll_interval: Annotated[
+        float, typer.Option("--poll-interval", min=0.0, help="Seconds between polls.")
+    ] = 0.2,
+    as_json: JsonOption = False,
+    workdir: WorkdirOption = None,
+    database_url: DatabaseOption = None,
+    blob_url: BlobOption = None,
+) -> None:
+    """Run one projector shard on a PostgreSQL ledger: finalize the rollouts of the prompt
+    groups it leases, and with --steps publish steps (docs/scale.md). Start several; a shard
+    that dies releases its leases and another takes its groups over."""
+    from grove.jobs.project import run_shard
+    from training.projector import ProjectorSettings
+
+    ws = _workspace(workdir, database_url, blob_url)
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    settings = ProjectorSettings(
+        rollouts_per_group=rollouts_per_group,
+        groups_per_step=groups_per_step,
+        row_multiple=row_multiple,
+        pad_token_id=pad_token_id,
+        training_stream=training_stream,
+        capture_prefix=capture_prefix,
+        forest_training=forest_training,
+        max_row_tokens=max_row_tokens,
+    )
+    with _ledger(ws):  # the schema is this Grove's
+        pass
+    report = run_shard(ws, settings, max_groups=max_groups, steps=steps, poll_s=poll_interval)
+    if as_json:
+        print(json.dumps(report.as_dict()))
+    else:
+        console.print(
+            f"{report.holder}: finalized {report.finalized} rollouts, published steps "
+            f"{list(report.published)}",
+            highlight=False,
+        )
+
+
 @app.command("walkthrough")
 def walkthrough(
     as_json: Annotated[bool, typer.Option("--json", help="Print only one JSON line.")] = False,
@@ -357,10 +440,13 @@ def walkthrough(
 
 @contextmanager
 def _ledger(ws: Workspace) -> Iterator[EventStore]:
-    """The workspace's event store, closed when the command is done."""
+    """The workspace's event store, once its schema is this Grove's (changed by nothing but
+    ``grove db upgrade``), closed when the command is done."""
+    from ledger import migrate
     from ledger.store import EventStore
 
-    store = EventStore.open(ws.existing_ledger(), pool=False)
+    migrate.require_current(ws.existing_ledger())
+    store = EventStore.open(ws.database_url, pool=False)
     try:
         yield store
     finally:

@@ -3,7 +3,12 @@
 SQLite (the embedded default) runs in WAL mode with a busy timeout, and write transactions start
 with ``BEGIN IMMEDIATE``: a deferred transaction that reads the stream version and then writes
 can fail with SQLITE_BUSY without waiting once another writer committed in between
-(https://www.sqlite.org/lang_transaction.html). PostgreSQL runs through psycopg 3.
+(https://www.sqlite.org/lang_transaction.html). It runs with ``synchronous=FULL``: each commit
+syncs the write-ahead log before it returns, so an acknowledged call survives a power loss or an
+operating-system crash; ``NORMAL`` in WAL mode keeps commits across a process kill only, and may
+roll the last ones back after a power loss (https://www.sqlite.org/pragma.html#pragma_synchronous;
+the cost: ``docs/benchmarks.md``, "durability"). PostgreSQL runs through psycopg 3; its commits
+are durable with the server's default ``synchronous_commit=on`` (``docs/reliability.md``).
 
 ``autocommit(connection)`` marks a connection whose statements each commit on their own, for
 one-statement reads: a read then costs one round trip to the server, without ``BEGIN`` and
@@ -31,12 +36,19 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
 from ledger.ddl import APPEND_ONLY_MESSAGE
-from ledger.errors import AppendOnlyViolation, DatabaseUnavailable, LedgerError, SchemaNotReady
+from ledger.errors import (
+    AppendOnlyViolation,
+    DatabaseUnavailable,
+    LedgerError,
+    PrivilegeRefused,
+    SchemaNotReady,
+)
 from ledger.postgres import dump_payload_json, load_payload_json
 
 __all__ = [
     "AUTOCOMMIT",
     "IDLE_PING_S",
+    "SQLITE_SYNCHRONOUS",
     "autocommit",
     "dialect_of",
     "open_engine",
@@ -46,7 +58,10 @@ __all__ = [
 AUTOCOMMIT = "grove_autocommit"
 IDLE_PING_S = 10.0
 SQLITE_BUSY_TIMEOUT_S = 60.0
+SQLITE_SYNCHRONOUS = "FULL"
+"""SQLite's ``synchronous`` setting: every commit is on disk when it returns (module docstring)."""
 _CHECKED_IN_AT = "grove_checked_in_at"
+INSUFFICIENT_PRIVILEGE = "42501"  # PostgreSQL's SQLSTATE for "permission denied"
 
 
 def open_engine(url: str, *, pool: bool = True) -> Engine:
@@ -85,7 +100,7 @@ def _configure_sqlite(engine: Engine) -> None:
         dbapi_connection.isolation_level = None  # we issue BEGIN ourselves
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute(f"PRAGMA synchronous={SQLITE_SYNCHRONOUS}")
         cursor.execute(f"PRAGMA busy_timeout={int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
         cursor.close()
 
@@ -148,6 +163,8 @@ def translate(error: exc.DBAPIError, url: str) -> LedgerError | exc.DBAPIError:
     if APPEND_ONLY_MESSAGE in text:
         operation = next((op for op in ("UPDATE", "DELETE", "TRUNCATE") if op in text), "change")
         return AppendOnlyViolation(operation, text.splitlines()[0])
+    if getattr(error.orig, "sqlstate", None) == INSUFFICIENT_PRIVILEGE:
+        return PrivilegeRefused(_safe(url), text.splitlines()[0])
     lowered = text.lower()
     if "no such table" in lowered or ("relation" in lowered and "does not exist" in lowered):
         return SchemaNotReady(_safe(url), text.splitlines()[0])

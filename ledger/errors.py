@@ -12,6 +12,8 @@
     ├── ImportConflict                a bulk import colliding with recorded events
     ├── AppendOnlyViolation           UPDATE, DELETE or TRUNCATE on the event table
     ├── SchemaNotReady                the database has no (or an old) ledger schema
+    │   └── SchemaOutOfDate           checked on open: absent, behind or ahead of this Grove
+    ├── PrivilegeRefused              the database role lacks a privilege (docs/ledger.md)
     ├── DatabaseUnavailable           the database cannot be reached
     ├── AttemptError                  an attempt lifecycle rule (``attempt.py``)
     └── AdmissionError                a request that cannot be admitted (``admission.py``)
@@ -36,7 +38,9 @@ __all__ = [
     "ImportConflict",
     "InvalidEventPayload",
     "LedgerError",
+    "PrivilegeRefused",
     "SchemaNotReady",
+    "SchemaOutOfDate",
     "StreamIdError",
     "UnknownEventType",
     "WrongExpectedVersion",
@@ -135,6 +139,47 @@ class SchemaNotReady(LedgerError):
         super().__init__(
             f"The ledger schema is missing or out of date at {url}: {detail}. "
             "Run `grove db upgrade` (or `alembic upgrade head`)."
+        )
+
+
+class SchemaOutOfDate(SchemaNotReady):
+    """The ledger schema is absent, behind or ahead of the revision this Grove needs; nothing was
+    changed. Serving, training and the debugging tools never change a schema: the owner upgrades
+    it (``grove db upgrade``)."""
+
+    def __init__(self, url: str, current: str | None, head: str, *, known: bool = True) -> None:
+        self.url = url
+        self.current = current
+        self.head = head
+        upgrade = (
+            f"run `grove db upgrade --database-url {url}` as the schema's owner, then start again"
+        )
+        if current is None:
+            message = f"There is no ledger schema at {url} (this Grove needs revision {head}): "
+            message += upgrade
+        elif known:
+            message = (
+                f"The ledger schema at {url} is at revision {current}; this Grove needs {head}. "
+                f"Grove changes a schema only when told to: {upgrade}"
+            )
+        else:
+            message = (
+                f"The ledger schema at {url} is at revision {current}, which this Grove does not "
+                f"know (its newest is {head}): a newer Grove upgraded it; upgrade Grove"
+            )
+        LedgerError.__init__(self, message)
+
+
+class PrivilegeRefused(LedgerError):
+    """The database refused a statement for lack of a privilege: the role Grove connects as was
+    not granted what the application role needs (docs/ledger.md, "Roles")."""
+
+    def __init__(self, url: str, detail: str) -> None:
+        self.url = url
+        super().__init__(
+            f"The ledger database at {url} refused a statement for lack of privilege ({detail}): "
+            'grant the role the application privileges of docs/ledger.md, "Roles", or run '
+            "schema changes (grove db upgrade) as the schema's owner"
         )
 
 

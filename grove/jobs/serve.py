@@ -1,10 +1,12 @@
 """``grove serve``: the capture gateway wired to a workspace's ledger, blob store and engine.
 
-``build_gateway`` opens (and migrates) the ledger, opens the blob store, builds the embedded
-tokenizer and engine unless an engine is given, and hands ``capture.gateway.create_app`` a
-selector built from ``training/selection.py`` — the application layer is the one place that may
-join capture and training. ``run_server`` serves an application with uvicorn until interrupted;
-``ServerThread`` serves one in a background thread (tests, and the demo's in-process gateway).
+``build_gateway`` checks the ledger's schema revision (``ledger.migrate.require_current``: it
+never changes a PostgreSQL schema; a SQLite ledger is created on first use) and opens it, opens
+the blob store, builds the embedded tokenizer and engine unless an engine is given, and hands
+``capture.gateway.create_app`` a selector built from ``training/selection.py`` — the application
+layer is the one place that may join capture and training. ``run_server`` serves an application
+with uvicorn until interrupted; ``ServerThread`` serves one in a background thread (tests, and the
+demo's in-process gateway).
 
 The selector (``LedgerSelector``) reads the attempt's calls as the projector does
 (``training.projector.captured_calls``: late commits count as pending, calls the harness rejected
@@ -130,7 +132,7 @@ def build_gateway(
     forest_mode: bool = True,
     strict: bool = False,
 ) -> FastAPI:
-    """The gateway over ``workspace``: ledger migrated and opened, blob store, engine, selector.
+    """The gateway over ``workspace``: ledger checked and opened, blob store, engine, selector.
 
     Defaults: the embedded tokenizer and engine (``capture/embedded.py``). ``max_context``
     defaults to the engine's context (the embedded model's, or the vLLM server's ``max_model_len``,
@@ -146,13 +148,13 @@ def build_gateway(
     unexplained roots (``docs/normalization.md``, "Strict mode").
     """
     policies = PolicyRegistry.of(selection_policy)
+    migrate.require_current(workspace.database_url, create_embedded=True)
     tokenizer = tokenizer or build_tokenizer()
     engine = engine or EmbeddedEngine.build(tokenizer)
     if max_context is None and isinstance(engine, EmbeddedEngine):
         max_context = int(engine.model.config.max_position_embeddings)
     elif max_context is None and isinstance(engine, VllmEngine):
         max_context = engine.context_length()
-    migrate.upgrade(workspace.database_url)
     store = EventStore.open(workspace.database_url)
     blobs = open_blob_store(workspace.blob_url)
     renderer = Renderer(tokenizer)

@@ -35,6 +35,13 @@ from fastapi import FastAPI
 from rich.console import Console
 
 from grove.config import EXTERNAL, GroveConfig
+from grove.jobs.distributed import (
+    data_parallel_ranks,
+    end_run,
+    follow_main_rank,
+    leading_ranks,
+    share_training_state,
+)
 from grove.jobs.engines import PolicyEngine, open_policy_engine
 from grove.jobs.models import LoadedModel, load_model
 from grove.jobs.preflight import preflight
@@ -47,10 +54,12 @@ from grove.jobs.serve import ServerThread, build_gateway
 from grove.jobs.step_batches import OverdueAttempts, awaited_batch, played_batch
 from grove.jobs.training_run import StepSummary, TrainingRun
 from grove.workspace import Workspace
+from ledger import migrate
 from ledger.store import EventStore
 from storage import open_blob_store
 from training.cleanup import clean_step
 from training.projector import PublishedBatch
+from training.sharding import RankGroup
 
 __all__ = ["TrainSummary", "run_training"]
 
@@ -86,8 +95,42 @@ def run_training(
     run_id: str | None = None,
     console: Console | None = None,
 ) -> TrainSummary:
-    """Train (or resume) up to ``steps`` optimizer steps (default ``grpo.max_num_steps``)."""
+    """Train (or resume) up to ``steps`` optimizer steps (default ``grpo.max_num_steps``). Under
+    ``torchrun`` rank 0 runs the job and every other rank trains its shard of each step
+    (``grove/jobs/distributed.py``); every rank returns the run's summary."""
+    with data_parallel_ranks(config) as ranks:
+        if ranks.rank > 0:
+            return follow_main_rank(config, ranks, TrainSummary)
+        with leading_ranks(ranks):
+            summary = _lead_training(
+                config,
+                workspace,
+                ranks,
+                source=source,
+                steps=steps,
+                resume=resume,
+                run_id=run_id,
+                console=console,
+            )
+            end_run(ranks, summary)
+        return summary
+
+
+def _lead_training(
+    config: GroveConfig,
+    workspace: Workspace,
+    ranks: RankGroup,
+    *,
+    source: str,
+    steps: int | None,
+    resume: bool,
+    run_id: str | None,
+    console: Console | None,
+) -> TrainSummary:
+    """The job itself: one process's, or rank 0's under ``torchrun``."""
     checked = preflight(config, source)
+    # Before anything is written: a schema absent (PostgreSQL), behind or ahead is refused.
+    migrate.require_current(workspace.database_url, create_embedded=True)
     target = steps if steps is not None else config.grpo.max_num_steps
     if resume:
         run = find_run(workspace, config, run_id)
@@ -102,11 +145,12 @@ def run_training(
     )
     store = EventStore.open(workspace.database_url)
     try:
-        training = _training_run(config, workspace, store, loaded, run)
+        training = _training_run(config, workspace, store, loaded, run, ranks)
         if resume:
             restored = training.resume()
             if restored is not None and console is not None:
                 console.print(f"resumed run {run.run_id} at step {training.step} ({restored})")
+        share_training_state(ranks, training.trainer)
         policy = open_policy_engine(config, loaded, step=training.step)
         try:
             app = _gateway(config, workspace, loaded, policy)
@@ -147,6 +191,7 @@ def _training_run(
     store: EventStore,
     loaded: LoadedModel,
     run: RunDirectory,
+    ranks: RankGroup,
 ) -> TrainingRun:
     external = config.harness.target == EXTERNAL
     return TrainingRun(
@@ -158,6 +203,7 @@ def _training_run(
         pad_token_id=_pad_token_id(loaded),
         run_id=run.run_id,
         capture_prefix="" if external else None,
+        ranks=ranks,
     )
 
 

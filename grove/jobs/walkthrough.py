@@ -36,7 +36,7 @@ LINEAGE = text(
 
 def run_walkthrough(workspace: Workspace, console: Console | None = None) -> dict[str, Any]:
     """Record one small attempt and return a summary (printing its lineage to ``console``)."""
-    migrate.upgrade(workspace.database_url)
+    migrate.require_current(workspace.database_url, create_embedded=True)
     store = EventStore.open(workspace.database_url)
     tokenizer = build_tokenizer()
     service = CaptureService(
