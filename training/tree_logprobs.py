@@ -18,7 +18,7 @@ layout"). For the rows of a micro batch:
    are unchanged. Position 0 and positions after a row's last loss token hold 0.0 (the loss and
    the diagnostics read loss tokens only).
 
-The model is a Hugging Face causal LM called as ``model(input_ids=, attention_mask=,
+The model is a Hugging Face causal LM called as ``model(input_ids, attention_mask=,
 position_ids=, use_cache=False)``, which takes a 4-D mask as given (Llama- and Qwen2-style
 models with the ``sdpa`` or ``eager`` attention do). Micro batches must keep the rows that share
 work together: ``owner_micro_batches`` splits a step by whole logical rollouts.
@@ -122,7 +122,7 @@ def _tree_rows(
     mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
     device = _parameter_device(model)
     output = model(
-        input_ids=input_ids.to(device),
+        input_ids.to(device),
         attention_mask=mask.to(device),
         position_ids=position_ids.to(device),
         use_cache=False,
