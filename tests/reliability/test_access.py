@@ -1,10 +1,17 @@
 """Access: with an auth token, no route of ``grove serve`` answers or writes for a request without
-it; history cannot be changed; one attempt cannot reach into another's calls.
+it; history cannot be changed; one attempt cannot reach into another's calls; and Grove's own
+code runs under the least-privileged PostgreSQL role of docs/ledger.md, "Roles".
 
 The auth suite takes every operation from the gateway's served OpenAPI schema, so a route added
 later is covered without a change here, and sends each one a well-formed request with no token,
 a wrong token, the token in another scheme, or the token with its case changed: each is refused
 401 and writes nothing, and the same request with the token is not refused for auth.
+
+The role suite applies the documentation's ``sql`` block as written (role, database and password
+substituted) to a fresh ledger upgraded by its owner, then runs ``grove serve`` (played by the
+official ``openai`` client), a training step, ``grove lineage`` and ``grove db status`` under the
+role, and shows that every kind of DDL, a change of the schema revision, emptying a projection and
+``grove db upgrade`` itself are refused for it.
 
 Specified elsewhere and not repeated here: UPDATE, DELETE (both databases) and TRUNCATE
 (PostgreSQL) on the event table are refused by the database, and the SELECT+INSERT application
@@ -13,22 +20,33 @@ role cannot change history: ``tests/integration/ledger/test_append_only.py``.
 
 from __future__ import annotations
 
+import json
+import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
+from sqlalchemy.engine import make_url
 
 from capture.gateway import CALL_ID_HEADER, CAPTURE_KEY_HEADER
 from capture.lifecycle import CaptureService, ModelCall
 from grove.workspace import Workspace
+from ledger import migrate
 from ledger.attempt import AttemptError
+from ledger.errors import PrivilegeRefused
 from ledger.store import EventStore
 from storage import open_blob_store
+from tests.integration.tools.grove_cli import run_grove
 
 from .figures import FiguresFile
+from .harness import Harness
 from .processes import Launcher
 from .rollouts import OPTIONS, SAMPLING, play
+from .worker import ROLLOUTS_PER_GROUP
 
 TOKEN = "s3cret-token"
 OPEN = {("get", "/health")}
@@ -150,3 +168,114 @@ def test_a_request_carrying_another_attempts_call_never_continues_it(capture: Ca
     assert capture.log.load("att-b").calls["b1"].parent_call_id is None
     same = capture.generate("att-a", ModelCall(carried, OPTIONS, SAMPLING, "t1"))
     assert same.decision.parent_call_id == "t0"  # in its own attempt the request continues it
+
+
+# -- least privilege ---------------------------------------------------------------------------
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "ledger.md"
+
+
+def documented_grants(role: str, database: str, password: str) -> list[str]:
+    """The statements of the ``sql`` block under docs/ledger.md's "Roles", for ``role`` on
+    ``database`` with ``password``."""
+    section = DOCS.read_text().split("\n## Roles\n", 1)[1]
+    block = section.split("```sql\n", 1)[1].split("```", 1)[0]
+    block = block.replace("grove_app", role).replace("'…'", f"'{password}'")
+    block = block.replace("ON DATABASE grove TO", f'ON DATABASE "{database}" TO')
+    return [statement.strip() for statement in block.split(";") if statement.strip()]
+
+
+@dataclass(frozen=True)
+class Role:
+    """A login role granted exactly the documented privileges on a ledger its owner upgraded."""
+
+    name: str
+    url: str
+    owner_url: str
+
+    def connect(self) -> psycopg.Connection:
+        """A connection as the role."""
+        return psycopg.connect(_dsn(self.url), autocommit=True)
+
+
+def _dsn(url: str) -> str:
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+@pytest.fixture
+def application_role(postgres_url: str) -> Iterator[Role]:
+    migrate.upgrade(postgres_url)
+    name, password = f"grove_app_{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    database = make_url(postgres_url).database
+    assert database is not None
+    with psycopg.connect(_dsn(postgres_url), autocommit=True) as owner:
+        for statement in documented_grants(name, database, password):
+            owner.execute(statement)
+    url = make_url(postgres_url).set(username=name, password=password)
+    try:
+        yield Role(name, url.render_as_string(hide_password=False), postgres_url)
+    finally:
+        with psycopg.connect(_dsn(postgres_url), autocommit=True) as owner:
+            owner.execute(f'DROP OWNED BY "{name}"')
+            owner.execute(f'DROP ROLE "{name}"')
+
+
+REFUSED_TO_THE_ROLE = {
+    "create a table": "CREATE TABLE grove_extra (id integer)",
+    "create a view": "CREATE VIEW grove_extra AS SELECT 1 AS one",
+    "create a function": "CREATE FUNCTION grove_extra() RETURNS integer LANGUAGE sql AS 'SELECT 1'",
+    "drop a view": "DROP VIEW grove_calls",
+    "alter the event table": "ALTER TABLE grove_events ADD COLUMN extra integer",
+    "drop a trigger": "DROP TRIGGER grove_events_no_update_delete ON grove_events",
+    "change the schema revision": "UPDATE alembic_version SET version_num = '0003'",
+    "update an event": "UPDATE grove_events SET stream_id = 'elsewhere'",
+    "empty a projection": "DELETE FROM grove_proj_calls",
+    "truncate a projection": "TRUNCATE grove_proj_calls",
+}
+
+
+@pytest.mark.parametrize(
+    "statement", list(REFUSED_TO_THE_ROLE.values()), ids=list(REFUSED_TO_THE_ROLE)
+)
+def test_the_application_role_is_refused_ddl_and_changes_to_history(
+    application_role: Role, statement: str
+):
+    with application_role.connect() as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
+        conn.execute(statement)
+    assert migrate.current_revision(application_role.owner_url) == migrate.head_revision()
+
+
+def test_grove_db_upgrade_under_the_application_role_is_refused(application_role: Role):
+    migrate.downgrade(application_role.owner_url, "0003")
+    with pytest.raises(PrivilegeRefused, match="refused a statement for lack of privilege"):
+        migrate.upgrade(application_role.url)
+    assert migrate.current_revision(application_role.owner_url) == "0003"
+
+
+def test_grove_serve_and_a_training_step_run_under_the_application_role(
+    application_role: Role, tmp_path: Path
+):
+    workspace = Workspace.resolve(tmp_path / "work", application_role.url, str(tmp_path / "blobs"))
+    launcher = Launcher(tmp_path)
+    gateway = launcher.gateway(workspace)
+    assert gateway.base_url is not None
+    harness = Harness(gateway.base_url, seed=3, turns=2, reject_fraction=0.0)
+    try:
+        for index in range(ROLLOUTS_PER_GROUP):
+            progress = harness.play(f"role-{index}", f"g0-r{index}", "g0", index)
+            assert harness.post_result(progress)
+    finally:
+        harness.close()
+        gateway.stop()
+    worker = launcher.worker(workspace, tmp_path / "checkpoints")
+    assert worker.wait() == 0, worker.log_tail()
+    assert json.loads(worker.log.read_text().strip().splitlines()[-1])["step"] == 1
+    lineage = run_grove("lineage", "role-0", "--json", "--database-url", application_role.url)
+    assert lineage.code == 0, lineage.stderr
+    status = run_grove("db", "status", "--json", "--database-url", application_role.url)
+    assert json.loads(status.stdout)["current_revision"] == migrate.head_revision()
+    with psycopg.connect(_dsn(application_role.owner_url)) as owner:
+        published = owner.execute(
+            "SELECT count(*) FROM grove_events WHERE event_type = 'batch.published'"
+        ).fetchone()
+    assert published == (1,)
