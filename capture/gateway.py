@@ -231,7 +231,6 @@ class _Gateway:
         self,
         connection: Request,
         response: Response,
-        capture_key: str | None,
         outcome: CallOutcome,
         answer: Any,
         events: Iterator[str] | None,
@@ -242,8 +241,7 @@ class _Gateway:
         disconnected is recorded now (``CALLER_GONE``); a stream cut before its last event
         records it when it ends.
         """
-        assert capture_key is not None  # generate refused a call without one
-        call_id = outcome.call_id
+        capture_key, call_id = outcome.capture_key, outcome.call_id
         headers = _decision_headers(outcome)
         if caller_disconnected(connection):
             self.caller_gone(capture_key, call_id)
@@ -260,13 +258,7 @@ class _Gateway:
         with no accepted generation selects no call: its result is recorded whatever its
         evidence, so its rollout is finalized (masked) and its prompt group completes.
         """
-        if self.selector is None:
-            raise Refused(
-                501,
-                "selection_not_configured",
-                "This gateway records capture only: it was started without a selection policy, "
-                "so it cannot record a result (serve it through grove serve)",
-            )
+        self._selector()  # refused before anything is read
         state = self.opened(capture_key)
         if state.selection is not None:
             self._refuse_second_result(state, result)
@@ -276,6 +268,17 @@ class _Gateway:
         settled = self.service.settle(capture_key, self.settle_timeout_s)
         self.service.select(capture_key, self._select(settled, result))
         return attempt_status(self.opened(capture_key))
+
+    def _selector(self) -> Selector:
+        """The selection policy; a gateway started without one records capture only (501)."""
+        if self.selector is None:
+            raise Refused(
+                501,
+                "selection_not_configured",
+                "This gateway records capture only: it was started without a selection policy, "
+                "so it cannot record a result (serve it through grove serve)",
+            )
+        return self.selector
 
     def _refuse_reopening(self, state: AttemptState, request: OpenAttemptRequest) -> None:
         """409 when the attempt is already open with other fields (naming them)."""
@@ -294,9 +297,10 @@ class _Gateway:
     def _refuse_second_result(self, state: AttemptState, result: dict[str, Any]) -> None:
         """Posting the recorded result again is idempotent; any other result is a 409."""
         recorded = state.selection
-        assert recorded is not None and self.selector is not None
+        if recorded is None:
+            return
         try:
-            differences = selection_differences(recorded, self.selector(state, result))
+            differences = selection_differences(recorded, self._selector()(state, result))
         except ValueError as error:
             differences = f"this result cannot select calls ({error})"
         if differences:
@@ -309,9 +313,8 @@ class _Gateway:
             )
 
     def _select(self, state: AttemptState, result: dict[str, Any]) -> RolloutSelected:
-        assert self.selector is not None
         try:
-            return self.selector(state, result)
+            return self._selector()(state, result)
         except ValueError as error:
             raise Refused(
                 422,
@@ -324,10 +327,10 @@ class _Gateway:
     def generate(self, capture_key: str | None, converted: ConvertedCall) -> CallOutcome:
         """Capture one model call: checks that write nothing first, then the lifecycle, which
         plans the call against the state these checks read (one read, one plan per call)."""
-        self.admitting(capture_key, converted.call.call_id)
-        assert capture_key is not None
-        fit = None if self.max_context is None else lambda prompt: self._fit(converted, prompt)
-        return self.service.generate(capture_key, converted.call, fit=fit, refresh=False)
+        state = self.admitting(capture_key, converted.call.call_id)
+        limit = self.max_context
+        fit = None if limit is None else lambda prompt: self._fit(converted, prompt, limit)
+        return self.service.generate(state.capture_key, converted.call, fit=fit, refresh=False)
 
     def measure(self, capture_key: str, converted: ConvertedCall) -> Measurement:
         """The prompt length and decision the call would get now; writes nothing."""
@@ -358,18 +361,17 @@ class _Gateway:
             )
         ]
 
-    def _fit(self, converted: ConvertedCall, prompt: int) -> SamplingParams:
+    def _fit(self, converted: ConvertedCall, prompt: int, max_context: int) -> SamplingParams:
         """The call's sampling with max tokens fitted to the context left after its planned
         ``prompt``, or ``PromptTooLongError`` before anything is written (called only with a
         ``max_context``; without one the engine checks, after the intent)."""
-        assert self.max_context is not None
         sampling = converted.call.sampling
-        room = self.max_context - prompt
+        room = max_context - prompt
         wanted = sampling.max_tokens
         if wanted <= room:
             return sampling
         if converted.explicit_max_tokens or room < 1:
-            raise capture_errors.PromptTooLongError(prompt, wanted, self.max_context)
+            raise capture_errors.PromptTooLongError(prompt, wanted, max_context)
         return replace(sampling, max_tokens=room)
 
 
@@ -486,7 +488,7 @@ def create_app(
         answer = chat_completion(outcome, model_name, logprobs)
         usage = bool((request.stream_options or {}).get("include_usage"))
         events = chat_sse(answer, include_usage=usage) if request.stream else None
-        return gateway.deliver(connection, response, capture_key, outcome, answer, events)
+        return gateway.deliver(connection, response, outcome, answer, events)
 
     @api.post(
         "/responses",
@@ -506,7 +508,7 @@ def create_app(
         logprobs = gateway.token_logprobs(outcome) if converted.logprobs else None
         answer = response_object(outcome, model_name, request, logprobs)
         events = responses_sse(answer) if request.stream else None
-        return gateway.deliver(connection, response, capture_key, outcome, answer, events)
+        return gateway.deliver(connection, response, outcome, answer, events)
 
     @api.post("/attempts", response_model=AttemptStatus)
     def open_attempt(request: OpenAttemptRequest) -> AttemptStatus:

@@ -109,6 +109,7 @@ class CallOutcome:
     engine's ``stop`` or ``length``.
     """
 
+    capture_key: str
     call_id: str
     response_id: str
     message: dict[str, Any]
@@ -132,6 +133,16 @@ Fit = Callable[[int], SamplingParams]
 tokens fitted to the context), or an error that refuses the call before anything is written."""
 
 DEFAULT_CACHED_VIEWS = 4096
+
+
+def _committed_parent(state: AttemptState, call_id: str) -> CallCommitted:
+    """The commit of ``call_id``, a parent admission picked (it picks committed calls only)."""
+    call = state.calls[call_id]
+    if call.committed is None or call.status is not LedgerCallStatus.COMMITTED:
+        raise AttemptError(
+            state.capture_key, f"a parent must be committed, but is {call.status.value}", call_id
+        )
+    return call.committed
 
 
 @dataclass
@@ -347,6 +358,7 @@ class CaptureService:
             view.chains[call_id] = (*plan.prompt_token_ids, *generation.token_ids)
             view.outputs[call_id] = (*self._parent_outputs(view, decision.parent_call_id), own)
         return CallOutcome(
+            capture_key=capture_key,
             call_id=call_id,
             response_id=response_id,
             message=message,
@@ -425,9 +437,7 @@ class CaptureService:
     def _parent_chain_digest(view: _AttemptView, parent_call_id: str | None) -> str | None:
         if parent_call_id is None:
             return None
-        committed = view.state.calls[parent_call_id].committed
-        assert committed is not None  # admission only picks committed parents
-        return committed.chain_digest
+        return _committed_parent(view.state, parent_call_id).chain_digest
 
     def _chain_tokens(self, view: _AttemptView, call_id: str) -> tuple[int, ...]:
         """The exact tokens of ``call_id``'s chain: every ancestor's delta and generation."""
@@ -449,10 +459,8 @@ class CaptureService:
 
     def _load_chain(self, view: _AttemptView, call_id: str) -> None:
         """Read ``call_id``'s chain from its blobs (digests verified) into the view's caches."""
-        call = view.state.calls[call_id]
-        assert call.committed is not None and call.status is LedgerCallStatus.COMMITTED
-        parent = call.parent_call_id
-        committed = call.committed
+        committed = _committed_parent(view.state, call_id)
+        parent = view.state.calls[call_id].parent_call_id
         delta = self.blobs.get_delta(
             BlobRef(committed.blob_key, committed.blob_sha256, committed.blob_bytes)
         )

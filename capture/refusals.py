@@ -107,15 +107,18 @@ def install_error_handlers(app: FastAPI) -> None:
     """Answer every failure of ``app`` with the gateway's error object (module docstring)."""
 
     async def refused(request: Request, error: Exception) -> JSONResponse:
-        assert isinstance(error, Refused)
+        if not isinstance(error, Refused):  # registered for this type only
+            raise error
         return error_response(error.status, error.code, error.message, error.param)
 
     async def invalid(request: Request, error: Exception) -> JSONResponse:
-        assert isinstance(error, RequestValidationError)
+        if not isinstance(error, RequestValidationError):  # registered for this type only
+            raise error
         return await refused(request, validation_refusal(list(error.errors())))
 
     async def routing(request: Request, error: Exception) -> JSONResponse:
-        assert isinstance(error, HTTPException)
+        if not isinstance(error, HTTPException):  # registered for this type only
+            raise error
         where = f"{request.method} {request.url.path}"
         if error.status_code == 404:
             return error_response(

@@ -333,7 +333,8 @@ class HealthStatus(WireReply):
 def attempt_status(state: AttemptState) -> AttemptStatus:
     """The status answer for a folded attempt (which must have been opened)."""
     opened = state.opened
-    assert opened is not None  # the gateway answers 404 for attempts never opened
+    if opened is None:  # the gateway answers 404 before asking for a status
+        raise AttemptError(state.capture_key, "an attempt that was never opened has no status")
     calls = []
     for call in state.calls.values():
         committed, failure = call.committed, call.failure
