@@ -15,7 +15,7 @@ def python_blocks(text: str) -> list[str]:
 def test_forest_doc_has_the_compaction_walkthrough_blocks() -> None:
     blocks = python_blocks(DOC.read_text())
 
-    assert len(blocks) == 5
+    assert len(blocks) == 6
     assert 'build_forest(calls, ["c1", "c2", "c3", "c5"], terminal="c5")' in blocks[0]
 
 
