@@ -407,10 +407,13 @@ def _open_vllm_policy(config: GroveConfig, loaded: LoadedModel, step: int) -> Vl
             engine.set_weight_version(str(step))
             publisher.verify(engine, step, directory)
             publisher.current = directory
-        else:
-            assert settings.vllm_url is not None  # unsupported_combinations
+        elif settings.vllm_url is not None:
             engine = _connect(settings.vllm_url, loaded, reloads=True)
             publisher.publish(engine, step)
+        else:
+            raise JobError(
+                "engine.kind: vllm needs a server: set engine.vllm_launch: true or engine.vllm_url"
+            )
     except BaseException:
         if engine is not None:
             engine.close()

@@ -262,7 +262,8 @@ class _Loop:
                     self.policy.publish(summary.step)
                 metrics = {**summary.metrics, **root_metrics(self.store, published, progress.note)}
                 if self.player is not None:
-                    metrics[REPLACEMENT_GROUPS] = float(self._replacements(published))
+                    replacements = _replacements(self.player, published)
+                    metrics[REPLACEMENT_GROUPS] = float(replacements)
                 log.log(summary.step, metrics)
                 clean_step(
                     self.store,
@@ -284,11 +285,11 @@ class _Loop:
             self.overdue = OverdueAttempts(timeout)
         return awaited_batch(self.training, self.overdue, progress)
 
-    def _replacements(self, published: PublishedBatch) -> int:
-        """Replacement groups played for the step: in its batch, or dropped themselves."""
-        assert self.player is not None
-        groups = {r.group_id for r in published.rollouts} | {d.group_id for d in published.dropped}
-        return self.player.replacements_in(published.step, sorted(groups))
+
+def _replacements(player: StepPlayer, published: PublishedBatch) -> int:
+    """Replacement groups played for the step: in its batch, or dropped themselves."""
+    groups = {r.group_id for r in published.rollouts} | {d.group_id for d in published.dropped}
+    return player.replacements_in(published.step, sorted(groups))
 
 
 def _summarize(history: list[StepSummary], training: TrainingRun, run_id: str) -> TrainSummary:

@@ -148,17 +148,16 @@ class VllmProcess:
                 preexec_fn=_parent_death_signal(),
             )
         try:
-            self._wait_healthy(timeout_s)
+            self._wait_healthy(self._process, timeout_s)
         except BaseException:
             self.stop()
             raise
         return self
 
-    def _wait_healthy(self, timeout_s: float) -> None:
-        assert self._process is not None
+    def _wait_healthy(self, process: subprocess.Popen[bytes], timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while True:
-            code = self._process.poll()
+            code = process.poll()
             if code is not None:
                 raise VllmLaunchError(
                     f"vLLM ({self.python} -m {SERVER_MODULE}) exited with code {code} before "
