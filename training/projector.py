@@ -173,10 +173,20 @@ class _Progress:
 class Projector:
     """Turns settled, selected attempts into finalized rollouts and published batches."""
 
-    def __init__(self, store: EventStore, blobs: BlobStore, settings: ProjectorSettings) -> None:
+    def __init__(
+        self,
+        store: EventStore,
+        blobs: BlobStore,
+        settings: ProjectorSettings,
+        *,
+        finalize: bool = True,
+    ) -> None:
         self.store = store
         self.blobs = blobs
         self.settings = settings
+        # False: projector shards record the finalizations (training/shards.py); this one
+        # only reads them, and publishes.
+        self.finalize = finalize
         self.log = AttemptLog(store)
         self._progress = _Progress()
         # Forests decided in this process, with their rows, kept until their finalized event is
@@ -283,7 +293,7 @@ class Projector:
         state = self.log.load(capture_key)
         if state.opened is None or state.settled is None or state.selection is None:
             return
-        if state.finalized is None:
+        if state.finalized is None and self.finalize:
             self._record_finalization(state)
 
     def _join_group(self, capture_key: str, position: int) -> None:

@@ -1,0 +1,87 @@
+"""``grove project``: one projector shard, run until its steps are published or it is stopped.
+
+The shard (``training/shards.py``) finalizes the ready attempts of the prompt groups it leases
+in PostgreSQL (``ledger/leases.py``); start as many as the work needs, on any machines that
+reach the ledger and the blob store. With ``steps`` it also publishes: a ``Projector`` created
+with ``finalize=False`` reads the shards' finalizations and publishes steps ``0..steps-1`` in
+order of completion, as the trainer's projector would (each step once, whichever shard gets
+there first: the training stream's expected version), and the command returns when all are
+published. Without ``steps`` it finalizes until stopped (SIGTERM, Ctrl-C).
+
+Every shard of a ledger must run with the settings of the run that trains on it (group size,
+forest mode, row limit): they decide ``rollout.finalized``, which ``grove replay --verify``
+checks against the same settings.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass
+
+from grove.workspace import Workspace
+from ledger.leases import Leases
+from ledger.store import EventStore
+from storage import open_blob_store
+from training.projector import Projector, ProjectorSettings
+from training.shards import ProjectorShard
+
+__all__ = ["ShardReport", "holder_name", "run_shard"]
+
+
+@dataclass(frozen=True)
+class ShardReport:
+    """What one shard did: the attempts it finalized and the steps it published itself."""
+
+    holder: str
+    finalized: int
+    published: tuple[int, ...]
+
+    def as_dict(self) -> dict[str, object]:
+        """A JSON-ready dict."""
+        return {"holder": self.holder, "finalized": self.finalized, "published": self.published}
+
+
+def holder_name() -> str:
+    """This process's name as a lease holder: ``grove-project HOST pid PID`` (at most 63
+    characters, PostgreSQL's ``application_name`` limit)."""
+    return f"grove-project {socket.gethostname()[:32]} pid {os.getpid()}"
+
+
+def run_shard(
+    workspace: Workspace,
+    settings: ProjectorSettings,
+    *,
+    max_groups: int,
+    steps: int = 0,
+    poll_s: float = 0.2,
+) -> ShardReport:
+    """Run one shard over ``workspace``'s ledger and blob store (see the module docstring)."""
+    store = EventStore.open(workspace.database_url)
+    holder = holder_name()
+    try:
+        blobs = open_blob_store(workspace.blob_url)
+        shard = ProjectorShard(
+            store, blobs, settings, Leases.open(store.engine, holder), max_groups=max_groups
+        )
+        publisher = Projector(store, blobs, settings, finalize=False) if steps else None
+        published: list[int] = []
+        try:
+            while True:
+                shard.poll()
+                if publisher is not None:
+                    publisher.poll()
+                    while publisher.published_steps < steps:
+                        batch = publisher.batch_for_step(publisher.published_steps)
+                        if batch is None:
+                            break
+                        if not batch.rebuilt:
+                            published.append(batch.step)
+                    if publisher.published_steps >= steps:
+                        return ShardReport(holder, len(shard.finalized_here), tuple(published))
+                time.sleep(poll_s)
+        finally:
+            shard.close()
+    finally:
+        store.close()
