@@ -32,7 +32,7 @@ from training.errors import BatchError
 from training.trainer import StepBatch, causal_token_logprobs
 from training.tree import TreeLayout, pack_tree
 
-__all__ = ["owner_micro_batches", "tree_logprobs", "tree_row_lengths"]
+__all__ = ["micro_batch_trees", "owner_micro_batches", "tree_logprobs", "tree_row_lengths"]
 
 
 def owner_micro_batches(batch: StepBatch, micro_batch_size: int) -> list[slice]:
@@ -73,15 +73,24 @@ def tree_logprobs(model: torch.nn.Module, batch: StepBatch, rows: slice) -> torc
     on their token trees (see the module), differentiable, in at least float32."""
     _refuse_unsupported(batch, rows)
     token_ids = batch.token_ids[rows]  # (r, T)
+    layouts, members = micro_batch_trees(batch, rows)
+    if all(layout.tokens == layout.row_tokens for layout in layouts):
+        lengths = tree_row_lengths(batch.loss_mask[rows]).tolist()
+        return _causal_rows(model, token_ids, lengths)
+    return _tree_rows(model, token_ids, layouts, members)
+
+
+def micro_batch_trees(batch: StepBatch, rows: slice) -> tuple[list[TreeLayout], list[list[int]]]:
+    """The token trees of a micro batch's rows, each row cut after its last loss token: one tree
+    per first token, and the rows (indices within the slice) each tree lays out, in order."""
+    token_ids = batch.token_ids[rows]  # (r, T)
     lengths = tree_row_lengths(batch.loss_mask[rows]).tolist()
     groups: dict[int, list[int]] = {}
     for row, first in enumerate(token_ids[:, 0].tolist()):
         groups.setdefault(first, []).append(row)
     members = list(groups.values())
     layouts = [pack_tree([token_ids[row, : lengths[row]] for row in group]) for group in members]
-    if all(layout.tokens == layout.row_tokens for layout in layouts):
-        return _causal_rows(model, token_ids, lengths)
-    return _tree_rows(model, token_ids, layouts, members)
+    return layouts, members
 
 
 def _causal_rows(
