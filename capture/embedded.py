@@ -29,6 +29,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+from capture.embedded_moe import RouteRecorder, router_modules
 from capture.engine import Generation, OutputConstraint, SamplingParams
 from capture.errors import InvalidPromptError, PromptTooLongError, UnsupportedSamplingError
 from capture.grammar import (
@@ -204,6 +205,7 @@ class EmbeddedEngine:
         # takes it again to set the version.
         self._lock = threading.RLock()
         self._grammar: TokenizerGrammar | None = None
+        self._routers = router_modules(model)  # empty for a dense model: no routes recorded
 
     @classmethod
     def build(
@@ -224,7 +226,7 @@ class EmbeddedEngine:
         """Sample up to ``max_tokens`` tokens after the prompt, stopping at a stop token."""
         self.check(prompt_token_ids, sampling)
         stops = self.stop_token_ids | set(sampling.stop_token_ids)
-        with self._lock, torch.inference_mode():
+        with self._lock, torch.inference_mode(), self._recording() as recorder:
             version = self.policy_version
             generator = (
                 self._generator
@@ -255,12 +257,28 @@ class EmbeddedEngine:
                     finish = "stop"
                     break
                 inputs = torch.tensor([[token]], dtype=torch.long)  # (1, 1)
+            if recorder is not None:
+                # The final token's route: what its continuation's prefill would observe
+                # (docs/moe.md, "Capture"); the logits of this step are not used.
+                final = torch.tensor([[tokens[-1]]], dtype=torch.long)  # (1, 1)
+                self.model(input_ids=final, cache=cache, use_cache=True, logits_to_keep=1)
         return Generation(
             token_ids=tuple(tokens),
             logprobs=tuple(logprobs),
             finish_reason=finish,
+            routes=recorder.routes() if recorder is not None else None,
             policy_version=version,
         )
+
+    @contextmanager
+    def _recording(self) -> Iterator[RouteRecorder | None]:
+        """A recorder of the routers' choices for one generation; None for a dense model."""
+        if not self._routers:
+            yield None
+            return
+        recorder = RouteRecorder(self._routers)
+        with recorder.recording():
+            yield recorder
 
     def check(self, prompt_token_ids: Sequence[int], sampling: SamplingParams) -> None:
         """Raise the refusal ``generate`` would give, before anything is recorded."""

@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, Protocol, get_args, runtime_checkable
 
+import torch
+
 from capture.errors import InvalidGenerationError, InvalidSamplingError
 
 __all__ = [
@@ -147,8 +149,10 @@ class Generation:
 
     ``token_ids`` are the generated ids exactly as sampled (a stop token included when
     ``finish_reason`` is ``"stop"``); ``logprobs[i]`` is the sampling log-probability of
-    ``token_ids[i]``; ``routes``, when the engine reports routed experts, holds one tuple of expert
-    ids per generated token, else None. All three have the same length, at least 1.
+    ``token_ids[i]``; both have the same length, at least 1. ``routes``, when the engine reports
+    routed experts (an MoE model), is an integer tensor ``(R, layers, top_k)``: the experts each
+    MoE layer's router chose for the last ``R`` tokens the engine ran, prompt then generation,
+    in order; ``R`` covers at least the generated tokens (``docs/moe.md``). Else None.
     ``policy_version`` is the number of optimizer steps in the weights that sampled it (0: the
     initial weights); None when the engine does not know.
     """
@@ -156,7 +160,7 @@ class Generation:
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
     finish_reason: FinishReason
-    routes: tuple[tuple[int, ...], ...] | None = None
+    routes: torch.Tensor | None = None
     policy_version: int | None = None
 
     def __post_init__(self) -> None:
@@ -166,10 +170,8 @@ class Generation:
             raise InvalidGenerationError(
                 f"one logprob per token ({len(self.token_ids)} tokens)", len(self.logprobs)
             )
-        if self.routes is not None and len(self.routes) != len(self.token_ids):
-            raise InvalidGenerationError(
-                f"one route per token ({len(self.token_ids)} tokens)", len(self.routes)
-            )
+        if self.routes is not None:
+            _check_routes(self.routes, len(self.token_ids))
         if self.finish_reason not in FINISH_REASONS:
             raise InvalidGenerationError(
                 f"finish_reason is one of {sorted(FINISH_REASONS)}", self.finish_reason
@@ -179,11 +181,41 @@ class Generation:
                 "policy_version is None or an integer >= 0", self.policy_version
             )
 
+    def delta_routes(self, prompt_delta_len: int) -> torch.Tensor | None:
+        """The routes of a call's delta: its last ``prompt_delta_len`` prompt tokens, then its
+        generated tokens (``(P + G, layers, top_k)``, as the blob stores them); None without
+        routes. Raises ``InvalidGenerationError`` when the engine reported fewer tokens."""
+        if self.routes is None:
+            return None
+        wanted = prompt_delta_len + len(self.token_ids)
+        if self.routes.shape[0] < wanted:
+            raise InvalidGenerationError(
+                f"routes for the call's {prompt_delta_len} new prompt tokens and "
+                f"{len(self.token_ids)} generated tokens ({wanted} rows)",
+                f"{self.routes.shape[0]} rows",
+            )
+        return self.routes[self.routes.shape[0] - wanted :]
+
     @property
     def content_token_ids(self) -> tuple[int, ...]:
         """The tokens of the returned text: all but the stop token that closed the turn (the chat
         template writes it back when the assistant message is rendered again)."""
         return self.token_ids[:-1] if self.finish_reason == "stop" else self.token_ids
+
+
+def _check_routes(routes: object, generated: int) -> None:
+    """Routes are an integer ``(R, layers, top_k)`` tensor with ``R >= generated``."""
+    if not isinstance(routes, torch.Tensor):
+        raise InvalidGenerationError("routes are a torch tensor", type(routes).__name__)
+    dtype = routes.dtype
+    if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+        raise InvalidGenerationError("routes have an integer dtype", dtype)
+    shape = tuple(routes.shape)
+    if len(shape) != 3 or shape[0] < generated or 0 in shape[1:]:
+        raise InvalidGenerationError(
+            f"routes of shape (R, layers, top_k) with R >= {generated} (the generated tokens)",
+            shape,
+        )
 
 
 @runtime_checkable

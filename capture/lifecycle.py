@@ -306,11 +306,12 @@ class CaptureService:
             )
         try:
             generation = self.engine.generate(plan.prompt_token_ids, sampling)
+            routes = generation.delta_routes(len(plan.delta_token_ids))  # docs/moe.md
         except Exception as error:
             self._fail(capture_key, call_id, "engine_error", error)
             raise
         delta = CallDelta.from_lists(
-            plan.delta_token_ids, generation.token_ids, generation.logprobs
+            plan.delta_token_ids, generation.token_ids, generation.logprobs, routes=routes
         )
         try:
             blob = self.blobs.put_delta(staging_key(capture_key, call_id), delta)

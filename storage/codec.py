@@ -12,7 +12,7 @@ tensor              dtype, shape                    meaning
 ``prompt_delta``    int32 ``(P,)``                  new prompt token ids
 ``generated``       int32 ``(G,)``                  generated token ids
 ``logprobs``        float32 ``(G,)``                generation logprob of each generated token
-``routes``          integer ``(P + G, top_k)``      routed experts per delta token (optional)
+``routes``          integer ``(P + G, [L,] top_k)`` routed experts per delta token (optional)
 ``media.{i}``       any supported dtype and shape   processed pixels of media ``i``
 ==================  ==============================  ==========================================
 
@@ -138,8 +138,8 @@ class CallDelta:
       new observation tokens;
     - ``generated``: int32 ``(G,)``, token ids >= 0;
     - ``logprobs``: float32 ``(G,)``, never NaN or +inf — one per generated token;
-    - ``routes``: ``None`` (no routed experts captured) or an integer ``(P + G, top_k)`` tensor,
-      one row per delta token, in delta order;
+    - ``routes``: ``None`` (no routed experts captured) or an integer ``(P + G, layers, top_k)``
+      (or ``(P + G, top_k)``: one MoE layer) tensor, one row per delta token, in delta order;
     - ``media``: media items of the new prompt tokens, spans ordered and disjoint, ids unique.
 
     Construction validates all of it and raises ``InvalidDeltaError``. Equality is exact: same
@@ -261,9 +261,10 @@ def _validate(delta: CallDelta) -> None:
         _require(routes.dtype in ROUTE_DTYPES, "routes", "must have an integer dtype", routes.dtype)
         rows = prompt.numel() + generated.numel()
         _require(
-            routes.dim() == 2 and routes.shape[0] == rows and routes.shape[1] >= 1,
+            routes.dim() in (2, 3) and routes.shape[0] == rows and min(routes.shape[1:]) >= 1,
             "routes",
-            f"must have shape ({rows}, top_k) with top_k >= 1 (one row per delta token)",
+            f"must have shape ({rows}, top_k) or ({rows}, layers, top_k), each >= 1 (one row "
+            "per delta token)",
             f"shape {tuple(routes.shape)}",
         )
     _validate_media(delta.media, prompt.numel())

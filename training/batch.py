@@ -54,8 +54,9 @@ class PackedBatch:
 
     ``input_ids``, ``position_ids`` (restarting at 0 per row), ``loss_mask``,
     ``generation_logprobs`` and ``token_rows`` (row index per token) are ``(N,)``; ``routes`` is
-    ``(N, top_k)`` or None. ``cu_seqlens`` int32 ``(R + 1,)`` holds row boundaries;
-    ``parent_indices`` is the batch's, ``(R,)``.
+    ``(N, layers, top_k)`` (``(N, top_k)`` for routes stored without a layer axis) or None.
+    ``cu_seqlens`` int32 ``(R + 1,)`` holds row boundaries; ``parent_indices`` is the batch's,
+    ``(R,)``.
     """
 
     input_ids: torch.Tensor
@@ -79,8 +80,9 @@ class TrainingBatch:
     of ``row_multiple``: ``parent_indices`` (int64, -1 for padding), ``row_groups`` (int64, the
     group a row or padding row belongs to), ``row_lengths`` (int64). Padded ``(R, L)`` tensors,
     right-padded with ``pad_token_id``: ``input_ids`` int64, ``attention_mask`` bool,
-    ``loss_mask`` bool, ``generation_logprobs`` float32; ``routes`` int32 ``(R, L, top_k)`` or
-    None (sentinel outside real tokens); ``media`` per row; ``row_call_ids`` per row (empty for
+    ``loss_mask`` bool, ``generation_logprobs`` float32; ``routes`` int32
+    ``(R, L, layers, top_k)`` (``(R, L, top_k)`` for routes stored without a layer axis) or None
+    (sentinel outside real tokens); ``media`` per row; ``row_call_ids`` per row (empty for
     padding).
     """
 
@@ -214,11 +216,11 @@ def _pad_rows(
     """Right-pad the rows into ``(R, L)`` tensors; ``None`` is an execution padding row."""
     real_rows = [row for row in rows if row is not None]
     routed = [row.routes for row in real_rows if row.routes is not None]
-    top_ks = {r.shape[1] for r in routed}
+    top_ks = {tuple(r.shape[1:]) for r in routed}
     if routed and (len(routed) != len(real_rows) or len(top_ks) > 1):
         raise BatchError(
             "routes_inconsistent",
-            "every row must carry routes with one top_k, or none does; got top_k "
+            "every row must carry routes of one ([layers,] top_k) shape, or none does; got "
             f"{sorted(top_ks)} on {len(routed)} of {len(real_rows)} rows",
         )
     pad_ids = torch.full((1,), pad_token_id, dtype=torch.int64)
@@ -228,7 +230,7 @@ def _pad_rows(
     width = int(lengths.max())
     routes = None
     if routed:
-        no_route = torch.full((1, top_ks.pop()), ROUTE_MISSING_SENTINEL, dtype=torch.int32)
+        no_route = torch.full((1, *top_ks.pop()), ROUTE_MISSING_SENTINEL, dtype=torch.int32)
         routes = _padded([r.routes if r else no_route for r in rows], ROUTE_MISSING_SENTINEL)
     return TrainingBatch(
         rollout_ids=rollout_ids,

@@ -8,6 +8,7 @@
     │                           ambiguous, or a policy result that breaks the policy contract
     ├── SelectionPolicyError    a selection policy name that cannot be resolved
     ├── RowError                per-call routes or media that do not fit the forest's calls
+    ├── RouteReplayError        (``route_replay.py``) routes that cannot be replayed on the model
     ├── BatchError              rows that cannot be laid out as one training batch
     ├── AdvantageError          advantage inputs or settings outside their rules
     ├── CheckpointError         (``checkpoint.py``) a checkpoint that cannot be written or resumed:
@@ -29,6 +30,7 @@ __all__ = [
     "AdvantageError",
     "BatchError",
     "ForestError",
+    "RouteReplayError",
     "RowError",
     "SelectionError",
     "SelectionPolicyError",
@@ -85,14 +87,25 @@ class SelectionPolicyError(TrainingError, ValueError):
 
 class RowError(TrainingError, ValueError):
     """Routes or media of ``call_id`` that do not fit its tokens; the projector masks the rollout
-    with ``mask_reason`` (``training.forest.MaskReason.BLOB_INVALID``)."""
+    with ``mask_reason`` (a ``training.forest.MaskReason``: ``blob_invalid`` unless given, e.g.
+    ``route_missing``)."""
 
-    mask_reason = "blob_invalid"
-
-    def __init__(self, rule: str, call_id: str, detail: str) -> None:
+    def __init__(
+        self, rule: str, call_id: str, detail: str, *, mask_reason: str = "blob_invalid"
+    ) -> None:
         self.call_id = call_id
         self.detail = detail
+        self.mask_reason = mask_reason
         super().__init__(rule, f"Row rule {str(rule)!r} violated by call {call_id!r}: {detail}")
+
+
+class RouteReplayError(TrainingError, ValueError):
+    """Captured routes that the learner cannot replay on its model: missing, of another shape
+    than the model's MoE layers and ``top_k``, or naming experts it does not have."""
+
+    def __init__(self, rule: str, detail: str) -> None:
+        self.detail = detail
+        super().__init__(rule, f"Route replay rule {str(rule)!r} violated: {detail}")
 
 
 class BatchError(TrainingError, ValueError):

@@ -112,8 +112,9 @@ def finalization_forest(
     The checks, in order: the ledger's lifecycle (``ledger_contradiction``), capture completion
     (``completion_mask_reason``, then calls still pending when the attempt settled), the blobs,
     the forest's own rules, the recorded chain digests, the rows as tensors (a ``RowError``:
-    ``blob_invalid``), at least one owned generated token (``no_trainable_tokens``), then the
-    settings (``setting_mask_reason``).
+    ``blob_invalid``, or ``route_missing`` for a route missing inside a row), at least one
+    owned generated token (``no_trainable_tokens``), then the settings
+    (``setting_mask_reason``).
     """
     decision = decide(state, blobs, forest_training=forest_training, max_row_tokens=max_row_tokens)
     return decision.forest, decision.extras

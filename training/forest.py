@@ -57,8 +57,8 @@ class MaskReason(StrEnum):
     ``build_forest`` decides the first six; ``training.selection.completion_mask_reason`` the
     capture-completion ones (``selected_call_incomplete``, ``capture_pending``,
     ``capture_failed``, and the selected-call ones too); the projector ``blob_invalid``,
-    ``ledger_contradiction`` and ``no_trainable_tokens``, and, from its settings,
-    ``forest_training_disabled`` and ``row_too_long`` (checked last, on a forest that is
+    ``route_missing``, ``ledger_contradiction`` and ``no_trainable_tokens``, and, from its
+    settings, ``forest_training_disabled`` and ``row_too_long`` (checked last, on a forest that is
     otherwise trainable). Each value is a plain string (``docs/forest.md``, "Failures and drops").
     """
 
@@ -89,6 +89,10 @@ class MaskReason(StrEnum):
     BLOB_INVALID = "blob_invalid"
     """A selected call's blob is missing or corrupt, or its routes or media do not fit its row
     (``training.errors.RowError``)."""
+    ROUTE_MISSING = "route_missing"
+    """A row of an MoE rollout lacks a captured route before its final token (the engine did not
+    observe one inside a segment): the learner could not replay the engine's routing there
+    (``training.rows``, ``docs/moe.md``)."""
     LEDGER_CONTRADICTION = "ledger_contradiction"
     """The attempt's events break the lifecycle rules (``AttemptState.contradictions``: written
     around ``AttemptLog``, e.g. a call committed twice or never intended)."""

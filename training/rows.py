@@ -6,14 +6,16 @@ reads and verifies blobs, this module never touches storage. When the projector 
 call's token tensors, rows are concatenated from them rather than converted from the forest's
 Python lists (the same values, several times faster).
 
-- Routed experts: a call's ``routes`` has one ``top_k`` entry per delta token (its prompt delta,
-  then its generated tokens), as the codec stores them. Within a path, a call's final generated
-  token is run through the model again when its continuation is prefilled, so its route is
-  observed and the row keeps the route the call's blob stores there. Only a path's final token
-  — a trace boundary: the endpoint's last token, which nothing ever ran — has no observed
-  route: the row carries ``ROUTE_MISSING_SENTINEL`` there, and the learner's router replay
-  routes that token itself (``docs/forest.md``, "Around the forest"). Every other token keeps
-  its captured route.
+- Routed experts: a call's ``routes`` has one ``(layers, top_k)`` (or ``(top_k,)``) entry per
+  delta token (its prompt delta, then its generated tokens), as the codec stores them. Within a
+  path, a call's final generated token is run through the model again when its continuation is
+  prefilled (the embedded engine runs it at once, ``docs/moe.md``), so its route is observed
+  and the row keeps the route the call's blob stores there. Only a path's final token — a
+  trace boundary: the endpoint's last token, whose route shapes no logprob of the row — gets
+  ``ROUTE_MISSING_SENTINEL``, and the learner's router replay routes that token itself
+  (``training.route_replay``). A sentinel anywhere else in a row (a route the engine did not
+  observe inside a segment) is a ``RowError`` that masks the rollout ``route_missing``: replay
+  cannot reproduce the engine's function there. Every other token keeps its captured route.
 - Media: every row carries the media of every call on its path, with its span moved to row
   coordinates, since each row is a separate attention context. A media item is ``owned`` by the
   first row that contains its call (the loss-ownership rule); a rewrite's new root stores its
@@ -68,7 +70,8 @@ class MediaItem:
 class CallExtras:
     """What a call's blob carries, as tensors (producer: the projector, from the decoded delta).
 
-    ``routes``: integer ``(P + G, top_k)``, or None when no routes were captured. ``media``: the
+    ``routes``: integer ``(P + G, layers, top_k)`` or ``(P + G, top_k)``, or None when no routes
+    were captured. ``media``: the
     media of its new prompt tokens, spans ordered. ``prompt_tokens`` ``(P,)``,
     ``generated_tokens`` ``(G,)`` (integer) and ``logprobs`` ``(G,)`` (float) are optional and
     hold the same values as the call's ``CallRecord``: when every call of a row has them, the row
@@ -100,7 +103,8 @@ class RowTensors:
 
     ``token_ids`` int64 ``(T,)``; ``loss_mask`` bool ``(T,)``, True on owned generated tokens;
     ``generation_logprobs`` float32 ``(T,)``, 0.0 where ``loss_mask`` is False; ``routes`` int32
-    ``(T, top_k)`` or None; ``media`` in row order. ``call_ids`` runs root to endpoint.
+    ``(T, layers, top_k)`` (``(T, top_k)`` when the calls stored no layer axis) or None;
+    ``media`` in row order. ``call_ids`` runs root to endpoint.
     """
 
     token_ids: torch.Tensor
@@ -220,7 +224,7 @@ def _row_routes(
     routes = [extras[s.call_id].routes if s.call_id in extras else None for s in segments]
     if all(r is None for r in routes):
         return None
-    top_k: int | None = None
+    top_k: tuple[int, ...] | None = None
     pieces = []
     for segment, call_routes in zip(segments, routes, strict=True):
         if call_routes is None:
@@ -232,29 +236,59 @@ def _row_routes(
             )
         expected = segment.end - segment.start
         if (
-            call_routes.ndim != 2
+            call_routes.ndim not in (2, 3)
             or call_routes.shape[0] != expected
             or not _is_integer(call_routes)
         ):
             raise RowError(
                 "routes_shape",
                 segment.call_id,
-                f"routes must be an integer (delta tokens, top_k) tensor: expected "
-                f"({expected}, top_k), got {call_routes.dtype} {tuple(call_routes.shape)}",
+                f"routes must be an integer (delta tokens, [layers,] top_k) tensor: expected "
+                f"({expected}, ..., top_k), got {call_routes.dtype} {tuple(call_routes.shape)}",
             )
         if top_k is None:
-            top_k = call_routes.shape[1]
-        elif call_routes.shape[1] != top_k:
+            top_k = tuple(call_routes.shape[1:])
+        elif tuple(call_routes.shape[1:]) != top_k:
             raise RowError(
                 "routes_shape",
                 segment.call_id,
-                f"top_k {call_routes.shape[1]} differs from {top_k} of earlier calls in its row",
+                f"{_route_shape(tuple(call_routes.shape[1:]))} differs from "
+                f"{_route_shape(top_k, named=False)} of earlier calls in its row",
             )
         pieces.append(call_routes.to(torch.int32))
-    row_routes = torch.cat(pieces)  # (T, top_k)
+    row_routes = torch.cat(pieces)  # (T, [layers,] top_k)
+    _check_no_missing_route(row_routes, segments)
     if row_routes.shape[0]:
         row_routes[-1] = ROUTE_MISSING_SENTINEL  # the trace boundary: never run, no route
     return row_routes
+
+
+def _route_shape(shape: tuple[int, ...], *, named: bool = True) -> str:
+    """``top_k 2``, or ``(layers, top_k) (3, 2)``: a route's shape as messages name it (without
+    the name when ``named`` is False)."""
+    value = str(shape[0]) if len(shape) == 1 else str(shape)
+    name = "top_k" if len(shape) == 1 else "(layers, top_k)"
+    return f"{name} {value}" if named else value
+
+
+def _check_no_missing_route(row_routes: torch.Tensor, segments: Sequence[RowSegment]) -> None:
+    """A ``RowError`` (``route_missing``) when a token before the row's final one has the
+    sentinel in any layer: a route the engine did not observe inside a segment."""
+    if row_routes.shape[0] < 2:
+        return
+    missing = (row_routes[:-1] == ROUTE_MISSING_SENTINEL).flatten(1).any(-1)  # (T - 1,)
+    if not bool(missing.any()):
+        return
+    position = int(missing.nonzero()[0, 0])
+    segment = next(s for s in segments if s.start <= position < s.end)
+    raise RowError(
+        "route_missing",
+        segment.call_id,
+        f"the route of its token {position - segment.start} (row position {position}) is "
+        f"missing (ROUTE_MISSING_SENTINEL); only a row's final token may lack one, so the "
+        "learner cannot replay the function the engine sampled from",
+        mask_reason="route_missing",
+    )
 
 
 def _is_integer(tensor: torch.Tensor) -> bool:

@@ -164,6 +164,12 @@ def unsupported_combinations(config: GroveConfig) -> list[str]:
             "policy.sequence_packing.enabled: true is not supported: Grove's torch trainer runs "
             "fixed micro batches (policy.train_micro_batch_size rows)"
         )
+    if config.model.architecture != "dense" and config.model.path != EMBEDDED:
+        problems.append(
+            f"model.architecture: {config.model.architecture} builds the embedded model only "
+            "(model.path: embedded); a model directory's config.json names its architecture: "
+            "remove model.architecture"
+        )
     if config.model.warm_start and config.model.path != EMBEDDED:
         problems.append(
             "model.warm_start fits the embedded model only (model.path: embedded); a model "

@@ -41,6 +41,7 @@ from transformers import (
 from transformers.utils import logging as transformers_logging
 
 from capture.embedded import EMBEDDED_MODEL_NAME, build_model, build_tokenizer
+from capture.embedded_moe import EMBEDDED_MOE_MODEL_NAME, build_moe_model
 from grove.errors import JobError
 from grove.jobs.warm_start import warm_start
 
@@ -258,29 +259,51 @@ def check_model_directory(path: str) -> list[str]:
     return _inspect(_directory(path))[0]
 
 
-def _load_embedded(dtype: torch.dtype, seed: int, warm_start_dir: Path | None) -> LoadedModel:
+def _load_embedded(
+    dtype: torch.dtype, seed: int, warm_start_dir: Path | None, architecture: str = "dense"
+) -> LoadedModel:
     tokenizer = build_tokenizer()
-    model = build_model(tokenizer, seed=seed)
+    if architecture == "moe":
+        model = build_moe_model(tokenizer, seed=seed)
+        name = EMBEDDED_MOE_MODEL_NAME
+    else:
+        model, name = build_model(tokenizer, seed=seed), EMBEDDED_MODEL_NAME
     if warm_start_dir is not None:
         warm_start(model, tokenizer, warm_start_dir, base_seed=seed)
     model = model.to(dtype).eval()
-    return LoadedModel(model=model, tokenizer=tokenizer, name=EMBEDDED_MODEL_NAME, source=EMBEDDED)
+    return LoadedModel(model=model, tokenizer=tokenizer, name=name, source=EMBEDDED)
 
 
 def load_model(
-    path: str, *, dtype: str = "float32", seed: int = 0, warm_start_dir: Path | None = None
+    path: str,
+    *,
+    dtype: str = "float32",
+    seed: int = 0,
+    warm_start_dir: Path | None = None,
+    architecture: str = "dense",
 ) -> LoadedModel:
     """The model that ``model.path`` names, with parameters in ``dtype``, in eval mode.
 
-    ``embedded`` builds the embedded model from ``seed``, warm-started (``model.warm_start``) when
+    ``embedded`` builds the embedded model of ``architecture`` (``model.architecture``: ``dense``
+    or ``moe``, ``docs/moe.md``) from ``seed``, warm-started (``model.warm_start``) when
     ``warm_start_dir`` names the directory that caches the fit (the workdir); otherwise ``path``
     is a local Hugging Face directory, checked first by :func:`check_model_directory`, and a warm
     start is refused. Raises ``ModelLoadError`` (every problem listed) rather than load a model
     with missing or misshapen weights.
     """
     torch_dtype = _torch_dtype(path, dtype)
+    if architecture not in ("dense", "moe"):
+        raise ModelLoadError(
+            path, f"model.architecture must be dense or moe, got {architecture!r}; pick one"
+        )
     if path == EMBEDDED:
-        return _load_embedded(torch_dtype, seed, warm_start_dir)
+        return _load_embedded(torch_dtype, seed, warm_start_dir, architecture)
+    if architecture != "dense":
+        raise ModelLoadError(
+            path,
+            f"model.architecture: {architecture} builds the embedded model only; a model "
+            "directory's config.json names its architecture: remove model.architecture",
+        )
     if warm_start_dir is not None:
         raise ModelLoadError(
             path,

@@ -44,7 +44,7 @@ from grove.jobs.distributed import (
 )
 from grove.jobs.engines import PolicyEngine, open_policy_engine
 from grove.jobs.models import LoadedModel, load_model
-from grove.jobs.preflight import preflight
+from grove.jobs.preflight import check_policy_model, preflight
 from grove.jobs.progress import StepProgress
 from grove.jobs.rollouts import StepPlayer
 from grove.jobs.roots import root_metrics
@@ -142,7 +142,9 @@ def _lead_training(
         dtype=config.model.dtype,
         seed=config.seed,
         warm_start_dir=workspace.workdir if config.model.warm_start else None,
+        architecture=config.model.architecture,
     )
+    check_policy_model(loaded.model, loaded.name, engine_kind=config.engine.kind)  # docs/moe.md
     store = EventStore.open(workspace.database_url)
     try:
         training = _training_run(config, workspace, store, loaded, run, ranks)

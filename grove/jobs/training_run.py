@@ -46,11 +46,11 @@ from training.errors import BatchError
 from training.loss import ClipRange
 from training.metrics import length_metrics, rollout_lengths, step_metrics
 from training.projector import Projector, ProjectorSettings, PublishedBatch
+from training.route_replay import logprob_function, recompute_logprobs
 from training.sharding import SINGLE_PROCESS, RankGroup
 from training.trainer import (
     StepReport,
     Trainer,
-    recompute_token_logprobs,
     rollout_warmup_scheduler,
     step_batch,
 )
@@ -112,6 +112,7 @@ def build_trainer(
         max_grad_norm=policy.max_grad_norm,
         min_step_batch_fraction=config.async_rl.rollout_failure.min_step_batch_fraction,
         ranks=ranks,
+        logprobs=logprob_function(model),  # an MoE model replays captured routes (docs/moe.md)
     )
 
 
@@ -315,9 +316,10 @@ class TrainingRun:
         if self.advantages.seq_logprob_error_threshold is None:
             return outcomes
         batch = published.batch
-        trainer_logprobs = recompute_token_logprobs(
+        trainer_logprobs = recompute_logprobs(
             self.model,
             batch.input_ids,
+            batch.routes,
             micro_batch_size=self.config.policy.logprob_micro_batch_size,
         )
         errors = pooled_logprob_error(

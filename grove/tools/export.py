@@ -132,15 +132,17 @@ def export_checkpoint(
     model_path: str,
     dtype: str = "float32",
     seed: int = 0,
+    architecture: str = "dense",
 ) -> Path:
     """Write the weights of ``checkpoint`` on the model that ``model_path`` names (loaded in
-    ``dtype``; ``seed`` builds the embedded model) as a Hugging Face directory ``out_dir``
+    ``dtype``; ``seed`` and ``architecture`` build the embedded model) as a Hugging Face
+    directory ``out_dir``
     (new, or empty); returns ``out_dir``. Raises ``ExportError``, ``ModelLoadError`` or a
     ``CheckpointError`` before anything is written."""
     checkpoint, out_dir = Path(checkpoint), Path(out_dir)
     _check_out_dir(out_dir)
     metadata = verify_checkpoint(checkpoint)
-    loaded = load_model(model_path, dtype=dtype, seed=seed)
+    loaded = load_model(model_path, dtype=dtype, seed=seed, architecture=architecture)
     tensors = load_file(checkpoint / _WEIGHTS)
     _check_tensors(checkpoint, loaded.model, tensors)
     manifest = json.loads((checkpoint / "manifest.json").read_text())
@@ -167,8 +169,9 @@ def export_checkpoint(
     return out_dir
 
 
-def _run_settings(config_path: Path) -> tuple[str, str, int]:
-    """``model.path``, ``model.dtype`` and ``seed`` from a run's configuration JSON."""
+def _run_settings(config_path: Path) -> tuple[str, str, int, str]:
+    """``model.path``, ``model.dtype``, ``seed`` and ``model.architecture`` from a run's
+    configuration JSON."""
     try:
         config = json.loads(config_path.read_text())
     except (OSError, ValueError) as error:
@@ -181,6 +184,7 @@ def _run_settings(config_path: Path) -> tuple[str, str, int]:
     path = model.get("path") if isinstance(model, dict) else None
     dtype = model.get("dtype", "float32") if isinstance(model, dict) else None
     seed = config.get("seed", 0) if isinstance(config, dict) else None
+    architecture = model.get("architecture", "dense") if isinstance(model, dict) else "dense"
     if not isinstance(path, str) or dtype not in DTYPES or not isinstance(seed, int):
         raise ExportError(
             config_path,
@@ -188,7 +192,7 @@ def _run_settings(config_path: Path) -> tuple[str, str, int]:
             f"(one of {sorted(DTYPES)}) and seed (an integer); got model={model!r}, "
             f"seed={seed!r}. Pass the run's model with --model PATH_OR_embedded (and --dtype).",
         )
-    return path, dtype, seed
+    return path, dtype, seed, architecture
 
 
 def export_from_run(checkpoint: Path, out_dir: Path) -> Path:
@@ -204,5 +208,7 @@ def export_from_run(checkpoint: Path, out_dir: Path) -> Path:
             "PATH_OR_embedded (and --dtype).",
         )
     _check_out_dir(out_dir)
-    path, dtype, seed = _run_settings(config_path)
-    return export_checkpoint(checkpoint, out_dir, model_path=path, dtype=dtype, seed=seed)
+    path, dtype, seed, architecture = _run_settings(config_path)
+    return export_checkpoint(
+        checkpoint, out_dir, model_path=path, dtype=dtype, seed=seed, architecture=architecture
+    )

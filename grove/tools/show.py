@@ -29,6 +29,7 @@ from typing import Any
 
 from capture.divergence import Divergence
 from capture.embedded import EMBEDDED_MODEL_NAME, build_tokenizer
+from capture.embedded_moe import EMBEDDED_MOE_MODEL_NAME
 from grove.tools.lineage import AttemptLineage, CallLineage, attempt_events, attempt_lineages
 from ledger.events import AttemptOpened, RolloutFinalized
 from ledger.replay import state_before
@@ -393,8 +394,8 @@ def render_page(
 
 
 def _decoder(opened: AttemptOpened) -> Decode | None:
-    if opened.model_fingerprint != EMBEDDED_MODEL_NAME:
-        return None
+    if opened.model_fingerprint not in (EMBEDDED_MODEL_NAME, EMBEDDED_MOE_MODEL_NAME):
+        return None  # the embedded models share one tokenizer
     tokenizer = build_tokenizer()
     return lambda token: tokenizer.decode([token])
 

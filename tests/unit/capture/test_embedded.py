@@ -157,9 +157,10 @@ def test_generation_with_mismatched_logprobs_raises() -> None:
         Generation(token_ids=(1, 2), logprobs=(-0.1,), finish_reason="stop")
 
 
-def test_generation_with_mismatched_routes_raises() -> None:
-    with pytest.raises(InvalidGenerationError, match=r"one route per token \(1 tokens\); got 2"):
-        Generation(token_ids=(1,), logprobs=(-0.1,), finish_reason="stop", routes=((0,), (1,)))
+def test_generation_with_fewer_routes_than_generated_tokens_raises() -> None:
+    routes = torch.zeros(1, 2, 2, dtype=torch.int16)  # one token's route, two generated
+    with pytest.raises(InvalidGenerationError, match=r"R >= 2 \(the generated tokens\)"):
+        Generation(token_ids=(1, 2), logprobs=(-0.1, -0.2), finish_reason="stop", routes=routes)
 
 
 def test_generation_with_an_unknown_finish_reason_raises() -> None:

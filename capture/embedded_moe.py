@@ -1,0 +1,134 @@
+"""The embedded mixture-of-experts model, and the experts its routers choose while it generates.
+
+``build_moe_model`` is the MoE twin of ``capture.embedded.build_model``: a Qwen2-MoE-style causal
+LM sized for the embedded tokenizer, random weights from a fixed seed. Every decoder layer's MLP
+is a sparse block: a top-k router picks ``top_k`` of ``num_experts`` experts per token (Qwen2-MoE's
+shared expert runs for every token besides). It is what Grove can replay exactly
+(``docs/moe.md``): per-token top-k routing that never drops a token (transformers runs every
+routed token through its experts, with no capacity limit) and no auxiliary loss
+(``router_aux_loss_coef`` 0 and ``output_router_logits`` off).
+
+``RouteRecorder`` records the routed experts while the model runs: a forward hook on each
+router keeps the expert indices it returned, so the routes are the very choices that shaped the
+logits the engine sampled from, not a recomputation. A token's route is ``(layers, top_k)``:
+its router's indices in each MoE layer, in layer order, in the router's own order (descending
+score).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Final
+
+import torch
+from transformers import PreTrainedTokenizerFast, Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+__all__ = [
+    "EMBEDDED_MOE_MODEL_NAME",
+    "ROUTER_CLASSES",
+    "RouteRecorder",
+    "build_moe_model",
+    "router_modules",
+]
+
+EMBEDDED_MOE_MODEL_NAME: Final = "grove/embedded-tiny-moe"
+ROUTER_CLASSES: Final = frozenset(
+    {"Qwen2MoeTopKRouter", "Qwen3MoeTopKRouter", "MixtralTopKRouter", "OlmoeTopKRouter"}
+)
+"""transformers' top-k routers whose forward returns ``(logits, scores, indices)`` for the
+flattened tokens: the ones whose choices are recorded (and, in training, replayed)."""
+
+
+def build_moe_model(
+    tokenizer: PreTrainedTokenizerFast,
+    *,
+    seed: int = 0,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_experts: int = 4,
+    top_k: int = 2,
+    context_length: int = 2048,
+    near_tie: float | None = None,
+) -> Qwen2MoeForCausalLM:
+    """A Qwen2-MoE-style causal LM sized for ``tokenizer``, with random weights from ``seed``.
+
+    Every layer is sparse (``num_experts`` experts, ``top_k`` per token). ``near_tie`` makes
+    expert 1's router weights expert 0's times ``1 + near_tie`` in every layer, so the two
+    experts' scores differ by that relative amount for every token: with a value near float32
+    rounding, which of the two a token takes depends on how the forward was computed, as it does
+    at near-ties in any MoE (``docs/moe.md``, "The value of replay"). None leaves the routers
+    as drawn. The global torch random state is left as it was.
+    """
+    config = Qwen2MoeConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        moe_intermediate_size=hidden_size,
+        shared_expert_intermediate_size=hidden_size,
+        num_experts=num_experts,
+        num_experts_per_tok=top_k,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        norm_topk_prob=True,
+        output_router_logits=False,
+        router_aux_loss_coef=0.0,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=context_length,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        use_sliding_window=False,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2MoeForCausalLM(config)
+        if near_tie is not None:
+            with torch.no_grad():
+                for router in router_modules(model):
+                    router.weight[1] = router.weight[0] * (1.0 + near_tie)
+    return model.eval()
+
+
+def router_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's top-k routers (``ROUTER_CLASSES``) in layer order; empty for a dense model."""
+    return [m for m in model.modules() if type(m).__name__ in ROUTER_CLASSES]
+
+
+class RouteRecorder:
+    """Records the expert indices every router returns while :meth:`recording` is active.
+
+    Each forward of the model appends, per router, its ``(tokens, top_k)`` indices; tokens are
+    the forward's input positions in order (batch of one). :meth:`routes` stacks them as int16
+    ``(tokens so far, layers, top_k)``.
+    """
+
+    def __init__(self, routers: list[torch.nn.Module]) -> None:
+        self.routers = routers
+        self._chosen: list[list[torch.Tensor]] = [[] for _ in routers]
+
+    @contextmanager
+    def recording(self) -> Iterator[RouteRecorder]:
+        """Hooks on every router for the block; removed afterwards, even on error."""
+        handles = [
+            router.register_forward_hook(self._hook(layer))
+            for layer, router in enumerate(self.routers)
+        ]
+        try:
+            yield self
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def _hook(self, layer: int):  # noqa: ANN202 - a torch hook
+        def keep(_module: torch.nn.Module, _inputs: object, output: object) -> None:
+            indices = output[2]  # type: ignore[index]  # (tokens, top_k)
+            self._chosen[layer].append(indices.detach().to(torch.int16))
+
+        return keep
+
+    def routes(self) -> torch.Tensor:
+        """int16 ``(tokens, layers, top_k)``: every recorded token's experts, layer by layer."""
+        return torch.stack([torch.cat(chosen) for chosen in self._chosen], dim=1)
