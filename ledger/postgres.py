@@ -1,4 +1,4 @@
-"""PostgreSQL specifics: the gap-free reader over transaction ids, and bulk import by ``COPY``.
+"""PostgreSQL specifics: the gap-free reader over transaction ids, and appends by ``COPY``.
 
 Positions come from a sequence, so a transaction can commit position 7 after another committed
 position 8; a reader that kept only "last position 8" would skip 7 forever. Each row records its
@@ -14,14 +14,23 @@ U+FFFF (a Unicode noncharacter) is the escape character, written twice for itsel
 ``0`` for U+0000, and only in payloads that hold either character. Reading undoes it
 (``load_payload_json``, the engine's JSON deserializer), so every reader sees the payload that
 was appended, on both databases.
+
+An append of ``COPY_APPEND_MIN`` events or more goes by ``COPY`` (``bench/ledger_append.py``:
+the server parses a tab-separated row faster than a row of ``jsonb_to_recordset``): one
+statement reads the stream's version and draws the events' positions from the table's sequence,
+the store's expected-version check runs on that version, and ``COPY`` writes the rows with their
+versions and positions. The unique indexes keep the same guarantees as the one-statement insert
+of smaller appends: a racing writer of the same versions, or an event id already recorded, fails
+the ``COPY`` (IntegrityError), and the store decides from the committed rows.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NamedTuple
 
 import psycopg
 from sqlalchemy import (
@@ -33,6 +42,7 @@ from sqlalchemy import (
     bindparam,
     cast,
     column,
+    exc,
     func,
     select,
     tuple_,
@@ -40,12 +50,16 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.sql.dml import Insert
 
-from ledger.appending import APPENDED_COLUMNS, append_statement
+from ledger.appending import append_statement
 from ledger.errors import ImportConflict
 from ledger.events import LedgerPosition
 from ledger.schema import EVENTS
 
-__all__ = ["COPY_COLUMNS", "PostgresBackend"]
+__all__ = ["COPY_APPEND_MIN", "COPY_COLUMNS", "Landed", "PostgresBackend", "copy_rows"]
+
+COPY_APPEND_MIN = 16
+"""Appends of at least this many events go by ``COPY``; smaller ones by one ``INSERT … SELECT``
+(one round trip, where ``COPY`` takes three)."""
 
 COPY_COLUMNS = (
     "event_id",
@@ -123,6 +137,86 @@ def load_payload_json(text: str | bytes) -> Any:
     return _map_strings(value, _unescape) if ESCAPE in text else value
 
 
+def _jsonb_text(payload_json: str) -> str:
+    """``payload_json`` (compact JSON of an event) as text JSONB accepts (see above)."""
+    if "\\u0000" in payload_json or ESCAPE in payload_json or "\\uffff" in payload_json:
+        return dump_payload_json(json.loads(payload_json))
+    return payload_json
+
+
+def _copy_text(value: str) -> str:
+    """``value`` as a field of ``COPY``'s text format (backslash, tab and line ends escaped)."""
+    if "\\" in value:
+        value = value.replace("\\", "\\\\")
+    if "\t" in value or "\n" in value or "\r" in value:
+        value = value.replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
+    return value
+
+
+def _copy_field(value: object) -> str:
+    if value is None:
+        return "\\N"
+    if isinstance(value, str):
+        return _copy_text(value)
+    return str(value)  # numbers and booleans (PostgreSQL reads True and False)
+
+
+@contextlib.contextmanager
+def _as_sqlalchemy_errors(conn: Connection, statement: str) -> Iterator[None]:
+    """Raise the driver's errors of statements sent past SQLAlchemy (``COPY``) as SQLAlchemy
+    raises them, so the store's retry and ``translate_errors`` treat both paths alike."""
+    try:
+        yield
+    except psycopg.Error as error:
+        broken = conn.connection.driver_connection.broken
+        raise exc.DBAPIError.instance(
+            statement, None, error, psycopg.Error, connection_invalidated=broken
+        ) from error
+
+
+def copy_rows(
+    conn: Connection, table: str, columns: Sequence[str], rows: Sequence[Sequence[object]]
+) -> None:
+    """Write ``rows`` (values in the order of ``columns``: text, numbers, booleans or None) into
+    ``table`` by ``COPY … FROM STDIN`` on the connection's transaction."""
+    statement = f"COPY {table} ({', '.join(columns)}) FROM STDIN"  # Grove's own names
+    block = "".join("\t".join(map(_copy_field, row)) + "\n" for row in rows)
+    driver = conn.connection.driver_connection
+    with (
+        _as_sqlalchemy_errors(conn, statement),
+        driver.cursor() as cursor,
+        cursor.copy(statement) as copy,
+    ):
+        copy.write(block)
+
+
+class Landed(NamedTuple):
+    """Where one appended event landed."""
+
+    position: int
+    event_id: str
+    stream_version: int
+
+
+_SLOTS = (
+    "SELECT (SELECT coalesce(max(stream_version), 0) FROM grove_events WHERE stream_id = %s), "
+    "ARRAY(SELECT nextval((SELECT pg_get_serial_sequence('grove_events', 'position'))) "
+    "FROM generate_series(1, %s))"
+)
+_APPEND_COPY_COLUMNS = ("position", *COPY_COLUMNS)
+
+
+def _append_document(rows: Sequence[dict[str, Any]]) -> str:
+    """The rows as one JSON array for ``jsonb_to_recordset`` (payloads as they are, in JSON)."""
+    items = (
+        f'{{"event_id":{json.dumps(row["event_id"])},"ordinal":{row["ordinal"]:d},'
+        f'"event_type":{json.dumps(row["event_type"])},'
+        f'"schema_version":{row["schema_version"]:d},"payload":{_jsonb_text(row["payload"])}}}'
+        for row in rows
+    )
+    return "[" + ",".join(items) + "]"
+
+
 class PostgresBackend:
     """The PostgreSQL implementation of the store's backend operations."""
 
@@ -143,20 +237,54 @@ class PostgresBackend:
 
     def insert_rows(
         self, conn: Connection, rows: Sequence[dict[str, Any]], expected_version: int | None
-    ) -> Sequence[Row] | None:
-        """Append prepared rows (one stream, ``ordinal`` 1, 2, ...) in one statement, when the
-        stream's version is ``expected_version`` (None: whatever it is): their ``position``,
-        ``event_id`` and ``stream_version``; None, with nothing written, when the version
-        differs. A racing writer of the same version, or a recorded event id: IntegrityError."""
-        document = dump_payload_json(
-            [{name: row[name] for name in APPENDED_COLUMNS} for row in rows]
-        )
+    ) -> Sequence[Row | Landed] | None:
+        """Append prepared rows (one stream, ``ordinal`` 1, 2, ..., ``payload`` as JSON text)
+        when the stream's version is ``expected_version`` (None: whatever it is): their
+        ``position``, ``event_id`` and ``stream_version``; None, with nothing written, when the
+        version differs. A racing writer of the same version, or a recorded event id:
+        IntegrityError. ``COPY_APPEND_MIN`` rows or more go by ``COPY`` (see above)."""
+        if len(rows) >= COPY_APPEND_MIN:
+            return self._copy_append(conn, rows, expected_version)
         parameters = {
-            "rows": document,
+            "rows": _append_document(rows),
             "stream_id": rows[0]["stream_id"],
             "expected": expected_version,
         }
         return conn.execute(_APPEND, parameters).all() or None
+
+    @staticmethod
+    def _copy_append(
+        conn: Connection, rows: Sequence[dict[str, Any]], expected_version: int | None
+    ) -> list[Landed] | None:
+        stream_id = rows[0]["stream_id"]
+        driver = conn.connection.driver_connection
+        with _as_sqlalchemy_errors(conn, _SLOTS), driver.cursor() as cursor:
+            current, positions = cursor.execute(_SLOTS, (stream_id, len(rows))).fetchone()
+        if expected_version is not None and current != expected_version:
+            return None  # the drawn positions stay unused, as after any rolled-back insert
+        positions.sort()
+        landed = [
+            Landed(position, row["event_id"], current + row["ordinal"])
+            for position, row in zip(positions, rows, strict=True)
+        ]
+        copy_rows(
+            conn,
+            "grove_events",
+            _APPEND_COPY_COLUMNS,
+            [
+                (
+                    slot.position,
+                    row["event_id"],
+                    stream_id,
+                    slot.stream_version,
+                    row["event_type"],
+                    row["schema_version"],
+                    _jsonb_text(row["payload"]),
+                )
+                for slot, row in zip(landed, rows, strict=True)
+            ],
+        )
+        return landed
 
     def read_after(self, conn: Connection, mark: LedgerPosition, limit: int) -> Sequence[Row]:
         """Events of finished transactions after ``mark``, in (transaction id, position) order."""

@@ -57,6 +57,7 @@ from ledger.lifecycle import (
     contradiction_entry,
     lifecycle_violation,
 )
+from ledger.postgres import copy_rows
 from ledger.schema import (
     EVENTS,
     PROJ_ATTEMPTS,
@@ -455,6 +456,9 @@ def _text_safe(item: Folded) -> Folded:
     )
 
 
+_COPY_CONTRADICTIONS_MIN = 16
+
+
 def _fold(conn: Connection, items: Sequence[Folded]) -> None:
     """Apply one stream's events in order; record those the rules leave out, in one insert.
 
@@ -477,7 +481,17 @@ def _fold(conn: Connection, items: Sequence[Folded]) -> None:
         facts = _facts(conn, item)
         never_opened = not facts.opened
         contradictions.append(_contradiction_row(item, facts))
-    if contradictions:
+    if len(contradictions) >= _COPY_CONTRADICTIONS_MIN and conn.dialect.name == "postgresql":
+        # psycopg sends an executemany as one statement per row (a batched append of a stream
+        # never opened records every event): COPY writes them in one.
+        columns = list(contradictions[0])
+        copy_rows(
+            conn,
+            PROJ_CONTRADICTIONS.name,
+            columns,
+            [tuple(row[name] for name in columns) for row in contradictions],
+        )
+    elif contradictions:
         conn.execute(insert(PROJ_CONTRADICTIONS), contradictions)
 
 

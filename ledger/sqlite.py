@@ -24,7 +24,7 @@ _TYPES = {
     "ordinal": Integer(),
     "event_type": String(),
     "schema_version": Integer(),
-    "payload": EVENTS.c.payload.type,
+    "payload": String(),  # the event's JSON text, as the store prepared it
 }
 
 
@@ -52,10 +52,10 @@ class SqliteBackend:
     def insert_rows(
         self, conn: Connection, rows: Sequence[dict[str, Any]], expected_version: int | None
     ) -> Sequence[Row] | None:
-        """Append prepared rows (one stream, ``ordinal`` 1, 2, ...) in one statement, when the
-        stream's version is ``expected_version`` (None: whatever it is): their ``position``,
-        ``event_id`` and ``stream_version``; None, with nothing written, when the version
-        differs. A recorded event id: IntegrityError."""
+        """Append prepared rows (one stream, ``ordinal`` 1, 2, ..., ``payload`` as JSON text)
+        in one statement, when the stream's version is ``expected_version`` (None: whatever it
+        is): their ``position``, ``event_id`` and ``stream_version``; None, with nothing
+        written, when the version differs. A recorded event id: IntegrityError."""
         parameters: dict[str, Any] = {"stream_id": rows[0]["stream_id"]}
         parameters["expected"] = expected_version
         for index, row in enumerate(rows):

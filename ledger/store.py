@@ -16,19 +16,27 @@ connections (``ledger/database.py``).
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import time
-import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
+from pydantic import ValidationError
 from sqlalchemy import Connection, Engine, Row, Select, exc, func, select
 
 from ledger.database import autocommit, dialect_of, open_engine, translate_errors
-from ledger.errors import EventIdConflict, ImportConflict, StreamIdError, WrongExpectedVersion
-from ledger.events import Event, LedgerPosition, validate_payload
+from ledger.errors import (
+    EventIdConflict,
+    ImportConflict,
+    InvalidEventPayload,
+    StreamIdError,
+    WrongExpectedVersion,
+)
+from ledger.events import Event, LedgerPosition, event_class, validate_payload
 from ledger.postgres import PostgresBackend
 from ledger.projecting import Folded, project_appended
 from ledger.schema import EVENTS
@@ -52,6 +60,12 @@ STREAM_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,199}$")
 _RETRIES = 5
 
 
+def new_event_id() -> str:
+    """A fresh event id: 128 random bits as 32 hex digits (a fifth of ``uuid4().hex``'s cost,
+    which a batched append pays per event)."""
+    return os.urandom(16).hex()
+
+
 def validate_stream_id(stream_id: object) -> str:
     """``stream_id`` if it is 1-200 of ``A-Z a-z 0-9 . _ : @ -``, alphanumeric first, no ``..``."""
     if not isinstance(stream_id, str):
@@ -70,7 +84,7 @@ class NewEvent:
     """An event to append with its idempotency key (a fresh UUID unless the caller names one)."""
 
     event: Event
-    event_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    event_id: str = field(default_factory=new_event_id)
 
 
 @dataclass(frozen=True)
@@ -82,7 +96,7 @@ class ImportEvent:
     event_type: str
     schema_version: int
     payload: dict[str, Any]
-    event_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    event_id: str = field(default_factory=new_event_id)
 
 
 @dataclass(frozen=True)
@@ -140,7 +154,8 @@ def _stored(row: Row) -> StoredEvent:
     )
 
 
-Prepared = tuple[str, Event, dict[str, Any]]
+Prepared = tuple[str, Event, str]
+"""An event ready to append: its id, the event, and its payload as compact JSON text."""
 
 
 def _version_query(stream_id: str) -> Select[tuple[int]]:
@@ -149,14 +164,22 @@ def _version_query(stream_id: str) -> Select[tuple[int]]:
     )
 
 
-def _prepare(item: Event | NewEvent) -> tuple[str, Event, dict[str, Any]]:
-    new = item if isinstance(item, NewEvent) else NewEvent(item)
-    if not isinstance(new.event, Event):
-        raise TypeError(f"expected a ledger event model, got {type(new.event).__name__}")
-    payload = new.event.model_dump(mode="json")
-    # Validate what will be stored: a model built with model_construct cannot slip past.
-    validate_payload(new.event.type, payload)
-    return new.event_id, new.event, payload
+def _prepare(item: Event | NewEvent) -> Prepared:
+    if isinstance(item, NewEvent):
+        event, event_id = item.event, item.event_id
+    else:
+        event, event_id = item, new_event_id()
+    if not isinstance(event, Event):
+        raise TypeError(f"expected a ledger event model, got {type(event).__name__}")
+    payload = event.model_dump_json()
+    # Validate what will be stored: a model built with model_construct cannot slip past. The
+    # JSON text is validated as it is (one pass); a failure is reported by validate_payload.
+    try:
+        event_class(event.type).model_validate_json(payload)
+    except ValidationError as error:
+        validate_payload(event.type, json.loads(payload))  # raises with the field-level detail
+        raise InvalidEventPayload(event.type, event.schema_version, str(error)) from None
+    return event_id, event, payload
 
 
 class EventStore:
@@ -280,7 +303,7 @@ class EventStore:
             if row.event_type != event.type:
                 raise EventIdConflict(event_id, f"type ({row.event_type!r}, not {event.type!r})")
             stored = upcast(row.event_type, row.schema_version, row.payload)
-            if stored != payload:
+            if stored != json.loads(payload):
                 raise EventIdConflict(event_id, "payload")
         return AppendResult(
             stream_id,

@@ -99,7 +99,8 @@ def _intent_rows(args: tuple[Any, ...], result: Any) -> Context | None:
     intents = [r for r in rows if r["event_type"] == "call.intended"]
     if not intents:
         return None
-    return {"capture_key": intents[0]["stream_id"], "call_id": intents[0]["payload"]["call_id"]}
+    payload = json.loads(intents[0]["payload"])  # the store's rows carry JSON text
+    return {"capture_key": intents[0]["stream_id"], "call_id": payload["call_id"]}
 
 
 def _call_event(args: tuple[Any, ...], result: Any) -> Context:

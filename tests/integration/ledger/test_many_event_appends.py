@@ -1,0 +1,147 @@
+"""Appends of many events keep the store's contract (on PostgreSQL they go by ``COPY``).
+
+``ledger/postgres.py`` appends ``COPY_APPEND_MIN`` events or more with ``COPY`` instead of one
+``INSERT … SELECT``; every check of a small append must hold for them too, on both databases.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from sqlalchemy import text
+
+from ledger.attempt import fold_attempt
+from ledger.errors import EventIdConflict, WrongExpectedVersion
+from ledger.events import CallFailed, Event
+from ledger.postgres import COPY_APPEND_MIN
+from ledger.store import EventStore, NewEvent
+
+from .scenario import committed, intended, opened
+
+MANY = COPY_APPEND_MIN + 4
+
+
+def failures(count: int, detail: str = "d") -> list[CallFailed]:
+    return [CallFailed(call_id=f"c{i}", reason="engine_error", detail=detail) for i in range(count)]
+
+
+def test_many_events_land_at_consecutive_versions_in_position_order(store: EventStore):
+    store.append("att-1", failures(2), expected_version=0)
+    result = store.append("att-1", failures(MANY), expected_version=2)
+    assert result.stream_version == 2 + MANY and not result.duplicate
+    assert list(result.positions) == sorted(result.positions)
+    events = store.read_stream("att-1", after_version=2)
+    assert [e.stream_version for e in events] == list(range(3, 3 + MANY))
+    assert [e.position for e in events] == list(result.positions)
+    assert [e.decode() for e in events] == failures(MANY)
+
+
+@pytest.mark.parametrize(
+    "detail",
+    ["tab\there", "line\nend\r", "back\\slash \\N", "nul\x00", "\uffff0", "ünï 😀", "\\."],
+    ids=repr,
+)
+def test_strings_that_copy_and_jsonb_escape_round_trip(store: EventStore, detail: str):
+    events = [NewEvent(e, f"ev\t{i}\\{detail[:2]}") for i, e in enumerate(failures(MANY, detail))]
+    first = store.append("att-1", events, expected_version=0)
+    again = store.append("att-1", events, expected_version=0)  # idempotent: compares decoded
+    assert again.duplicate and again.positions == first.positions
+    stored = store.read_stream("att-1")
+    assert [e.decode() for e in stored] == [e.event for e in events]
+    assert [e.event_id for e in stored] == [e.event_id for e in events]
+
+
+def test_many_events_at_a_stale_version_raise_and_write_nothing(store: EventStore):
+    store.append("att-1", failures(3), expected_version=0)
+    with pytest.raises(WrongExpectedVersion) as info:
+        store.append("att-1", failures(MANY), expected_version=1)
+    assert (info.value.expected, info.value.actual) == (1, 3)
+    assert store.count() == 3
+
+
+def test_many_events_ahead_of_the_stream_raise_and_write_nothing(store: EventStore):
+    store.append("att-1", failures(3), expected_version=0)
+    with pytest.raises(WrongExpectedVersion) as info:
+        store.append("att-1", failures(MANY), expected_version=5)
+    assert (info.value.expected, info.value.actual) == (5, 3)
+    assert store.count() == 3
+
+
+def test_a_retried_append_of_many_events_returns_the_recorded_positions(store: EventStore):
+    events = [NewEvent(e, f"ev-{i}") for i, e in enumerate(failures(MANY))]
+    first = store.append("att-1", events, expected_version=0)
+    again = store.append("att-1", events, expected_version=0)
+    assert again.duplicate and again.positions == first.positions
+    assert again.stream_version == MANY
+    assert store.count() == MANY
+
+
+def test_many_events_reusing_one_recorded_id_raise_and_write_nothing(store: EventStore):
+    store.append("att-1", [NewEvent(failures(1, "other")[0], "ev-7")])
+    events = [NewEvent(e, f"ev-{i}") for i, e in enumerate(failures(MANY))]
+    with pytest.raises(EventIdConflict, match=r"ev-7 .*part of this append is already recorded"):
+        store.append("att-2", events)
+    assert store.count() == 1
+
+
+def test_racing_appends_of_many_events_let_exactly_one_win(store: EventStore):
+    store.append("att-1", failures(1), expected_version=0)
+    outcomes: list[str] = []
+    barrier = threading.Barrier(3)
+
+    def writer() -> None:
+        barrier.wait()
+        try:
+            store.append("att-1", failures(MANY), expected_version=1)
+            outcomes.append("won")
+        except WrongExpectedVersion:
+            outcomes.append("conflict")
+
+    threads = [threading.Thread(target=writer) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(outcomes) == ["conflict", "conflict", "won"]
+    assert store.stream_version("att-1") == 1 + MANY
+
+
+def _contradictions(store: EventStore, key: str) -> list[str]:
+    with store.engine.connect() as conn:
+        return list(
+            conn.execute(
+                text(
+                    "SELECT contradiction FROM grove_contradictions WHERE capture_key = :k "
+                    "ORDER BY stream_version"
+                ),
+                {"k": key},
+            ).scalars()
+        )
+
+
+def test_many_events_of_an_attempt_never_opened_are_each_a_contradiction(store: EventStore):
+    events: list[Event] = [*failures(MANY, "tab\tand\\slash\nline")]
+    store.append("att-1", events, expected_version=0)
+    expected = list(fold_attempt("att-1", events).contradictions)
+    assert len(expected) == MANY
+    assert _contradictions(store, "att-1") == expected
+
+
+def test_a_whole_attempt_in_one_append_shows_in_the_views_as_folded(store: EventStore):
+    events: list[Event] = [opened("att-1")]
+    parent = None
+    for i in range(MANY // 2):
+        events += [intended(f"c{i}", parent=parent), committed("att-1", f"c{i}", parent=parent)]
+        parent = f"c{i}"
+    events.append(intended("c0"))  # a second intent of c0: a contradiction
+    store.append("att-1", events, expected_version=0)
+    state = fold_attempt("att-1", events)
+    with store.engine.connect() as conn:
+        shown = {
+            (r.call_id, r.parent_call_id, r.status)
+            for r in conn.execute(text("SELECT * FROM grove_calls WHERE capture_key = 'att-1'"))
+        }
+    assert shown == {(c.call_id, c.parent_call_id, c.status.value) for c in state.calls.values()}
+    assert len(shown) == MANY // 2
+    assert _contradictions(store, "att-1") == list(state.contradictions)
