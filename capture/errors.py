@@ -10,6 +10,11 @@
     │                               attempt's (docs/normalization.md, "Fixed per attempt")
     ├── UnexplainedRootError      strict capture: a call the template cannot continue from its
     │                               parent's exact tokens (docs/normalization.md, "Strict mode")
+    ├── MediaError                an image the call cannot take (docs/media.md)
+    │   ├── InvalidImageError         an image part that is not a decodable data URL
+    │   ├── ImagesNotSupportedError   images sent to a model served without an image processor
+    │   └── RetainedMediaMismatchError  a continuation's retained image differs from the one
+    │                                   its parent chain captured
     └── EngineError               inference refused or failed
         ├── InvalidSamplingError      sampling parameters out of range
         ├── UnsupportedSamplingError  valid parameters this engine cannot honour exactly
@@ -35,12 +40,16 @@ __all__ = [
     "AttemptOptionsChangedError",
     "CaptureError",
     "EngineError",
+    "ImagesNotSupportedError",
     "InvalidGenerationError",
+    "InvalidImageError",
     "InvalidPromptError",
     "InvalidSamplingError",
+    "MediaError",
     "NormalizationError",
     "PromptTooLongError",
     "RenderError",
+    "RetainedMediaMismatchError",
     "SpliceError",
     "UnexplainedRootError",
     "UnsupportedSamplingError",
@@ -120,6 +129,67 @@ class UnexplainedRootError(CaptureError):
             f"{divergence.describe()}\nMake the chat template and the client reproduce the "
             'parent\'s exact text (docs/normalization.md, "Divergence diagnostics"), or capture '
             "without strict mode to record the call as a root"
+        )
+
+
+class MediaError(CaptureError):
+    """An image a model call cannot take; nothing is recorded (``docs/media.md``)."""
+
+
+class InvalidImageError(MediaError, ValueError):
+    """An image content part that is not a decodable ``data:`` URL of an image."""
+
+    def __init__(self, message_index: int, image_index: int, rule: str, got: object) -> None:
+        self.message_index = message_index
+        self.image_index = image_index
+        self.rule = rule
+        self.got = got
+        super().__init__(
+            f"Image {image_index} of message {message_index} cannot be read: {rule}; got "
+            f"{_short(got, 120)} (send images inline as data:image/png;base64,... URLs; "
+            "docs/media.md)"
+        )
+
+
+class ImagesNotSupportedError(MediaError, ValueError):
+    """Image parts sent to a model served without an image processor."""
+
+    def __init__(self, model: str, message_index: int) -> None:
+        self.model = model
+        self.message_index = message_index
+        super().__init__(
+            f"Message {message_index} holds an image, but model {model!r} is served without an "
+            "image processor: send text only, or serve a vision-language model (docs/media.md)"
+        )
+
+
+class RetainedMediaMismatchError(MediaError):
+    """A continuation re-sends an image of its parent chain that no longer matches what the
+    chain captured (pixel digest, patch grid or placeholder tokens); refused before inference."""
+
+    def __init__(
+        self,
+        capture_key: str,
+        parent_call_id: str,
+        message_index: int,
+        image_index: int,
+        field: str,
+        got: object,
+        expected: object,
+    ) -> None:
+        self.capture_key = capture_key
+        self.parent_call_id = parent_call_id
+        self.message_index = message_index
+        self.image_index = image_index
+        self.field = field
+        self.got = got
+        self.expected = expected
+        super().__init__(
+            f"A retained image must match the image its parent chain captured: in attempt "
+            f"{capture_key!r}, image {image_index} of message {message_index} (continuing call "
+            f"{parent_call_id!r}) has {field} {_short(got, 120)}, the captured image has "
+            f"{_short(expected, 120)}; re-send retained images unchanged, with the same "
+            "processor settings, or start a new context (docs/media.md)"
         )
 
 

@@ -35,7 +35,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from capture.engine import Engine, Generation, SamplingParams
+from capture.media import MediaPlan, chain_media, plan_media, request_images
 from capture.render import (
+    NormalizedRequest,
     Renderer,
     RenderOptions,
     admission_items,
@@ -60,7 +62,15 @@ from ledger.events import (
     RolloutSelected,
 )
 from ledger.fingerprint import fingerprint_output
-from storage import BlobRef, BlobStore, CallDelta, StorageError, chain_digest, staging_key
+from storage import (
+    BlobRef,
+    BlobStore,
+    CallDelta,
+    MediaDescriptor,
+    StorageError,
+    chain_digest,
+    staging_key,
+)
 
 __all__ = [
     "FAILURE_REASONS",
@@ -152,6 +162,7 @@ class _AttemptView:
     chains: dict[str, tuple[int, ...]]
     outputs: dict[str, tuple[RawOutput, ...]]
     lock: threading.Lock = field(default_factory=threading.Lock)
+    media: dict[str, tuple[MediaDescriptor, ...]] = field(default_factory=dict)
 
 
 def derived_seed(state: AttemptState, ordinal: int) -> int:
@@ -254,7 +265,8 @@ class CaptureService:
         """The prompt length and decision ``call`` would get now; writes nothing."""
         view = self._view(capture_key)
         self._require_open(view.state, capture_key, call.call_id)
-        plan = self._plan(view, call)
+        plan, request = self._plan(view, call)
+        self._media(view, request, plan)  # refusals only
         return Measurement(prompt_tokens=plan.prompt_len, decision=plan.decision)
 
     def generate(
@@ -274,12 +286,14 @@ class CaptureService:
         call_id = call.call_id or f"call-{uuid.uuid4().hex[:16]}"
         view = self._view(capture_key, read=refresh)
         self._require_open(view.state, capture_key, call_id)
-        plan = self._plan(view, call)
+        plan, request = self._plan(view, call)
+        media = self._media(view, request, plan)
+        images = (media.inputs,) if media.inputs else ()  # a vision engine's extra argument
         decision, summary = plan.decision, plan.request_summary
         sampling = call.sampling if fit is None else fit(plan.prompt_len)
         if sampling.seed is None:
             sampling = replace(sampling, seed=derived_seed(view.state, len(view.state.calls)))
-        self.engine.check(plan.prompt_token_ids, sampling)  # refuse before recording
+        self.engine.check(plan.prompt_token_ids, sampling, *images)  # refuse before recording
         recorded = self.log.intend(
             capture_key,
             CallIntended(
@@ -305,13 +319,17 @@ class CaptureService:
                 call_id,
             )
         try:
-            generation = self.engine.generate(plan.prompt_token_ids, sampling)
+            generation = self.engine.generate(plan.prompt_token_ids, sampling, *images)
             routes = generation.delta_routes(len(plan.delta_token_ids))  # docs/moe.md
         except Exception as error:
             self._fail(capture_key, call_id, "engine_error", error)
             raise
         delta = CallDelta.from_lists(
-            plan.delta_token_ids, generation.token_ids, generation.logprobs, routes=routes
+            plan.delta_token_ids,
+            generation.token_ids,
+            generation.logprobs,
+            routes=routes,
+            media=media.stored,
         )
         try:
             blob = self.blobs.put_delta(staging_key(capture_key, call_id), delta)
@@ -358,6 +376,12 @@ class CaptureService:
         with view.lock:
             view.chains[call_id] = (*plan.prompt_token_ids, *generation.token_ids)
             view.outputs[call_id] = (*self._parent_outputs(view, decision.parent_call_id), own)
+            if media.stored or decision.parent_call_id in view.media:
+                view.media[call_id] = chain_media(
+                    self._chain_media(view, decision.parent_call_id),
+                    [item.descriptor for item in media.stored],
+                    plan.prev_len,
+                )
         return CallOutcome(
             capture_key=capture_key,
             call_id=call_id,
@@ -421,9 +445,9 @@ class CaptureService:
                 index_call_event(view.index, view.state, event)
         return view
 
-    def _plan(self, view: _AttemptView, call: ModelCall) -> PromptPlan:
+    def _plan(self, view: _AttemptView, call: ModelCall) -> tuple[PromptPlan, NormalizedRequest]:
         request = normalize_messages(call.items)
-        return plan_call(
+        plan = plan_call(
             self.renderer,
             request,
             call.options,
@@ -433,6 +457,30 @@ class CaptureService:
             attempt=view.state,
             strict=self.strict,
         )
+        return plan, request
+
+    def _media(self, view: _AttemptView, request: NormalizedRequest, plan: PromptPlan) -> MediaPlan:
+        """The images the call stores and generates from, its retained images verified against
+        the chain of the call admission chose (``capture/media.py``); none for text."""
+        if not request_images(request.messages):
+            return MediaPlan()
+        candidate = plan.decision.candidate_call_id
+        return plan_media(
+            self.renderer,
+            request.messages,
+            plan,
+            None if candidate is None else self._chain_media(view, candidate),
+            None if candidate is None else self._chain_tokens(view, candidate),
+            capture_key=view.state.capture_key,
+        )
+
+    def _chain_media(self, view: _AttemptView, call_id: str | None) -> tuple[MediaDescriptor, ...]:
+        """The media of ``call_id``'s chain in chain coordinates, root first (none for none)."""
+        if call_id is None:
+            return ()
+        if call_id not in view.chains:
+            self._load_chain(view, call_id)
+        return view.media.get(call_id, ())
 
     @staticmethod
     def _parent_chain_digest(view: _AttemptView, parent_call_id: str | None) -> str | None:
@@ -471,3 +519,8 @@ class CaptureService:
         parent_tokens = () if parent is None else self._chain_tokens(view, parent)
         view.chains[call_id] = (*parent_tokens, *delta.prompt_delta.tolist(), *generated)
         view.outputs[call_id] = (*self._parent_outputs(view, parent), output)
+        own_media = [item.descriptor for item in delta.media]
+        if own_media or parent in view.media:
+            view.media[call_id] = chain_media(
+                self._chain_media(view, parent), own_media, committed.prev_len
+            )

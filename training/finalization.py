@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 from ledger.attempt import AttemptState, CallStatus
 from ledger.events import RolloutFinalized
-from storage import BlobRef, BlobStore, UnusableBlobError, row_chain_digests
+from storage import BlobRef, BlobStore, MediaTensor, UnusableBlobError, row_chain_digests
 from training.errors import RowError
 from training.forest import CallRecord, Forest, MaskReason, build_forest
-from training.rows import CallExtras, RowTensors, rollout_rows
+from training.rows import CallExtras, MediaItem, RowTensors, rollout_rows
 from training.selection import CapturedCall, completion_mask_reason
 
 __all__ = [
@@ -234,8 +234,27 @@ def _records(
                 committed.finish_reason,
             )
         )
-        extras[call.call_id] = CallExtras(routes=delta.routes, media=delta.media)
+        extras[call.call_id] = CallExtras(routes=delta.routes, media=_media_items(delta.media))
     return records, extras, None
+
+
+def _media_items(media: Sequence[MediaTensor]) -> tuple[MediaItem, ...]:
+    """A decoded blob's media (descriptor and pixels) as rows take them; for an image,
+    ``frames`` x ``height`` x ``width`` is its processor's patch grid (``docs/media.md``)."""
+    return tuple(
+        MediaItem(
+            media_id=item.descriptor.media_id,
+            kind=item.descriptor.kind,
+            token_start=item.descriptor.token_start,
+            token_end=item.descriptor.token_end,
+            height=item.descriptor.height,
+            width=item.descriptor.width,
+            frames=item.descriptor.frames,
+            pixels=item.pixels,
+            digest=item.descriptor.digest,
+        )
+        for item in media
+    )
 
 
 def _chain_mismatch(state: AttemptState, forest: Forest) -> str | None:
