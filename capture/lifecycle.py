@@ -266,7 +266,7 @@ class CaptureService:
         view = self._view(capture_key)
         self._require_open(view.state, capture_key, call.call_id)
         plan, request = self._plan(view, call)
-        self._media(view, request, plan)  # refusals only
+        self._media(view, request, plan, call.options.model)  # refusals only
         return Measurement(prompt_tokens=plan.prompt_len, decision=plan.decision)
 
     def generate(
@@ -287,7 +287,7 @@ class CaptureService:
         view = self._view(capture_key, read=refresh)
         self._require_open(view.state, capture_key, call_id)
         plan, request = self._plan(view, call)
-        media = self._media(view, request, plan)
+        media = self._media(view, request, plan, call.options.model)
         images = (media.inputs,) if media.inputs else ()  # a vision engine's extra argument
         decision, summary = plan.decision, plan.request_summary
         sampling = call.sampling if fit is None else fit(plan.prompt_len)
@@ -459,7 +459,9 @@ class CaptureService:
         )
         return plan, request
 
-    def _media(self, view: _AttemptView, request: NormalizedRequest, plan: PromptPlan) -> MediaPlan:
+    def _media(
+        self, view: _AttemptView, request: NormalizedRequest, plan: PromptPlan, model: str
+    ) -> MediaPlan:
         """The images the call stores and generates from, its retained images verified against
         the chain of the call admission chose (``capture/media.py``); none for text."""
         if not request_images(request.messages):
@@ -472,6 +474,7 @@ class CaptureService:
             None if candidate is None else self._chain_media(view, candidate),
             None if candidate is None else self._chain_tokens(view, candidate),
             capture_key=view.state.capture_key,
+            model=model,
         )
 
     def _chain_media(self, view: _AttemptView, call_id: str | None) -> tuple[MediaDescriptor, ...]:

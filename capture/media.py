@@ -258,18 +258,20 @@ def plan_media(
     candidate_tokens: Sequence[int] | None,
     *,
     capture_key: str,
+    model: str,
 ) -> MediaPlan:
     """The media a planned call stores and generates from; refusals before anything is written.
 
     ``candidate_media`` and ``candidate_tokens`` are the chain media (chain coordinates) and
     exact chain tokens of the call admission chose as parent (``plan.decision
     .candidate_call_id``), when it chose one — whether the splice continued it or rooted it.
+    ``model`` is the served model's name, for the refusal of images by a text-only renderer.
     """
     refs = request_images(messages)
     if not refs:
         return MediaPlan()
     if not isinstance(renderer, MediaRenderer):
-        raise ImagesNotSupportedError(str(renderer.tokenizer.name_or_path), refs[0].message_index)
+        raise ImagesNotSupportedError(model, refs[0].message_index)
     vision = renderer.vision
     images = [vision.process(ref) for ref in refs]
     decision = plan.decision

@@ -304,3 +304,35 @@ def test_the_trainer_takes_a_step_on_rows_with_images(example: Example):
     assert report.optimizer_steps == 1 and report.diagnostics.max_token_mult_prob_error < 1.001
     vision = model.model.visual.patch_embed.proj.weight
     assert not torch.equal(vision, before[[*model.parameters()].index(vision)])
+
+
+def test_an_ancestor_image_is_in_every_row_of_a_branch_and_owned_once(vlm: Gateway):
+    vlm.open(selection_policy="all_captured")
+    client = vlm.client()
+    history = [user("look", A)]
+    root = call(client, "c1", history)
+    call(client, "c2", [*history, echoed(root), user("left", B)])
+    right = call(client, "c3", [*history, echoed(root), user("right")])
+    answer = vlm.http.post(
+        "/v1/attempts/att-1/result", json={"reward": 1.0, "terminal_response_id": right.id}
+    )
+    assert answer.status_code == 200, answer.text
+    rows = decide(vlm.state(), vlm.service.blobs, forest_training=True, max_row_tokens=None).rows
+    assert [row.call_ids for row in rows] == [("c1", "c2"), ("c1", "c3")]
+    assert [[(m.call_id, m.owned) for m in row.media] for row in rows] == [
+        [("c1", True), ("c2", True)],
+        [("c1", False)],
+    ]
+    assert rows[1].media[0].token_start == rows[0].media[0].token_start
+
+
+def test_a_text_model_refuses_images_with_400(local_gateway: Gateway):
+    local_gateway.open()
+    before = local_gateway.written()
+    with pytest.raises(BadRequestError) as refused:
+        local_gateway.client().chat.completions.create(
+            model="grove/test-tiny", messages=[user("look", A)], max_tokens=3
+        )
+    assert refused.value.body["code"] == "images_not_supported"
+    assert "model 'grove/test-tiny'" in refused.value.body["message"]
+    assert local_gateway.written() == before
