@@ -164,6 +164,12 @@ def unsupported_combinations(config: GroveConfig) -> list[str]:
             "policy.sequence_packing.enabled: true is not supported: Grove's torch trainer runs "
             "fixed micro batches (policy.train_micro_batch_size rows)"
         )
+    if policy.tree_packing and config.model.architecture != "dense":
+        problems.append(
+            "policy.tree_packing: true is not supported with model.architecture: "
+            f"{config.model.architecture}: tree-packed training neither replays routed experts "
+            "nor feeds media; turn policy.tree_packing off"
+        )
     if config.model.architecture != "dense" and config.model.path != EMBEDDED:
         problems.append(
             f"model.architecture: {config.model.architecture} builds the embedded model only "

@@ -216,6 +216,12 @@ class PolicyConfig(Section):
     dynamic_batching: ToggleConfig = Field(default_factory=ToggleConfig)
     """Token-budget dynamic batching; refused."""
 
+    tree_packing: bool = False
+    """Train each micro batch's rows as token trees: every shared prefix token (a forest's shared
+    ancestors, a prompt group's common prompt) is computed once, with an ancestor attention mask
+    and position ids along each path (``docs/forest.md``, "Tree layout"). Micro batches then hold
+    whole logical rollouts. Same logprobs, loss and gradients as row by row."""
+
     @property
     def execution_row_multiple(self) -> int:
         """Rows per step must be a multiple of this: data-parallel size x micro batch."""

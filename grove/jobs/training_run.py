@@ -54,6 +54,7 @@ from training.trainer import (
     rollout_warmup_scheduler,
     step_batch,
 )
+from training.tree_logprobs import owner_micro_batches, tree_logprobs
 
 __all__ = ["StepSummary", "TrainingRun", "advantage_config", "build_trainer"]
 
@@ -112,7 +113,8 @@ def build_trainer(
         max_grad_norm=policy.max_grad_norm,
         min_step_batch_fraction=config.async_rl.rollout_failure.min_step_batch_fraction,
         ranks=ranks,
-        logprobs=logprob_function(model),  # an MoE model replays captured routes (docs/moe.md)
+        logprobs=tree_logprobs if policy.tree_packing else logprob_function(model),
+        micro_batches=owner_micro_batches if policy.tree_packing else None,
     )
 
 

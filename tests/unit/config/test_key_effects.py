@@ -10,6 +10,7 @@ here to a test that changes it and shows what happens:
 - ``test_refused_keys``: keys whose only supported value is their default; their effect is the
   refusal of any other value when the configuration is loaded;
 - ``test_capture_keys``: capture keys (``token_capture.strict``), shown on a tiny run;
+- ``test_tree_packing_key``: ``policy.tree_packing``, shown on a training step of the run's trainer;
 - ``tests/unit/jobs/test_engines.py``: the engine keys (``engine.kind``, ``engine.vllm_*``), shown
   on what the run launches or connects to (a real vLLM run is ``make test-vllm``'s).
 """
@@ -24,6 +25,7 @@ from tests.unit.config import test_capture_keys as capture
 from tests.unit.config import test_learner_keys as learner
 from tests.unit.config import test_refused_keys as refused
 from tests.unit.config import test_run_keys as run
+from tests.unit.config import test_tree_packing_key as tree
 from tests.unit.jobs import test_engines as engines
 
 EFFECTS: dict[str, Callable[..., None]] = {
@@ -147,6 +149,9 @@ EFFECTS: dict[str, Callable[..., None]] = {
     "policy.automodel_cfg.enabled": refused.test_automodel_learner_is_refused,
     "policy.sequence_packing.enabled": refused.test_sequence_packing_is_refused,
     "policy.dynamic_batching.enabled": refused.test_dynamic_batching_is_refused,
+    "policy.tree_packing": (
+        tree.test_tree_packing_computes_each_shared_prefix_once_with_the_same_loss
+    ),
 }
 """Each configuration key and the test that shows what changing it changes."""
 
@@ -164,6 +169,7 @@ def test_every_configuration_key_has_a_behavioural_test() -> None:
 
 def test_each_key_has_its_own_collected_test() -> None:
     modules = {learner.__name__, refused.__name__, run.__name__, engines.__name__, capture.__name__}
+    modules.add(tree.__name__)
     for key, effect in EFFECTS.items():
         module = inspect.getmodule(effect)
         assert module is not None and module.__name__ in modules, key
