@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from training.errors import BatchError
+from training.sharding import shard_rows
 
 __all__ = ["ProcessGroupRanks"]
 
@@ -41,6 +42,13 @@ class ProcessGroupRanks:
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self.objects = objects if objects is not None else dist.new_group(backend="gloo")
+
+    def own_shards(self, rows: int) -> tuple[range, ...]:
+        """This rank's shard (``training.sharding.shard_rows``)."""
+        return (shard_rows(rows, self.world_size)[self.rank],)
+
+    def end_shard(self, parameters: Iterable[torch.nn.Parameter]) -> None:
+        """Nothing to set aside: a rank trains one shard."""
 
     def broadcast(self, value: T | None) -> T:
         """The main rank's ``value`` on every rank, pickled over the gloo group."""

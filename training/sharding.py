@@ -35,8 +35,7 @@ __all__ = [
     "SINGLE_PROCESS",
     "RankGroup",
     "SingleProcess",
-    "rank_micro_batches",
-    "rank_rows",
+    "shard_micro_batches",
     "shard_rows",
 ]
 
@@ -62,24 +61,17 @@ def shard_rows(rows: int, world_size: int) -> tuple[range, ...]:
     return tuple(range(rank * per_rank, (rank + 1) * per_rank) for rank in range(world_size))
 
 
-def rank_rows(rows: int, *, rank: int, world_size: int) -> range:
-    """The rows rank ``rank`` of ``world_size`` trains (``shard_rows``)."""
-    if not 0 <= rank < world_size:
-        raise BatchError("rank", f"rank {rank} is outside the {world_size} data-parallel ranks")
-    return shard_rows(rows, world_size)[rank]
-
-
-def rank_micro_batches(planned: Sequence[slice], rows: range) -> list[slice]:
-    """The micro batches of ``planned`` (slices that tile a step's rows in order) that a rank
-    whose shard is ``rows`` runs: those that start in it. Every micro batch belongs to exactly
-    one rank; with fixed micro batches of a batch laid out for the ranks, a rank's micro batches
-    are exactly its shard."""
-    return [part for part in planned if rows.start <= (part.start or 0) < rows.stop]
+def shard_micro_batches(planned: Sequence[slice], shard: range) -> list[slice]:
+    """The micro batches of ``planned`` (slices that tile a step's rows in order) that the rank
+    holding ``shard`` runs: those that start in it. Every micro batch belongs to exactly one
+    rank; with fixed micro batches of a batch laid out for the ranks, a rank's micro batches
+    cover exactly its shard."""
+    return [part for part in planned if shard.start <= (part.start or 0) < shard.stop]
 
 
 class RankGroup(Protocol):
     """The data-parallel ranks a step's rows are shared among (consumer: ``Trainer``). Every
-    method is collective: each rank calls it in the same order."""
+    method is collective: each process calls it in the same order."""
 
     @property
     def rank(self) -> int:
@@ -88,41 +80,80 @@ class RankGroup(Protocol):
 
     @property
     def world_size(self) -> int:
-        """How many ranks train each step."""
+        """How many processes train each step."""
+        ...
+
+    def own_shards(self, rows: int) -> tuple[range, ...]:
+        """The shards of a step of ``rows`` rows that this process trains, in rank order: its
+        own, or every rank's in one process."""
+        ...
+
+    def end_shard(self, parameters: Iterable[torch.nn.Parameter]) -> None:
+        """After a shard's micro batches: set its gradients aside when this process trains
+        another shard next, so that the shards' gradients are summed as the ranks' are."""
+        ...
+
+    def sum_gradients(self, parameters: Iterable[torch.nn.Parameter]) -> None:
+        """Replace each parameter's gradient by its sum over the shards; a parameter that no
+        shard has a gradient for keeps None."""
         ...
 
     def broadcast(self, value: T | None) -> T:
         """The main rank's ``value`` on every rank (the others pass None)."""
         ...
 
-    def sum_gradients(self, parameters: Iterable[torch.nn.Parameter]) -> None:
-        """Replace each parameter's gradient by its sum over the ranks; a parameter that no rank
-        has a gradient for keeps None."""
-        ...
-
     def sum_values(self, values: Sequence[float]) -> list[float]:
-        """Each of ``values`` summed over the ranks."""
+        """Each of ``values`` summed over the processes."""
         ...
 
     def sum_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
-        """``tensor`` summed elementwise over the ranks (same shape on each)."""
+        """``tensor`` summed elementwise over the processes (same shape on each)."""
         ...
 
 
 class SingleProcess:
-    """One process that trains every row itself: each collective is the identity."""
+    """One process that trains every rank's shard itself, in rank order (``shards``: the
+    data-parallel size the steps are laid out for). Each shard's gradient is summed apart and
+    the shards' sums are then added in rank order, the order in which two ranks add theirs, so
+    a one-process run of a two-rank layout computes the same floats as two ranks."""
 
     rank: Final = 0
     world_size: Final = 1
+
+    def __init__(self, shards: int = 1) -> None:
+        if shards < 1:
+            raise BatchError("shards", f"a process trains >= 1 shards, got {shards}")
+        self.shards = shards
+        self._sums: dict[torch.nn.Parameter, torch.Tensor] = {}
+
+    def own_shards(self, rows: int) -> tuple[range, ...]:
+        """Every rank's shard (``shard_rows``)."""
+        return shard_rows(rows, self.shards)
+
+    def end_shard(self, parameters: Iterable[torch.nn.Parameter]) -> None:
+        """Add the shard's gradients to the shards' sums and clear them (one shard: nothing to
+        do)."""
+        if self.shards == 1:
+            return
+        for param in parameters:
+            if param.grad is not None:
+                done = self._sums.get(param)
+                self._sums[param] = param.grad if done is None else done + param.grad
+                param.grad = None
+
+    def sum_gradients(self, parameters: Iterable[torch.nn.Parameter]) -> None:
+        """The shards' sums as the gradients (one shard: they are already)."""
+        if self.shards == 1:
+            return
+        for param in parameters:
+            param.grad = self._sums.pop(param, None)
+        self._sums.clear()
 
     def broadcast(self, value: T | None) -> T:
         """``value`` itself."""
         if value is None:
             raise BatchError("broadcast", "a single process broadcasts its own value, got None")
         return value
-
-    def sum_gradients(self, parameters: Iterable[torch.nn.Parameter]) -> None:
-        """Nothing to sum."""
 
     def sum_values(self, values: Sequence[float]) -> list[float]:
         """``values`` unchanged."""
@@ -134,4 +165,4 @@ class SingleProcess:
 
 
 SINGLE_PROCESS: Final = SingleProcess()
-"""The ranks of a run without ``torchrun``."""
+"""The ranks of a run without ``torchrun`` whose steps are laid out for one rank (stateless)."""

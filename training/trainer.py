@@ -39,7 +39,7 @@ from training.loss import (
 )
 from training.metrics import OPTIMIZER_STEPS, SCHEDULER_STEP_INCREMENT
 from training.rows import RowMedia
-from training.sharding import SINGLE_PROCESS, RankGroup, rank_micro_batches, rank_rows
+from training.sharding import SINGLE_PROCESS, RankGroup, shard_micro_batches
 
 __all__ = [
     "LogprobFunction",
@@ -355,25 +355,27 @@ class Trainer:
         loss = 0.0
         clipped = 0
         plan = self.micro_batches or _fixed_micro_batches
-        # Data-parallel ranks (training/sharding.py): this rank runs the micro batches that start
-        # in its shard of the rows (all of them in one process); gradients, loss and logprobs
-        # are then summed over the ranks.
-        shard = rank_rows(batch.rows, rank=self.ranks.rank, world_size=self.ranks.world_size)
-        trained_logprobs = _row_grid(self.model, batch)  # (R, T): this rank's rows, zero elsewhere
-        for rows in rank_micro_batches(plan(batch, self.micro_batch_size), shard):
-            trainer_logprobs = self.logprobs(self.model, batch, rows)
-            result = clipped_policy_gradient_loss(
-                trainer_logprobs,
-                batch.generation_logprobs[rows],
-                batch.advantages[rows],
-                retained[rows],
-                step_retained_tokens=step_tokens,
-                clip=self.clip,
-            )
-            result.loss.backward()
-            loss += float(result.loss.detach())
-            clipped += result.clipped_tokens
-            trained_logprobs[rows] = trainer_logprobs.detach()
+        planned = plan(batch, self.micro_batch_size)
+        # Data-parallel shards (training/sharding.py): a rank runs the micro batches that start in
+        # its shard of the rows, one process those of every shard; gradients, loss and logprobs
+        # are then summed over the shards.
+        trained_logprobs = _row_grid(self.model, batch)  # (R, T): rows trained here, zero elsewhere
+        for shard in self.ranks.own_shards(batch.rows):
+            for rows in shard_micro_batches(planned, shard):
+                trainer_logprobs = self.logprobs(self.model, batch, rows)
+                result = clipped_policy_gradient_loss(
+                    trainer_logprobs,
+                    batch.generation_logprobs[rows],
+                    batch.advantages[rows],
+                    retained[rows],
+                    step_retained_tokens=step_tokens,
+                    clip=self.clip,
+                )
+                result.loss.backward()
+                loss += float(result.loss.detach())
+                clipped += result.clipped_tokens
+                trained_logprobs[rows] = trainer_logprobs.detach()
+            self.ranks.end_shard(self.model.parameters())
         self.ranks.sum_gradients(self.model.parameters())
         loss, summed_clipped = self.ranks.sum_values([loss, clipped])
         clipped = int(summed_clipped)

@@ -47,7 +47,7 @@ from training.loss import ClipRange
 from training.metrics import length_metrics, rollout_lengths, step_metrics
 from training.projector import Projector, ProjectorSettings, PublishedBatch
 from training.route_replay import logprob_function, recompute_logprobs
-from training.sharding import SINGLE_PROCESS, RankGroup
+from training.sharding import RankGroup, SingleProcess
 from training.trainer import (
     StepReport,
     Trainer,
@@ -94,10 +94,11 @@ def advantage_config(config: GroveConfig) -> AdvantageConfig:
 
 
 def build_trainer(
-    config: GroveConfig, model: torch.nn.Module, *, ranks: RankGroup = SINGLE_PROCESS
+    config: GroveConfig, model: torch.nn.Module, *, ranks: RankGroup | None = None
 ) -> Trainer:
     """The trainer of ``model`` with the configuration's optimizer (AdamW), scheduler (warm-up in
-    logical rollouts), batches and loss; every data-parallel rank builds the same one."""
+    logical rollouts), batches and loss; every data-parallel rank builds the same one. Without
+    ``ranks`` one process trains the shards of all ``policy.data_parallel_size`` ranks."""
     policy = config.policy
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=policy.learning_rate, weight_decay=policy.weight_decay
@@ -112,7 +113,7 @@ def build_trainer(
         clip=ClipRange(low=config.loss_fn.ratio_clip_min, high=config.loss_fn.ratio_clip_max),
         max_grad_norm=policy.max_grad_norm,
         min_step_batch_fraction=config.async_rl.rollout_failure.min_step_batch_fraction,
-        ranks=ranks,
+        ranks=ranks if ranks is not None else SingleProcess(policy.data_parallel_size),
         logprobs=tree_logprobs if policy.tree_packing else logprob_function(model),
         micro_batches=owner_micro_batches if policy.tree_packing else None,
     )
@@ -141,7 +142,7 @@ class TrainingRun:
         pad_token_id: int = 0,
         run_id: str = "",
         capture_prefix: str | None = None,
-        ranks: RankGroup = SINGLE_PROCESS,
+        ranks: RankGroup | None = None,
     ) -> None:
         self.config = config
         self.model = model
