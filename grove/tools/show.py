@@ -31,6 +31,7 @@ from capture.divergence import Divergence
 from capture.embedded import EMBEDDED_MODEL_NAME, build_tokenizer
 from capture.embedded_moe import EMBEDDED_MOE_MODEL_NAME
 from grove.tools.lineage import AttemptLineage, CallLineage, attempt_events, attempt_lineages
+from grove.tools.tree_view import tree_section
 from ledger.events import AttemptOpened, RolloutFinalized
 from ledger.replay import state_before
 from ledger.store import EventStore, StoredEvent
@@ -335,6 +336,7 @@ $legend
 <span class="tok unowned">unowned (generated, owned by an earlier row)</span>
 — hover a token for its text, id and logprob.</p>
 <div id="rows">$rows</div>
+$tree
 <h2>Calls</h2>
 $calls
 $divergences
@@ -388,6 +390,7 @@ def render_page(
         legend=_LEGEND,
         graph=_graph_svg(lineage),
         rows=_rows_html(forest, decode, note),
+        tree=tree_section(forest, decode),
         calls=_calls_table(lineage),
         divergences=_divergences_html(lineage),
     )
