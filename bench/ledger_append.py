@@ -4,11 +4,16 @@ Usage: ``python bench/ledger_append.py [--quick] [--json]``
 
 Per database (PostgreSQL at ``GROVE_BENCH_DATABASE_URL`` or 127.0.0.1:5432, and SQLite):
 - ``single_events_per_s``: ``EventStore.append`` of one event per transaction;
-- ``batched_events_per_s``: ``EventStore.append`` of ``BATCH`` events per transaction
-  (insertmanyvalues, with the idempotency and version checks);
+- ``batched_events_per_s``: ``EventStore.append`` of ``BATCH`` events per transaction (with
+  validation, the idempotency and version checks, and the inline fold into the projection
+  tables: the events are ``call.failed`` of a stream never opened, so the fold records each one
+  as a contradiction, a second row per event); ``batched_events_per_s_no_fold`` the same appends
+  without the fold;
 - ``raw_copy_events_per_s``: the same rows by raw ``COPY`` (PostgreSQL) or a raw ``executemany``
-  of the sqlite3 driver (SQLite) — the floor cost of getting bytes into the table;
-- ``batched_over_copy``: batched over raw (aim >= 0.5).
+  of the sqlite3 driver (SQLite), ``ROUND`` rows per transaction — the floor cost of getting
+  bytes into the table;
+- ``batched_over_copy``: batched over raw (aim >= 0.5), ``batched_over_copy_no_fold`` likewise.
+  The three alternate round by round (``ROUND`` events each), so a busy machine slows them alike.
 - ``capture_call_us_plain`` / ``capture_call_us_inline``: one captured call's two appends
   (``call.intended``, ``call.committed`` on an open attempt), median microseconds, without and
   with the inline fold into the projection tables, alternating in the same process;
@@ -45,6 +50,7 @@ from ledger.store import EventStore
 from tests.integration.ledger.scenario import committed, intended, opened
 
 BATCH = 500
+ROUND = 5_000
 PG_ADMIN = os.environ.get(
     "GROVE_BENCH_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 )
@@ -54,32 +60,53 @@ def _event(i: int) -> CallFailed:
     return CallFailed(call_id=f"c{i}", reason="engine_error", detail="benchmark event payload")
 
 
-def _rows(n: int, stream: str) -> list[tuple]:
+def _rows(n: int, stream: str, after: int = 0) -> list[tuple]:
     payload = json.dumps(_event(0).model_dump(mode="json"), separators=(",", ":"))
-    return [(uuid.uuid4().hex, stream, v, "call.failed", 1, payload) for v in range(1, n + 1)]
+    return [
+        (uuid.uuid4().hex, stream, v, "call.failed", 1, payload)
+        for v in range(after + 1, after + n + 1)
+    ]
 
 
 def _rate(count: int, seconds: float) -> float:
     return round(count / seconds, 1)
 
 
-def _append_rates(url: str, singles: int, batched: int) -> dict[str, float]:
+def _append_rates(url: str, singles: int, batched: int, raw_round) -> dict[str, float]:
+    """One event per transaction, then rounds of batched appends (folded and not) alternating
+    with ``raw_round()``, the baseline's ``ROUND`` rows, each round in the same order."""
     # Events are built before the clock starts: the raw baseline gets ready-made rows too.
-    store = EventStore.open(url)
+    stores = {fold: EventStore(open_engine(url), project_inline=fold) for fold in (True, False)}
     events = [_event(i) for i in range(max(singles, BATCH))]
     start = time.perf_counter()
     for i in range(singles):
-        store.append("single", [events[i]], expected_version=i)
+        stores[True].append("single", [events[i]], expected_version=i)
     single_s = time.perf_counter() - start
-    start = time.perf_counter()
-    for b in range(batched // BATCH):
-        store.append("batched", events[:BATCH], expected_version=b * BATCH)
-    batched_s = time.perf_counter() - start
-    store.close()
+    seconds = {True: 0.0, False: 0.0, "raw": 0.0}
+    versions = {True: 0, False: 0}
+    for _ in range(batched // ROUND):
+        for fold, store in stores.items():
+            start = time.perf_counter()
+            for _ in range(ROUND // BATCH):
+                store.append(f"batched-{fold}", events[:BATCH], expected_version=versions[fold])
+                versions[fold] += BATCH
+            seconds[fold] += time.perf_counter() - start
+        seconds["raw"] += raw_round()
+    for store in stores.values():
+        store.close()
+    count = batched // ROUND * ROUND
     return {
         "single_events_per_s": _rate(singles, single_s),
-        "batched_events_per_s": _rate(batched // BATCH * BATCH, batched_s),
+        "batched_events_per_s": _rate(count, seconds[True]),
+        "batched_events_per_s_no_fold": _rate(count, seconds[False]),
+        "raw_events_per_s": _rate(count, seconds["raw"]),
     }
+
+
+def _ratios(result: dict[str, object], raw_name: str) -> None:
+    result[raw_name] = result.pop("raw_events_per_s")
+    for name, key in (("", "batched_events_per_s"), ("_no_fold", "batched_events_per_s_no_fold")):
+        result[f"batched_over_copy{name}"] = round(result[key] / result[raw_name], 3)
 
 
 def _capture_costs(url: str, calls: int) -> dict[str, float]:
@@ -106,32 +133,47 @@ def _capture_costs(url: str, calls: int) -> dict[str, float]:
     }
 
 
-def _raw_copy_rate(dsn: str, count: int) -> float:
-    rows = _rows(count, "raw")
-    with psycopg.connect(dsn) as conn:
+def _raw_copy_round(dsn: str):
+    """A function that writes the next ``ROUND`` rows by raw ``COPY`` and returns its seconds."""
+    done = [0]
+
+    def round_s() -> float:
+        rows = _rows(ROUND, "raw", done[0])
+        done[0] += ROUND
+        with psycopg.connect(dsn) as conn:
+            start = time.perf_counter()
+            with (
+                conn.cursor() as cur,
+                cur.copy(f"COPY grove_events ({', '.join(COPY_COLUMNS)}) FROM STDIN") as copy,
+            ):
+                for row in rows:
+                    copy.write_row(row)
+            conn.commit()
+            return time.perf_counter() - start
+
+    return round_s
+
+
+def _raw_sqlite_round(path: str):
+    """A function that writes the next ``ROUND`` rows by a raw ``executemany`` (its seconds)."""
+    done = [0]
+
+    def round_s() -> float:
+        rows = _rows(ROUND, "raw", done[0])
+        done[0] += ROUND
+        conn = sqlite3.connect(path, isolation_level=None)
         start = time.perf_counter()
-        with (
-            conn.cursor() as cur,
-            cur.copy(f"COPY grove_events ({', '.join(COPY_COLUMNS)}) FROM STDIN") as copy,
-        ):
-            for row in rows:
-                copy.write_row(row)
-        conn.commit()
-        return _rate(count, time.perf_counter() - start)
+        conn.execute("BEGIN IMMEDIATE")
+        conn.executemany(
+            f"INSERT INTO grove_events ({', '.join(COPY_COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?)",
+            rows,
+        )
+        conn.execute("COMMIT")
+        seconds = time.perf_counter() - start
+        conn.close()
+        return seconds
 
-
-def _raw_sqlite_rate(path: str, count: int) -> float:
-    rows = _rows(count, "raw")
-    conn = sqlite3.connect(path, isolation_level=None)
-    start = time.perf_counter()
-    conn.execute("BEGIN IMMEDIATE")
-    conn.executemany(
-        f"INSERT INTO grove_events ({', '.join(COPY_COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?)", rows
-    )
-    conn.execute("COMMIT")
-    rate = _rate(count, time.perf_counter() - start)
-    conn.close()
-    return rate
+    return round_s
 
 
 def _writer(url: str, index: int, count: int) -> None:
@@ -223,12 +265,9 @@ def bench_postgres(quick: bool) -> dict[str, object]:
     try:
         migrate.upgrade(url)
         singles, batched = (300, 5_000) if quick else (2_000, 50_000)
-        result: dict[str, object] = _append_rates(url, singles, batched)
+        result: dict[str, object] = _append_rates(url, singles, batched, _raw_copy_round(dsn))
+        _ratios(result, "raw_copy_events_per_s")
         result.update(_capture_costs(url, singles))
-        result["raw_copy_events_per_s"] = _raw_copy_rate(dsn, batched)
-        result["batched_over_copy"] = round(
-            result["batched_events_per_s"] / result["raw_copy_events_per_s"], 3
-        )
         result.update(_missed_events(url, 8, 500 if quick else 5_000))
         return result
     finally:
@@ -242,12 +281,9 @@ def bench_sqlite(quick: bool) -> dict[str, object]:
         url = f"sqlite:///{path}"
         migrate.upgrade(url)
         singles, batched = (300, 5_000) if quick else (2_000, 50_000)
-        result: dict[str, object] = _append_rates(url, singles, batched)
+        result: dict[str, object] = _append_rates(url, singles, batched, _raw_sqlite_round(path))
+        _ratios(result, "raw_executemany_events_per_s")
         result.update(_capture_costs(url, singles))
-        result["raw_executemany_events_per_s"] = _raw_sqlite_rate(path, batched)
-        result["batched_over_copy"] = round(
-            result["batched_events_per_s"] / result["raw_executemany_events_per_s"], 3
-        )
         return result
 
 
@@ -259,6 +295,7 @@ def main() -> None:
     args = parser.parse_args()
     report = {"postgresql": bench_postgres(args.quick), "sqlite": bench_sqlite(args.quick)}
     report["batched_over_copy"] = report["postgresql"]["batched_over_copy"]
+    report["batched_over_copy_no_fold"] = report["postgresql"]["batched_over_copy_no_fold"]
     report["missed_events_position_only"] = report["postgresql"]["missed_events_position_only"]
     report["missed_events_grove"] = report["postgresql"]["missed_events_grove"]
     if args.json:

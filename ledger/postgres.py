@@ -55,7 +55,14 @@ from ledger.errors import ImportConflict
 from ledger.events import LedgerPosition
 from ledger.schema import EVENTS
 
-__all__ = ["COPY_APPEND_MIN", "COPY_COLUMNS", "Landed", "PostgresBackend", "copy_rows"]
+__all__ = [
+    "COPY_APPEND_MIN",
+    "COPY_COLUMNS",
+    "Landed",
+    "PostgresBackend",
+    "copy_block",
+    "copy_rows",
+]
 
 COPY_APPEND_MIN = 16
 """Appends of at least this many events go by ``COPY``; smaller ones by one ``INSERT … SELECT``
@@ -179,8 +186,15 @@ def copy_rows(
 ) -> None:
     """Write ``rows`` (values in the order of ``columns``: text, numbers, booleans or None) into
     ``table`` by ``COPY … FROM STDIN`` on the connection's transaction."""
+    copy_block(
+        conn, table, columns, "".join("\t".join(map(_copy_field, row)) + "\n" for row in rows)
+    )
+
+
+def copy_block(conn: Connection, table: str, columns: Sequence[str], block: str) -> None:
+    """Write ``block``, rows in ``COPY``'s text format, into ``table`` on the connection's
+    transaction."""
     statement = f"COPY {table} ({', '.join(columns)}) FROM STDIN"  # Grove's own names
-    block = "".join("\t".join(map(_copy_field, row)) + "\n" for row in rows)
     driver = conn.connection.driver_connection
     with (
         _as_sqlalchemy_errors(conn, statement),
@@ -267,23 +281,14 @@ class PostgresBackend:
             Landed(position, row["event_id"], current + row["ordinal"])
             for position, row in zip(positions, rows, strict=True)
         ]
-        copy_rows(
-            conn,
-            "grove_events",
-            _APPEND_COPY_COLUMNS,
-            [
-                (
-                    slot.position,
-                    row["event_id"],
-                    stream_id,
-                    slot.stream_version,
-                    row["event_type"],
-                    row["schema_version"],
-                    _jsonb_text(row["payload"]),
-                )
-                for slot, row in zip(landed, rows, strict=True)
-            ],
+        # Stream ids and event types are plain names (validate_stream_id, the catalog).
+        block = "".join(
+            f"{slot.position}\t{_copy_text(row['event_id'])}\t{stream_id}\t{slot.stream_version}"
+            f"\t{row['event_type']}\t{row['schema_version']:d}"
+            f"\t{_copy_text(_jsonb_text(row['payload']))}\n"
+            for slot, row in zip(landed, rows, strict=True)
         )
+        copy_block(conn, "grove_events", _APPEND_COPY_COLUMNS, block)
         return landed
 
     def read_after(self, conn: Connection, mark: LedgerPosition, limit: int) -> Sequence[Row]:
