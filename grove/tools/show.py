@@ -5,7 +5,8 @@ the capture graph as an SVG — roots and continuations (shape), selected, rejec
 pending calls (fill), the selection order, endpoints (double ring) and the scored terminal (star),
 with a legend — and the reconstructed rows below it, one token per box: context (prompts,
 observations, rewritten inputs), loss (generated tokens this row owns) and unowned (generated
-tokens an earlier row owns, carried here as context). Hovering a token shows its decoded text,
+tokens an earlier row owns, carried here as context); an image's placeholder tokens are one box
+naming the image and its patch grid (``docs/media.md``). Hovering a token shows its decoded text,
 id, position, call and logprob; hovering a call highlights it in the graph and in every row.
 Below the calls table, each root the splice's boundary check made shows its divergence diagnostic
 (message, offsets, both token windows, likely cause: ``capture/divergence.py``), also in its
@@ -21,7 +22,7 @@ for another model the page shows token ids. Inline CSS and JavaScript, nothing f
 from __future__ import annotations
 
 import html
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
@@ -39,6 +40,7 @@ from storage import BlobStore
 from training.errors import TrainingError
 from training.forest import Forest, ForestRow
 from training.projector import finalization_forest
+from training.rows import MediaItem
 
 __all__ = ["AttemptPage", "render_page", "write_attempt_page"]
 
@@ -200,12 +202,35 @@ _LEGEND = """
 """
 
 
-def _token_cells(row: ForestRow, decode: Decode | None) -> str:
+def _image_cell(item: MediaItem, start: int) -> str:
+    """One box for an image's placeholder tokens (``docs/media.md``)."""
+    title = (
+        f"#{start}-{start + item.token_end - item.token_start - 1} {item.kind} {item.media_id}: "
+        f"{item.token_end - item.token_start} placeholder tokens, "
+        f"{item.frames}x{item.height}x{item.width} patches"
+    )
+    return (
+        f'<span class="tok img" title="{html.escape(title)}">▣ {html.escape(item.media_id)}</span>'
+    )
+
+
+def _token_cells(
+    row: ForestRow, decode: Decode | None, media: Mapping[str, Sequence[MediaItem]]
+) -> str:
     cells = []
     for segment in row.segments:
         cid = html.escape(segment.call_id)
         cells.append(f'<span class="seg" data-call="{cid}"><span class="seglabel">{cid}</span>')
+        images = {segment.start + m.token_start: m for m in media.get(segment.call_id, ())}
+        skip_to = segment.start
         for position in range(segment.start, segment.end):
+            if position < skip_to:
+                continue  # inside an image drawn as one box
+            if position in images:
+                item = images[position]
+                cells.append(_image_cell(item, position))
+                skip_to = position + item.token_end - item.token_start
+                continue
             token = row.token_ids[position]
             generated = position >= segment.generated_start
             if not generated:
@@ -224,7 +249,12 @@ def _token_cells(row: ForestRow, decode: Decode | None) -> str:
     return "".join(cells)
 
 
-def _rows_html(forest: Forest | None, decode: Decode | None, note: str) -> str:
+def _rows_html(
+    forest: Forest | None,
+    decode: Decode | None,
+    note: str,
+    media: Mapping[str, Sequence[MediaItem]],
+) -> str:
     if forest is None:
         return f'<p class="note">{html.escape(note)}</p>'
     if not forest.trainable:
@@ -240,7 +270,7 @@ def _rows_html(forest: Forest | None, decode: Decode | None, note: str) -> str:
             f"{html.escape(' → '.join(row.call_ids))} · owns "
             f"{html.escape(', '.join(row.owned_call_ids) or 'nothing')} · "
             f"{len(row.token_ids)} tokens, {loss} with loss</h3>"
-            f'<div class="tokens">{_token_cells(row, decode)}</div></section>'
+            f'<div class="tokens">{_token_cells(row, decode, media)}</div></section>'
         )
     return "".join(parts)
 
@@ -318,6 +348,7 @@ h3 { font-size: 13px; font-weight: 600; margin: 12px 0 4px; }
 .tok.ctx { background: #eceff3; color: #444; }
 .tok.loss { background: #b7e4b0; border-color: #4a9a3f; }
 .tok.unowned { background: #ffe0a8; border-color: #d69a2d; }
+.tok.img { background: #e2d6f5; border-color: #7a5cb0; }
 .key span.tok { cursor: default; }
 table.calls { border-collapse: collapse; font-size: 12px; }
 table.calls td, table.calls th { border: 1px solid #ddd; padding: 2px 6px; text-align: left; }
@@ -334,6 +365,7 @@ $legend
 <h2>Training rows</h2>
 <p class="key">tokens: <span class="tok ctx">context</span> <span class="tok loss">loss</span>
 <span class="tok unowned">unowned (generated, owned by an earlier row)</span>
+<span class="tok img">▣ image (its placeholder tokens)</span>
 — hover a token for its text, id and logprob.</p>
 <div id="rows">$rows</div>
 $tree
@@ -379,17 +411,22 @@ def _meta(lineage: AttemptLineage) -> str:
 
 
 def render_page(
-    lineage: AttemptLineage, forest: Forest | None, decode: Decode | None, note: str = ""
+    lineage: AttemptLineage,
+    forest: Forest | None,
+    decode: Decode | None,
+    note: str = "",
+    media: Mapping[str, Sequence[MediaItem]] | None = None,
 ) -> str:
     """The page for ``lineage`` and its rebuilt ``forest`` (None: no rows to show, ``note``
-    says why); ``decode`` turns a token id into its text (None: show ids)."""
+    says why); ``decode`` turns a token id into its text (None: show ids); ``media`` maps call
+    ids to their images, each drawn as one box over its placeholder tokens."""
     return _PAGE.substitute(
         title=html.escape(lineage.capture_key),
         capture_key=html.escape(lineage.capture_key),
         meta=_meta(lineage),
         legend=_LEGEND,
         graph=_graph_svg(lineage),
-        rows=_rows_html(forest, decode, note),
+        rows=_rows_html(forest, decode, note, media or {}),
         tree=tree_section(forest, decode),
         calls=_calls_table(lineage),
         divergences=_divergences_html(lineage),
@@ -424,18 +461,22 @@ def write_attempt_page(store: EventStore, blobs: BlobStore, key: str, path: Path
     cutoff = finalized[0].position if finalized else events[-1].position + 1
     state = state_before(capture_key, events, cutoff)
     forest, note = None, "no selection is recorded yet, so there are no rows"
+    media: dict[str, Sequence[MediaItem]] = {}
     if state.selection is not None:
         note = "rows rebuilt from the blobs as the projector decided them"
         if not finalized:
             note = "not finalized yet: rows as the projector would rebuild them now"
         try:
-            forest, _ = finalization_forest(state, blobs, **_decision_settings(finalized, opened))
+            forest, extras = finalization_forest(
+                state, blobs, **_decision_settings(finalized, opened)
+            )
+            media = {call_id: extra.media for call_id, extra in extras.items() if extra.media}
         except TrainingError as error:
             forest, note = None, f"the rows cannot be rebuilt: {error}"
     decode = _decoder(opened)
     if decode is None:
         note += f" (model {opened.model_fingerprint}: tokens shown as ids)"
-    page = render_page(lineage, forest, decode, note)
+    page = render_page(lineage, forest, decode, note, media)
     path.write_text(page, encoding="utf-8")
     rows = len(forest.rows) if forest is not None else 0
     return AttemptPage(path, len(lineage.calls), rows)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import io
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ from capture.embedded_vlm import (
 from capture.gateway import CALL_ID_HEADER, create_app
 from capture.lifecycle import CaptureService
 from grove.jobs.serve import LedgerSelector, ServerThread
+from grove.tools.show import write_attempt_page
 from ledger import migrate
 from ledger.attempt import AttemptLog
 from ledger.store import EventStore
@@ -336,3 +338,22 @@ def test_a_text_model_refuses_images_with_400(local_gateway: Gateway):
     assert refused.value.body["code"] == "images_not_supported"
     assert "model 'grove/test-tiny'" in refused.value.body["message"]
     assert local_gateway.written() == before
+
+
+def test_grove_show_draws_each_image_as_one_box_over_its_placeholders(
+    example: Example, tmp_path: Path
+):
+    rows_of(example)
+    gateway = example.gateway
+    page = write_attempt_page(
+        gateway.service.log.store, gateway.service.blobs, "att-1", tmp_path / "a.html"
+    )
+    text = page.path.read_text()
+    boxes = re.findall(r'<span class="tok img" title="([^"]*)">▣ ([^<]*)</span>', text)
+    assert [name for _, name in boxes] == [
+        "message-0/image-0",
+        "message-2/image-0",
+        "message-1/image-0",
+    ]
+    assert "4 placeholder tokens, 1x4x4 patches" in boxes[0][0]
+    assert f"id {IMAGE_ID} " not in text  # no placeholder token drawn on its own
