@@ -99,7 +99,7 @@ def _causal_rows(
     """Nothing is shared: the rows as plain causal sequences, cut at their longest length."""
     width = max(lengths)
     logprobs = causal_token_logprobs(model, token_ids[:, :width])  # (r, width)
-    kept = torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]
+    kept = (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]).to(logprobs.device)
     logprobs = torch.where(kept, logprobs, 0.0)
     return torch.nn.functional.pad(logprobs, (0, token_ids.shape[1] - width), value=0.0)
 
