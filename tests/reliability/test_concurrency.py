@@ -20,6 +20,7 @@ from capture.engine import Engine, Generation, SamplingParams
 from capture.lifecycle import CaptureService, ModelCall
 from capture.render import RenderOptions
 from grove.workspace import Workspace
+from ledger import migrate
 from ledger.attempt import AttemptError
 from ledger.store import EventStore
 from storage import BlobRef, open_blob_store
@@ -90,6 +91,7 @@ def test_eight_concurrent_clients_lose_nothing_and_intend_each_call_once(
     started = time.monotonic()
     env = s3_environment(s3_server)
     workspace = Workspace.resolve(tmp_path / "work", postgres_url, s3_server.fresh_url())
+    migrate.upgrade(postgres_url)  # as the owner: grove serve never changes a schema
     launcher = Launcher(tmp_path, env)
     gateway = launcher.exec_grove_serve(workspace)  # the grove executable, as an operator runs it
     try:
