@@ -10,6 +10,7 @@ here to a test that changes it and shows what happens:
 - ``test_refused_keys``: keys whose only supported value is their default; their effect is the
   refusal of any other value when the configuration is loaded;
 - ``test_capture_keys``: capture keys (``token_capture.strict``), shown on a tiny run;
+- ``test_moe_run``: ``model.architecture``, shown on a tiny run of the embedded MoE model;
 - ``test_tree_packing_key``: ``policy.tree_packing``, shown on a training step of the run's trainer;
 - ``tests/unit/jobs/test_engines.py``: the engine keys (``engine.kind``, ``engine.vllm_*``), shown
   on what the run launches or connects to (a real vLLM run is ``make test-vllm``'s).
@@ -23,6 +24,7 @@ from collections.abc import Callable
 from grove.config import config_field_paths
 from tests.unit.config import test_capture_keys as capture
 from tests.unit.config import test_learner_keys as learner
+from tests.unit.config import test_moe_run as moe
 from tests.unit.config import test_refused_keys as refused
 from tests.unit.config import test_run_keys as run
 from tests.unit.config import test_tree_packing_key as tree
@@ -34,6 +36,9 @@ EFFECTS: dict[str, Callable[..., None]] = {
     "model.path": run.test_model_path_is_the_policy_the_gateway_serves_and_trains,
     "model.dtype": run.test_model_dtype_is_the_dtype_the_policy_trains_in,
     "model.warm_start": run.test_model_warm_start_trains_from_the_warm_started_weights,
+    "model.architecture": (
+        moe.test_model_architecture_moe_is_the_policy_the_gateway_serves_and_trains
+    ),
     "engine.host": run.test_engine_host_is_the_address_the_gateway_listens_on,
     "engine.port": run.test_engine_port_is_the_port_the_gateway_listens_on,
     "engine.auth_token": (
@@ -168,8 +173,15 @@ def test_every_configuration_key_has_a_behavioural_test() -> None:
 
 
 def test_each_key_has_its_own_collected_test() -> None:
-    modules = {learner.__name__, refused.__name__, run.__name__, engines.__name__, capture.__name__}
-    modules.add(tree.__name__)
+    modules = {
+        learner.__name__,
+        refused.__name__,
+        run.__name__,
+        engines.__name__,
+        capture.__name__,
+        moe.__name__,
+        tree.__name__,
+    }
     for key, effect in EFFECTS.items():
         module = inspect.getmodule(effect)
         assert module is not None and module.__name__ in modules, key
