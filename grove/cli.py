@@ -175,6 +175,7 @@ def _train(
     ws: Workspace,
 ) -> None:
     from grove.config import load_config
+    from grove.jobs.distributed import is_main_rank
     from grove.jobs.train import run_training
 
     config = load_config(source)
@@ -187,7 +188,8 @@ def _train(
         run_id=run,
         console=None if as_json else console,
     )
-    print(json.dumps(summary.as_dict()))
+    if is_main_rank():  # under torchrun, the other ranks return the same summary
+        print(json.dumps(summary.as_dict()))
 
 
 @app.command("train")
