@@ -401,6 +401,8 @@ def postgres_databases(names: Sequence[str]) -> Iterator[dict[str, str] | str]:
     import psycopg
     from sqlalchemy.engine import make_url
 
+    from ledger import migrate
+
     environ = os.environ.get
     admin = make_url(
         environ("GROVE_BENCH_DATABASE_URL") or environ("GROVE_TEST_DATABASE_URL") or DEFAULT_URL
@@ -418,6 +420,7 @@ def postgres_databases(names: Sequence[str]) -> Iterator[dict[str, str] | str]:
             created.append(f"grove_bench_gateway_{uuid.uuid4().hex[:12]}")
             connection.execute(f'CREATE DATABASE "{created[-1]}"')
             urls[name] = admin.set(database=created[-1]).render_as_string(hide_password=False)
+            migrate.upgrade(urls[name])  # `grove db upgrade`, as the owner: serve never does DDL
         yield urls
     finally:
         for database in created:
