@@ -79,6 +79,13 @@ EVENTS = Table(
     CheckConstraint("schema_version >= 1", name="schema_version_positive"),
     # The gap-free reader's scan order on PostgreSQL.
     Index(None, "transaction_id", "position"),
+    # The published steps, a few among millions of events (``grove replay --verify``).
+    Index(
+        "ix_grove_events_published_position",
+        "position",
+        postgresql_where=text("event_type = 'batch.published'"),
+        sqlite_where=text("event_type = 'batch.published'"),
+    ),
     sqlite_autoincrement=True,
 )
 
@@ -107,6 +114,8 @@ PROJ_ATTEMPTS = Table(
     Column("opened_position", BigInteger, nullable=False),
     # Rollouts of one prompt group are assembled together.
     Index(None, "prompt_group"),
+    # ``grove lineage KEY`` finds an attempt by capture key or by rollout id.
+    Index(None, "rollout_id"),
 )
 
 PROJ_CALLS = Table(
@@ -155,6 +164,8 @@ PROJ_ROLLOUTS = Table(
     Column("selected_position", BigInteger, nullable=False),
     # The trainer looks rollouts up by logical id.
     Index(None, "rollout_id"),
+    # ``grove replay --verify`` reads the rollouts of a step's prompt groups.
+    Index(None, "prompt_group"),
 )
 
 # The events of each stream folded into the projections: its last stream version folded.

@@ -53,6 +53,17 @@ WHERE capture_key = :key OR rollout_id = :key
 ORDER BY opened_position
 """,
     "calls": """
+WITH RECURSIVE chain (call_id, ancestor_call_id, depth) AS (
+  SELECT call_id, call_id, 0 FROM grove_proj_calls WHERE capture_key = :key
+  UNION ALL
+  SELECT l.call_id, p.parent_call_id, l.depth + 1
+  FROM chain l
+  JOIN grove_proj_calls p ON p.capture_key = :key AND p.call_id = l.ancestor_call_id
+  WHERE p.parent_call_id IS NOT NULL
+),
+deepest (call_id, depth) AS (
+  SELECT call_id, MAX(depth) FROM chain GROUP BY call_id
+)
 SELECT c.call_id, c.parent_call_id, l.ancestor_call_id AS root_call_id, l.depth,
        c.decision, c.root_reason, c.status, c.late, c.failure_reason, c.selection_index,
        c.selected AND NOT EXISTS (
@@ -62,12 +73,9 @@ SELECT c.call_id, c.parent_call_id, l.ancestor_call_id AS root_call_id, l.depth,
        c.prompt_tokens, c.prev_len, c.delta_len, c.cum_len, c.generated_len,
        c.finish_reason, c.response_id
 FROM grove_calls c
-JOIN grove_call_lineage l ON l.capture_key = c.capture_key AND l.call_id = c.call_id
+JOIN deepest d ON d.call_id = c.call_id
+JOIN chain l ON l.call_id = c.call_id AND l.depth = d.depth
 WHERE c.capture_key = :key
-  AND l.depth = (
-    SELECT MAX(m.depth) FROM grove_call_lineage m
-    WHERE m.capture_key = c.capture_key AND m.call_id = c.call_id
-  )
 ORDER BY c.intended_position
 """,
     "rollout": """

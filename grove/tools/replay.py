@@ -48,7 +48,7 @@ from ledger.replay import (
 )
 from ledger.schema import JsonType
 from ledger.store import EventStore, StoredEvent
-from ledger.upcasting import decode_as
+from ledger.upcasting import decode_as, upcast
 from storage import BlobStore
 from training.errors import TrainingError
 from training.projector import captured_calls, finalization_event, finalization_forest
@@ -247,12 +247,21 @@ class _Published:
     event: BatchPublished
 
 
-def _published(conn: Connection) -> list[_Published]:
+def _published(conn: Connection, rollout_id: str) -> list[_Published]:
+    """The published steps that bear on ``rollout_id``: those that publish it, and those that
+    publish any rollout of theirs (the once-only rule). Only these are decoded: a ledger holds
+    one step per few hundred calls, and a step's payload lists hundreds of ids (docs/scale.md)."""
     query = text(QUERIES["published"]).columns(payload=JsonType)
-    batches = []
+    rows = []
     for row in conn.execute(query):
-        event = decode_as(BatchPublished, BatchPublished.type, row.schema_version, row.payload)
-        batches.append(_Published(row.stream_id, row.stream_version, row.position, event))
+        listed = upcast(BatchPublished.type, row.schema_version, row.payload).get("rollout_ids")
+        rows.append((row, set(listed) if isinstance(listed, list) else None))
+    mine = set().union(*(ids for _, ids in rows if ids is not None and rollout_id in ids))
+    batches = []
+    for row, ids in rows:
+        if ids is None or ids & mine:  # a payload without a list of ids fails decoding below
+            event = decode_as(BatchPublished, BatchPublished.type, row.schema_version, row.payload)
+            batches.append(_Published(row.stream_id, row.stream_version, row.position, event))
     return batches
 
 
@@ -355,7 +364,7 @@ def verify_publication(
     projections are brought up to date first: the group queries read ``grove_rollouts``)."""
     catch_up(store)
     with store.engine.connect() as conn:
-        batches = [b for b in _published(conn) if until is None or b.position <= until]
+        batches = [b for b in _published(conn, rollout_id) if until is None or b.position <= until]
         mine = [b for b in batches if rollout_id in b.event.rollout_ids]
         if not mine:
             if finalized_position is None:

@@ -1,0 +1,426 @@
+"""A million-call ledger: per-attempt costs on PostgreSQL at 10k, 100k and 1M captured calls.
+
+Usage: ``python bench/scale.py [--quick] [--json] [--sizes 10000,100000] [--url URL]``
+
+Each size gets a fresh database (dropped at the end) and a fresh local blob directory. The
+databases live on a throwaway cluster of the bench's own (``initdb``; ``fsync=off``, which only
+speeds the build), or on the server at ``--url``: the gap-free reader reads below the oldest
+transaction running anywhere on its server, so on a server other clients keep busy, the
+projector and ``grove lineage``'s catch-up wait for them, and the figures measure that wait.
+The ledger is built through the import path (``bench/scale_ledger.py`` draws the shapes:
+groups of 8 rollouts, 5-40 calls each, compaction roots, rejections, engine failures;
+``EventStore.import_events`` copies them in, the projection rows follow by ``COPY``),
+then, in the same run, against that ledger:
+
+- ``lineage_ms_p50`` / ``lineage_ms_p99``: the lineage query of one attempt (``grove lineage``'s
+  ``calls`` query, ``grove.tools.lineage.QUERIES``) for sampled attempts across the ledger, warm;
+  ``lineage_plan`` is its ``EXPLAIN`` (``lineage_plan_index_only``: no sequential scan of a
+  table that grows with the ledger);
+- ``grove_lineage_ms``: ``grove lineage``'s work for one attempt (``attempt_lineages``: catch-up,
+  every query, the divergence read), median over the sample;
+- ``replay_ms``: ``grove replay --verify`` of one attempt (``grove.tools.replay.replay`` with the
+  blob store: admissions, selection, finalization from the blobs, publication), median over the
+  attempts whose blobs exist;
+- ``projector_step_ms``: a projector following the ledger at its end finalizes a step's worth of
+  newly selected attempts (4 groups of 8, blobs read and verified) and publishes the step;
+- ``postgres_bytes_per_call``: the database's size over the calls (``pg_database_size`` less the
+  size of an empty migrated database), with each table's and index's share;
+  ``blob_bytes_per_call``: the blob store's bytes per committed call (the recorded sizes).
+
+``growth_largest_over_smallest`` is the largest ratio of any per-attempt figure (the five
+above) between the largest and the smallest ledger of the run; the aim is <= 1.5, and
+``lineage_ms_p99`` < 10 at 1M calls. ``--quick`` stops at 100k calls. Timings are wall clock on a
+shared machine: medians and percentiles over many attempts, after one warm-up pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import torch
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.scale_ledger import (
+    GROUPS_PER_STEP,
+    ROLLOUTS_PER_GROUP,
+    TABLE_COLUMNS,
+    Attempt,
+    AttemptWriter,
+    LedgerBuilder,
+    Placed,
+    ProjectionRows,
+)
+from grove.tools.lineage import QUERIES, attempt_lineages
+from grove.tools.replay import replay
+from ledger import migrate
+from ledger.events import LedgerPosition
+from ledger.store import EventStore, ImportEvent
+from storage import BlobStore, open_blob_store
+from tests.fixtures.postgres import ThrowawayCluster
+from training.projector import Projector, ProjectorSettings
+
+SIZES = (10_000, 100_000, 1_000_000)
+CALLS_PER_ATTEMPT = 23  # the mean of 5-40 calls, plus retries: only to plan chunks
+CHUNK_GROUPS = 8 * GROUPS_PER_STEP  # groups per import transaction (whole steps)
+LINEAGE_SAMPLE = 200
+TOOL_SAMPLE = 24
+FIGURES = ("lineage_ms_p50", "lineage_ms_p99", "grove_lineage_ms", "replay_ms", "projector_step_ms")
+
+
+def _dsn(url: str) -> str:
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+class Database:
+    """A database created for one ledger on the server of ``admin_url``, dropped by ``drop``."""
+
+    def __init__(self, admin_url: str, name: str) -> None:
+        self.admin_url = admin_url
+        self.name = name
+        self.url = make_url(admin_url).set(database=name).render_as_string(hide_password=False)
+        with psycopg.connect(_dsn(admin_url), autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')  # a generated name: letters, digits, _
+
+    def drop(self) -> None:
+        """Drop the database (closing anything still connected)."""
+        with psycopg.connect(_dsn(self.admin_url), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+
+
+# -- building ------------------------------------------------------------------------------------
+
+
+def _copy_projections(store: EventStore, rows: ProjectionRows, skip_streams: set[str]) -> None:
+    tables = rows.tables()
+    tables["grove_proj_streams"] = [
+        r for r in tables["grove_proj_streams"] if r[0] not in skip_streams
+    ]
+    with store.engine.begin() as conn:
+        driver = conn.connection.driver_connection
+        with driver.cursor() as cursor:
+            for table, values in tables.items():
+                columns = ", ".join(TABLE_COLUMNS[table])
+                with cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
+                    for value in values:
+                        copy.write_row(value)
+
+
+def _import(store: EventStore, placed: Sequence[Placed], skip_streams: set[str]) -> None:
+    """Import the events (one transaction), check they landed where placed, add their rows."""
+    store.import_events(
+        ImportEvent(
+            p.stream_id,
+            p.stream_version,
+            p.event.type,
+            p.event.schema_version,
+            p.event.model_dump(mode="json"),
+        )
+        for p in placed
+    )
+    with store.engine.connect() as conn:
+        last = conn.execute(text("SELECT max(position) FROM grove_events")).scalar_one()
+    if last != placed[-1].position:
+        raise RuntimeError(
+            f"events landed up to position {last}, placed up to {placed[-1].position}"
+        )
+    rows = ProjectionRows()
+    rows.fold(placed)
+    _copy_projections(store, rows, skip_streams)
+
+
+def _mark(store: EventStore) -> LedgerPosition:
+    with store.engine.connect() as conn:
+        row = conn.execute(
+            text(
+                "SELECT transaction_id, position FROM grove_events "
+                "ORDER BY transaction_id DESC, position DESC LIMIT 1"
+            )
+        ).one()
+    return LedgerPosition(transaction_id=row.transaction_id, position=row.position)
+
+
+def _set_checkpoints(store: EventStore, mark: LedgerPosition, training: dict[str, int]) -> None:
+    with store.engine.begin() as conn:
+        conn.execute(text("DELETE FROM grove_projection_checkpoints"))
+        for name in ("attempts", "calls", "rollouts", "contradictions"):
+            conn.execute(
+                text(
+                    "INSERT INTO grove_projection_checkpoints (projection, transaction_id, "
+                    "position) VALUES (:name, :xid, :position)"
+                ),
+                {"name": name, "xid": mark.transaction_id, "position": mark.position},
+            )
+        for stream, version in training.items():
+            conn.execute(
+                text("INSERT INTO grove_proj_streams (stream_id, version) VALUES (:s, :v)"),
+                {"s": stream, "v": version},
+            )
+
+
+class Built:
+    """A built ledger: its store, blobs, the attempts whose blobs exist, the tail's run name."""
+
+    def __init__(self, store: EventStore, blobs: BlobStore) -> None:
+        self.store = store
+        self.blobs = blobs
+        self.calls = 0
+        self.attempts: list[str] = []
+        self.full_attempts: list[str] = []
+        self.tail_mark = LedgerPosition(position=0)
+        self.tail_prefix = ""
+        self.build_s = 0.0
+
+
+def build(url: str, blobs: BlobStore, calls: int, seed: int = 0) -> Built:
+    """A ledger of about ``calls`` captured calls (whole groups), then one step's worth of
+    selected, unfinalized attempts at its end (for the projector)."""
+    start = time.perf_counter()
+    migrate.upgrade(url)
+    store = EventStore.open(url)
+    built = Built(store, blobs)
+    writer = AttemptWriter(seed, blobs)
+    training = "training-bench"
+    builder = LedgerBuilder(training)
+    planned_groups = max(1, calls // (CALLS_PER_ATTEMPT * ROLLOUTS_PER_GROUP))
+    full_groups = {0, planned_groups // 2}
+    group = 0
+    while built.calls < calls or group % GROUPS_PER_STEP:
+        attempts = [
+            writer.attempt("body", group, r, full=group in full_groups)
+            for r in range(ROLLOUTS_PER_GROUP)
+        ]
+        built.calls += sum(a.calls for a in attempts)
+        built.attempts += [a.capture_key for a in attempts]
+        if group in full_groups:
+            built.full_attempts += [a.capture_key for a in attempts]
+        builder.add_group(attempts)
+        group += 1
+        if group % CHUNK_GROUPS == 0:
+            _import(store, builder.take(), {training})
+    if builder.placed:
+        _import(store, builder.take(), {training})
+    built.tail_mark = _mark(store)
+    tail: list[Attempt] = []
+    for g in range(GROUPS_PER_STEP):
+        attempts = [
+            writer.attempt("tail", g, r, full=True, finalize=False)
+            for r in range(ROLLOUTS_PER_GROUP)
+        ]
+        tail += attempts
+        builder.add_group(attempts)
+    _import(store, builder.take(), {training})
+    built.tail_prefix = "tail-"
+    _set_checkpoints(store, _mark(store), {training: builder.steps})
+    with psycopg.connect(_dsn(url), autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE")
+    built.build_s = time.perf_counter() - start
+    return built
+
+
+# -- measuring -----------------------------------------------------------------------------------
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def _timed_ms(function: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    function()
+    return (time.perf_counter() - start) * 1000
+
+
+def lineage_query_ms(store: EventStore, keys: Sequence[str]) -> list[float]:
+    """The lineage query's time for each key, warm (one pass first)."""
+    query = text(QUERIES["calls"])
+    with store.engine.connect() as conn:
+        for key in keys:
+            conn.execute(query, {"key": key}).all()
+        return [_timed_ms(lambda k=key: conn.execute(query, {"key": k}).all()) for key in keys]
+
+
+def lineage_plan(store: EventStore, key: str) -> list[str]:
+    """``EXPLAIN`` of the lineage query for ``key``, one line per plan line."""
+    with store.engine.connect() as conn:
+        rows = conn.execute(text("EXPLAIN " + QUERIES["calls"]), {"key": key}).all()
+    return [row[0] for row in rows]
+
+
+def projector_step_ms(built: Built) -> float:
+    """A projector that has read the ledger up to the tail finalizes the tail's attempts and
+    publishes their step."""
+    settings = ProjectorSettings(
+        rollouts_per_group=ROLLOUTS_PER_GROUP,
+        groups_per_step=GROUPS_PER_STEP,
+        training_stream="training-bench-tail",
+        capture_prefix=built.tail_prefix,
+    )
+    projector = Projector(built.store, built.blobs, settings)
+    # Following the ledger: it has read everything before the tail (a projector started now
+    # would first read the whole ledger once; docs/scale.md).
+    projector._progress.mark = built.tail_mark
+    start = time.perf_counter()
+    projector.poll()
+    published = projector.batch_for_step(0)
+    elapsed = (time.perf_counter() - start) * 1000
+    if published is None or len(published.rollouts) != GROUPS_PER_STEP * ROLLOUTS_PER_GROUP:
+        raise RuntimeError(f"the projector did not publish the tail's step: {published}")
+    return elapsed
+
+
+def measure(built: Built, seed: int = 0) -> dict[str, Any]:
+    """Every figure of one built ledger."""
+    rng = random.Random(seed)
+    store = built.store
+    sample = rng.sample(built.attempts, min(LINEAGE_SAMPLE, len(built.attempts)))
+    lineage = lineage_query_ms(store, sample)
+    plan = lineage_plan(store, sample[0])
+    tools = sample[:TOOL_SAMPLE]
+    attempt_lineages(store, tools[0])
+    grove_lineage = [_timed_ms(lambda k=k: attempt_lineages(store, k)) for k in tools]
+    verified = built.full_attempts
+    checks = replay(store, verified[0], blobs=built.blobs)
+    if checks.differences:
+        raise RuntimeError(f"replay --verify of {verified[0]} differs: {checks.as_dict()}")
+    replays = [_timed_ms(lambda k=k: replay(store, k, blobs=built.blobs)) for k in verified]
+    step = projector_step_ms(built)
+    sizes = database_sizes(store)
+    blob_bytes = blob_bytes_per_call(store)
+    return {
+        "calls": built.calls,
+        "attempts": len(built.attempts),
+        "build_s": round(built.build_s, 1),
+        "lineage_ms_p50": round(_percentile(lineage, 0.5), 3),
+        "lineage_ms_p99": round(_percentile(lineage, 0.99), 3),
+        "grove_lineage_ms": round(statistics.median(grove_lineage), 2),
+        "replay_ms": round(statistics.median(replays), 2),
+        "projector_step_ms": round(step, 1),
+        "lineage_plan_index_only": not any("Seq Scan" in line for line in plan),
+        "lineage_plan": plan,
+        "postgres_bytes_per_call": round(sizes["database"] / built.calls),
+        "relation_bytes": sizes["relations"],
+        "blob_bytes_per_call": blob_bytes,
+    }
+
+
+def database_sizes(store: EventStore) -> dict[str, Any]:
+    """The database's size and each Grove table's and index's size, in bytes."""
+    with store.engine.connect() as conn:
+        database = conn.execute(text("SELECT pg_database_size(current_database())")).scalar_one()
+        relations = conn.execute(
+            text(
+                "SELECT c.relname, pg_total_relation_size(c.oid) FROM pg_class c "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE n.nspname = 'public' AND c.relkind IN ('r', 'i') "
+                "AND c.relname LIKE '%grove%' ORDER BY 2 DESC"
+            )
+        ).all()
+    return {"database": database, "relations": {name: size for name, size in relations}}
+
+
+def blob_bytes_per_call(store: EventStore) -> int:
+    """Recorded blob bytes over committed calls."""
+    with store.engine.connect() as conn:
+        total, count = conn.execute(
+            text("SELECT sum(blob_bytes), count(blob_bytes) FROM grove_proj_calls")
+        ).one()
+    return round(total / count)
+
+
+def empty_database_bytes(admin_url: str) -> int:
+    """The size of a freshly migrated, empty ledger database (subtracted from every size)."""
+    database = Database(admin_url, f"grove_scale_{uuid.uuid4().hex[:12]}")
+    try:
+        migrate.upgrade(database.url)
+        with psycopg.connect(_dsn(database.url)) as conn:
+            return conn.execute("SELECT pg_database_size(current_database())").fetchone()[0]
+    finally:
+        database.drop()
+
+
+def run_size(admin_url: str, calls: int, empty_bytes: int) -> dict[str, Any]:
+    """Build a ledger of ``calls`` calls in a fresh database and measure it."""
+    database = Database(admin_url, f"grove_scale_{uuid.uuid4().hex[:12]}")
+    built = None
+    try:
+        with tempfile.TemporaryDirectory(prefix="grove-bench-scale-") as directory:
+            built = build(database.url, open_blob_store(directory), calls)
+            figures = measure(built)
+            figures["postgres_bytes_per_call"] = round(
+                (figures["postgres_bytes_per_call"] * built.calls - empty_bytes) / built.calls
+            )
+            return figures
+    finally:
+        if built is not None:
+            built.store.close()
+        database.drop()
+
+
+def run(sizes: Sequence[int], admin_url: str | None = None) -> dict[str, Any]:
+    """Every size, smallest first, and the growth of the per-attempt figures; on a cluster of
+    its own unless ``admin_url`` names a server."""
+    torch.set_num_threads(1)
+    cluster = None
+    if admin_url is None:
+        cluster = ThrowawayCluster()
+        admin_url = cluster.url
+    try:
+        empty = empty_database_bytes(admin_url)
+        results = {str(size): run_size(admin_url, size, empty) for size in sorted(sizes)}
+    finally:
+        if cluster is not None:
+            cluster.stop()
+    smallest, largest = results[str(min(sizes))], results[str(max(sizes))]
+    growth = {name: round(largest[name] / smallest[name], 3) for name in FIGURES}
+    return {
+        "sizes": results,
+        "lineage_ms_p99": {size: r["lineage_ms_p99"] for size, r in results.items()},
+        "replay_ms": {size: r["replay_ms"] for size, r in results.items()},
+        "growth": growth,
+        "growth_largest_over_smallest": max(growth.values()),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="stop at 100k calls")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--sizes", help="comma-separated ledger sizes in calls (overrides)")
+    parser.add_argument(
+        "--url",
+        help="a server to create the databases on (default: a throwaway cluster of its own)",
+    )
+    arguments = parser.parse_args()
+    sizes = SIZES[:2] if arguments.quick else SIZES
+    if arguments.sizes:
+        sizes = tuple(int(s) for s in arguments.sizes.split(","))
+    result = run(sizes, arguments.url)
+    if arguments.json:
+        print(json.dumps(result))
+        return
+    for size, figures in result["sizes"].items():
+        print(f"-- {size} calls")
+        for name, value in figures.items():
+            if name not in ("lineage_plan", "relation_bytes"):
+                print(f"{name:28} {value}")
+    print(f"{'growth':28} {result['growth']}")
+    print(f"{'growth_largest_over_smallest':28} {result['growth_largest_over_smallest']}")
+
+
+if __name__ == "__main__":
+    main()
