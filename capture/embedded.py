@@ -29,7 +29,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from capture.embedded_moe import RouteRecorder, router_modules
+from capture.embedded_moe import RouteMemory, RouteRecorder, router_modules
 from capture.engine import Generation, OutputConstraint, SamplingParams
 from capture.errors import InvalidPromptError, PromptTooLongError, UnsupportedSamplingError
 from capture.grammar import (
@@ -206,6 +206,7 @@ class EmbeddedEngine:
         self._lock = threading.RLock()
         self._grammar: TokenizerGrammar | None = None
         self._routers = router_modules(model)  # empty for a dense model: no routes recorded
+        self._route_memory = RouteMemory()
 
     @classmethod
     def build(
@@ -226,7 +227,7 @@ class EmbeddedEngine:
         """Sample up to ``max_tokens`` tokens after the prompt, stopping at a stop token."""
         self.check(prompt_token_ids, sampling)
         stops = self.stop_token_ids | set(sampling.stop_token_ids)
-        with self._lock, torch.inference_mode(), self._recording() as recorder:
+        with self._lock, torch.inference_mode(), self._recording(prompt_token_ids) as recorder:
             version = self.policy_version
             generator = (
                 self._generator
@@ -239,6 +240,7 @@ class EmbeddedEngine:
             tokens: list[int] = []
             logprobs: list[float] = []
             finish = "length"
+            routes: torch.Tensor | None = None  # an MoE model's, recorded below
             inputs = torch.tensor([list(prompt_token_ids)], dtype=torch.long)  # (1, T)
             cache = None
             for _ in range(sampling.max_tokens):
@@ -262,21 +264,25 @@ class EmbeddedEngine:
                 # (docs/moe.md, "Capture"); the logits of this step are not used.
                 final = torch.tensor([[tokens[-1]]], dtype=torch.long)  # (1, 1)
                 self.model(input_ids=final, cache=cache, use_cache=True, logits_to_keep=1)
+                routes = recorder.routes()  # (prompt + generated, layers, top_k)
+                self._route_memory.remember([*prompt_token_ids, *tokens], routes)
         return Generation(
             token_ids=tuple(tokens),
             logprobs=tuple(logprobs),
             finish_reason=finish,
-            routes=recorder.routes() if recorder is not None else None,
+            routes=routes,
             policy_version=version,
         )
 
     @contextmanager
-    def _recording(self) -> Iterator[RouteRecorder | None]:
-        """A recorder of the routers' choices for one generation; None for a dense model."""
+    def _recording(self, prompt: Sequence[int]) -> Iterator[RouteRecorder | None]:
+        """A recorder of the routers' choices for one generation, its prefill routed as the
+        engine routed the prompt's longest remembered prefix (``RouteMemory``); None for a
+        dense model."""
         if not self._routers:
             yield None
             return
-        recorder = RouteRecorder(self._routers)
+        recorder = RouteRecorder(self._routers, forced=self._route_memory.prefix_routes(prompt))
         with recorder.recording():
             yield recorder
 

@@ -12,12 +12,14 @@ routed token through its experts, with no capacity limit) and no auxiliary loss
 router keeps the expert indices it returned, so the routes are the very choices that shaped the
 logits the engine sampled from, not a recomputation. A token's route is ``(layers, top_k)``:
 its router's indices in each MoE layer, in layer order, in the router's own order (descending
-score).
+score). ``RouteMemory`` keeps the routes of what the engine ran, so that a continuation's
+prefill routes its parent's tokens as the parent's generation did (``docs/moe.md``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Final
 
@@ -27,6 +29,7 @@ from transformers import PreTrainedTokenizerFast, Qwen2MoeConfig, Qwen2MoeForCau
 __all__ = [
     "EMBEDDED_MOE_MODEL_NAME",
     "ROUTER_CLASSES",
+    "RouteMemory",
     "RouteRecorder",
     "build_moe_model",
     "router_modules",
@@ -103,17 +106,24 @@ class RouteRecorder:
     Each forward of the model appends, per router, its ``(tokens, top_k)`` indices; tokens are
     the forward's input positions in order (batch of one). :meth:`routes` stacks them as int16
     ``(tokens so far, layers, top_k)``.
+
+    ``forced`` (``(n, layers, top_k)``) routes the first ``n`` positions of the first forward
+    (the prefill) to those experts instead of the router's choice, with the router's own
+    softmax scores at them as gate weights (renormalized when the router renormalizes): the
+    computation ``training.route_replay`` replays, bit for bit the router's own where the
+    experts agree. The recorded routes are the forced ones there.
     """
 
-    def __init__(self, routers: list[torch.nn.Module]) -> None:
+    def __init__(self, routers: list[torch.nn.Module], forced: torch.Tensor | None = None) -> None:
         self.routers = routers
+        self.forced = forced
         self._chosen: list[list[torch.Tensor]] = [[] for _ in routers]
 
     @contextmanager
     def recording(self) -> Iterator[RouteRecorder]:
         """Hooks on every router for the block; removed afterwards, even on error."""
         handles = [
-            router.register_forward_hook(self._hook(layer))
+            router.register_forward_hook(self._hook(layer, router))
             for layer, router in enumerate(self.routers)
         ]
         try:
@@ -122,13 +132,64 @@ class RouteRecorder:
             for handle in handles:
                 handle.remove()
 
-    def _hook(self, layer: int):  # noqa: ANN202 - a torch hook
-        def keep(_module: torch.nn.Module, _inputs: object, output: object) -> None:
-            indices = output[2]  # type: ignore[index]  # (tokens, top_k)
+    def _hook(self, layer: int, router: torch.nn.Module):  # a torch forward hook
+        renormalize = bool(getattr(router, "norm_topk_prob", True))
+
+        def keep(_module: torch.nn.Module, _inputs: object, output: object) -> object:
+            logits, scores, indices = output  # type: ignore[misc]  # indices: (tokens, top_k)
+            if self.forced is not None and not self._chosen[layer]:  # the prefill
+                n = min(self.forced.shape[0], indices.shape[0])
+                indices = indices.clone()
+                indices[:n] = self.forced[:n, layer].to(indices.dtype)
+                probs = torch.nn.functional.softmax(logits, dim=-1, dtype=torch.float)
+                weights = probs.gather(-1, indices)  # (tokens, top_k)
+                if renormalize:
+                    weights = weights / weights.sum(dim=-1, keepdim=True)
+                scores = torch.where(
+                    torch.arange(indices.shape[0])[:, None] < n, weights.to(scores.dtype), scores
+                )
             self._chosen[layer].append(indices.detach().to(torch.int16))
+            return logits, scores, indices
 
         return keep
 
     def routes(self) -> torch.Tensor:
         """int16 ``(tokens, layers, top_k)``: every recorded token's experts, layer by layer."""
         return torch.stack([torch.cat(chosen) for chosen in self._chosen], dim=1)
+
+
+class RouteMemory:
+    """The routes of the sequences an engine ran (prompt and generation, every token routed),
+    so that a later prompt that extends one is routed as it was (``docs/moe.md``, "Capture").
+
+    A continuation's prompt is its parent's exact tokens plus new ones; prefilling it again
+    would route the parent's tokens anew, and where experts are nearly tied, rounding would
+    pick others than the parent's generation used. The row trains both calls with one route per
+    token, so the engine forces the parent's: as a prefix cache would, which reuses the
+    computation instead of redoing it. Holds the ``capacity`` latest sequences.
+    """
+
+    def __init__(self, capacity: int = 1024) -> None:
+        self.capacity = capacity
+        self._sequences: OrderedDict[tuple[int, ...], torch.Tensor] = OrderedDict()
+
+    def remember(self, tokens: Sequence[int], routes: torch.Tensor) -> None:
+        """Keep ``routes`` (``(len(tokens), layers, top_k)``) for ``tokens``."""
+        key = tuple(tokens)
+        self._sequences[key] = routes
+        self._sequences.move_to_end(key)
+        while len(self._sequences) > self.capacity:
+            self._sequences.popitem(last=False)
+
+    def prefix_routes(self, prompt: Sequence[int]) -> torch.Tensor | None:
+        """The routes of the longest remembered sequence that ``prompt`` starts with, or None."""
+        prompt = tuple(prompt)
+        best: tuple[int, ...] | None = None
+        for sequence in self._sequences:
+            longer = best is None or len(sequence) > len(best)
+            if longer and len(sequence) <= len(prompt) and prompt[: len(sequence)] == sequence:
+                best = sequence
+        if best is None:
+            return None
+        self._sequences.move_to_end(best)
+        return self._sequences[best]

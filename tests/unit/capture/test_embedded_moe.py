@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from capture.embedded import EmbeddedEngine, build_model, build_tokenizer
-from capture.embedded_moe import RouteRecorder, build_moe_model, router_modules
+from capture.embedded_moe import RouteMemory, RouteRecorder, build_moe_model, router_modules
 from capture.engine import Generation, SamplingParams
 from capture.errors import InvalidGenerationError
 
@@ -31,9 +31,7 @@ def _prompt(tokenizer) -> list[int]:
 
 def test_moe_model_from_the_same_seed_has_the_same_weights(tokenizer, moe) -> None:
     again = build_moe_model(tokenizer, seed=0)
-    for (name, a), (_, b) in zip(
-        moe.state_dict().items(), again.state_dict().items(), strict=True
-    ):
+    for (name, a), (_, b) in zip(moe.state_dict().items(), again.state_dict().items(), strict=True):
         assert torch.equal(a, b), name
 
 
@@ -113,3 +111,30 @@ def test_generation_with_routes_without_a_layer_axis_raises() -> None:
             finish_reason="stop",
             routes=torch.zeros(1, 2, dtype=torch.int16),
         )
+
+
+def test_a_continuations_prefill_routes_its_parents_tokens_as_the_parent_did(tokenizer) -> None:
+    # experts 0 and 1 one float32 ulp apart: prefilling the parent's tokens again would route
+    # some of them otherwise than the parent's token-by-token decode did
+    model = build_moe_model(tokenizer, seed=0, near_tie=1e-7)
+    engine = _engine(model, tokenizer)
+    parent = engine.generate(_prompt(tokenizer), SamplingParams(max_tokens=24, seed=1))
+    history = _prompt(tokenizer) + list(parent.token_ids)
+    continuation = history + tokenizer.encode("<|im_start|>tool\nsunny<|im_end|>\n")
+
+    child = engine.generate(continuation, SamplingParams(max_tokens=4, seed=2))
+    fresh = _engine(model, tokenizer).generate(continuation, SamplingParams(max_tokens=4, seed=2))
+
+    assert torch.equal(child.routes[: len(history)], parent.routes)
+    assert not torch.equal(fresh.routes[: len(history)], parent.routes)  # what forcing prevents
+
+
+def test_route_memory_finds_the_longest_remembered_prefix_of_a_prompt() -> None:
+    memory = RouteMemory(capacity=2)
+    memory.remember([1, 2], torch.zeros(2, 1, 1))
+    memory.remember([1, 2, 3, 4], torch.ones(4, 1, 1))
+    assert memory.prefix_routes([1, 2, 3, 4, 5]).shape == (4, 1, 1)
+    assert memory.prefix_routes([1, 2, 3]).shape == (2, 1, 1)
+    assert memory.prefix_routes([2, 1]) is None
+    memory.remember([9], torch.zeros(1, 1, 1))  # capacity 2: [1, 2, 3, 4], least recently used
+    assert memory.prefix_routes([1, 2, 3, 4, 5]).shape == (2, 1, 1)
