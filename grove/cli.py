@@ -278,6 +278,14 @@ def serve(
         str,
         typer.Option("--model", help="`embedded` or a Hugging Face directory (vllm: required)."),
     ] = "embedded",
+    architecture: Annotated[
+        str,
+        typer.Option(
+            "--architecture",
+            help="The embedded model: dense, moe or vlm (images, docs/media.md); "
+            "as model.architecture.",
+        ),
+    ] = "dense",
     dtype: Annotated[
         str, typer.Option("--dtype", help="float32, bfloat16 or float16 (float64: embedded).")
     ] = "float32",
@@ -320,6 +328,7 @@ def serve(
         vllm_args=tuple(vllm_arg or ()),
         dtype=dtype,
         log_dir=ws.workdir,
+        architecture=architecture,
     )
     try:
         app = build_gateway(
@@ -333,6 +342,7 @@ def serve(
             selection_policy=selection_policy,
             forest_mode=forest_training,
             strict=strict,
+            image_processor=loaded.image_processor,
         )
         console.print(
             f"Grove gateway on http://{host}:{port}/v1 ({policy.engine.name} engine, model "

@@ -50,11 +50,12 @@ class ModelConfig(Section):
     dtype: Literal["float32", "bfloat16", "float16", "float64"] = "float32"
     """Parameter dtype of the loaded model (training and sampling)."""
 
-    architecture: Literal["dense", "moe"] = "dense"
-    """Architecture of the embedded model: ``dense`` (Qwen2-style) or ``moe`` (Qwen2-MoE-style,
+    architecture: Literal["dense", "moe", "vlm"] = "dense"
+    """Architecture of the embedded model: ``dense`` (Qwen2-style), ``moe`` (Qwen2-MoE-style,
     4 experts, 2 per token, in every layer), whose routed experts the engine captures and the
-    trainer replays (``docs/moe.md``). ``model.path: embedded`` only: a directory's
-    ``config.json`` names its own."""
+    trainer replays (``docs/moe.md``), or ``vlm`` (a tiny Qwen2-VL), which takes images, captures
+    their processed pixels and trains on them (``docs/media.md``). ``model.path: embedded``
+    only: a directory's ``config.json`` names its own."""
 
     warm_start: bool = False
     """Before training, fit the embedded model briefly on synthetic conversations of a

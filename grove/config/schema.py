@@ -170,6 +170,7 @@ def unsupported_combinations(config: GroveConfig) -> list[str]:
             f"{config.model.architecture}: tree-packed training neither replays routed experts "
             "nor feeds media; turn policy.tree_packing off"
         )
+    problems.extend(_vlm_problems(config))
     if config.model.architecture != "dense" and config.model.path != EMBEDDED:
         problems.append(
             f"model.architecture: {config.model.architecture} builds the embedded model only "
@@ -189,6 +190,26 @@ def unsupported_combinations(config: GroveConfig) -> list[str]:
     problems.extend(_unimplemented_problems(config))
     problems.extend(_harness_problems(config))
     problems.extend(_engine_problems(config))
+    return problems
+
+
+def _vlm_problems(config: GroveConfig) -> list[str]:
+    """What the embedded vision-language model (``model.architecture: vlm``, docs/media.md)
+    cannot be combined with."""
+    if config.model.architecture != "vlm":
+        return []
+    problems = []
+    if config.engine.kind != "embedded":
+        problems.append(
+            "model.architecture: vlm is served by the embedded engine only: Grove sends vLLM "
+            "exact prompt token ids without images (docs/media.md, 'vLLM'); set engine.kind: "
+            "embedded"
+        )
+    if config.model.warm_start:
+        problems.append(
+            "model.warm_start fits the text models on a corpus without images, not "
+            "model.architecture: vlm: remove model.warm_start"
+        )
     return problems
 
 

@@ -43,11 +43,12 @@ import torch
 from safetensors.torch import save_file
 
 from capture.embedded import EmbeddedEngine
+from capture.embedded_vlm import EmbeddedVLMEngine, vision_token_ids
 from capture.engine import Engine, SamplingParams
 from capture.vllm import VllmEngine
 from grove.config import GroveConfig
 from grove.errors import JobError
-from grove.jobs.models import LoadedModel, load_model, quiet_transformers
+from grove.jobs.models import LoadedModel, context_length, load_model, quiet_transformers
 from grove.jobs.vllm_process import VllmProcess
 
 __all__ = [
@@ -117,19 +118,31 @@ class VllmWeightsError(JobError):
 
 
 class EmbeddedPolicy:
-    """In-process sampling on the trainer's own parameters (``capture/embedded.py``)."""
+    """In-process sampling on the trainer's own parameters (``capture/embedded.py``; a
+    vision-language model samples with its images, ``capture/embedded_vlm.py``)."""
 
     def __init__(self, loaded: LoadedModel, *, seed: int, policy_version: int = 0) -> None:
         tokenizer = loaded.tokenizer
-        self.engine = EmbeddedEngine(
-            loaded.model,
-            stop_token_ids=[tokenizer.eos_token_id],
-            seed=seed,
-            policy_version=policy_version,
-            tokenizer=tokenizer,
-        )
+        self.engine: EmbeddedEngine
+        if loaded.image_processor is not None:
+            self.engine = EmbeddedVLMEngine(
+                loaded.model,  # type: ignore[arg-type]
+                stop_token_ids=[tokenizer.eos_token_id],
+                excluded_token_ids=list(vision_token_ids(tokenizer).values()),  # type: ignore[arg-type]
+                seed=seed,
+                policy_version=policy_version,
+                tokenizer=tokenizer,  # type: ignore[arg-type]
+            )
+        else:
+            self.engine = EmbeddedEngine(
+                loaded.model,
+                stop_token_ids=[tokenizer.eos_token_id],
+                seed=seed,
+                policy_version=policy_version,
+                tokenizer=tokenizer,
+            )
         self.policy_version = policy_version
-        self._context = int(loaded.model.config.max_position_embeddings)
+        self._context = context_length(loaded.model)
 
     @property
     def context_length(self) -> int:
@@ -479,15 +492,22 @@ def open_serving_engine(
     dtype: str = "float32",
     start_timeout_s: float = 600.0,
     log_dir: Path | None = None,
+    architecture: str = "dense",
 ) -> tuple[PolicyEngine, LoadedModel]:
     """The engine ``grove serve`` puts behind the gateway, and the model it serves: embedded (in
-    process), or vLLM launched on ``model_path`` itself or running at ``vllm_url`` (fixed
-    weights: nothing is written). Close the engine when done."""
+    process; ``architecture`` picks the embedded model, as ``model.architecture`` does), or vLLM
+    launched on ``model_path`` itself or running at ``vllm_url`` (fixed weights: nothing is
+    written). Close the engine when done."""
     if kind == "embedded":
-        loaded = load_model(model_path, dtype=dtype)
+        loaded = load_model(model_path, dtype=dtype, architecture=architecture)
         return EmbeddedPolicy(loaded, seed=0), loaded
     if kind != "vllm":
         raise JobError(f"--engine must be embedded or vllm, got {kind!r}")
+    if architecture != "dense":
+        raise JobError(
+            f"--architecture {architecture} builds an embedded model, which vLLM does not "
+            "serve: use --engine embedded (docs/media.md, docs/moe.md)"
+        )
     if model_path == "embedded":
         raise JobError(
             "--engine vllm needs --model DIR, the Hugging Face directory the server serves "

@@ -42,15 +42,23 @@ from transformers.utils import logging as transformers_logging
 
 from capture.embedded import EMBEDDED_MODEL_NAME, build_model, build_tokenizer
 from capture.embedded_moe import EMBEDDED_MOE_MODEL_NAME, build_moe_model
+from capture.embedded_vlm import (
+    EMBEDDED_VLM_NAME,
+    build_image_processor,
+    build_vlm_model,
+    build_vlm_tokenizer,
+)
 from grove.errors import JobError
 from grove.jobs.warm_start import warm_start
 
 __all__ = [
+    "ARCHITECTURES",
     "DTYPES",
     "EMBEDDED",
     "LoadedModel",
     "ModelLoadError",
     "check_model_directory",
+    "context_length",
     "load_model",
     "quiet_transformers",
     "save_embedded_model",
@@ -58,6 +66,9 @@ __all__ = [
 
 EMBEDDED: Final = "embedded"
 """The ``model.path`` that names the built-in model; a directory called so is ``./embedded``."""
+
+ARCHITECTURES: Final = ("dense", "moe", "vlm")
+"""The ``model.architecture`` values: the embedded models :func:`load_model` builds."""
 
 DTYPES: Final[dict[str, torch.dtype]] = {
     "float32": torch.float32,
@@ -92,13 +103,15 @@ class LoadedModel:
     ``model`` is a transformers causal LM in eval mode with the requested dtype; ``tokenizer``
     has a chat template and an eos token; ``name`` is the model name the gateway serves
     (``EMBEDDED_MODEL_NAME``, or the directory's name); ``source`` is ``"embedded"`` or the
-    resolved directory.
+    resolved directory. ``image_processor`` is the processor of a vision-language model (the
+    gateway renders images with it, ``docs/media.md``); None for a text model.
     """
 
     model: torch.nn.Module
     tokenizer: PreTrainedTokenizerBase
     name: str
     source: str
+    image_processor: object | None = None
 
 
 @contextlib.contextmanager
@@ -259,9 +272,35 @@ def check_model_directory(path: str) -> list[str]:
     return _inspect(_directory(path))[0]
 
 
+def context_length(model: torch.nn.Module) -> int:
+    """The longest sequence ``model`` takes: its config's ``max_position_embeddings``, or its
+    text config's (a vision-language model keeps it there)."""
+    config = model.config
+    length = getattr(config, "max_position_embeddings", None)
+    if length is None:
+        length = config.get_text_config().max_position_embeddings
+    return int(length)
+
+
 def _load_embedded(
     dtype: torch.dtype, seed: int, warm_start_dir: Path | None, architecture: str = "dense"
 ) -> LoadedModel:
+    if architecture == "vlm":
+        if warm_start_dir is not None:
+            raise ModelLoadError(
+                EMBEDDED,
+                "model.warm_start fits the text models only (its corpus has no images): "
+                "remove model.warm_start, or set model.architecture: dense",
+            )
+        vlm_tokenizer = build_vlm_tokenizer()
+        vlm = build_vlm_model(vlm_tokenizer, seed=seed).to(dtype).eval()
+        return LoadedModel(
+            model=vlm,
+            tokenizer=vlm_tokenizer,
+            name=EMBEDDED_VLM_NAME,
+            source=EMBEDDED,
+            image_processor=build_image_processor(),
+        )
     tokenizer = build_tokenizer()
     if architecture == "moe":
         model = build_moe_model(tokenizer, seed=seed)
@@ -284,17 +323,20 @@ def load_model(
 ) -> LoadedModel:
     """The model that ``model.path`` names, with parameters in ``dtype``, in eval mode.
 
-    ``embedded`` builds the embedded model of ``architecture`` (``model.architecture``: ``dense``
-    or ``moe``, ``docs/moe.md``) from ``seed``, warm-started (``model.warm_start``) when
+    ``embedded`` builds the embedded model of ``architecture`` (``model.architecture``: ``dense``,
+    ``moe`` (``docs/moe.md``) or ``vlm``, the vision-language model of ``docs/media.md``) from
+    ``seed``, warm-started (``model.warm_start``) when
     ``warm_start_dir`` names the directory that caches the fit (the workdir); otherwise ``path``
     is a local Hugging Face directory, checked first by :func:`check_model_directory`, and a warm
     start is refused. Raises ``ModelLoadError`` (every problem listed) rather than load a model
     with missing or misshapen weights.
     """
     torch_dtype = _torch_dtype(path, dtype)
-    if architecture not in ("dense", "moe"):
+    if architecture not in ARCHITECTURES:
         raise ModelLoadError(
-            path, f"model.architecture must be dense or moe, got {architecture!r}; pick one"
+            path,
+            f"model.architecture must be one of {', '.join(ARCHITECTURES)}, got "
+            f"{architecture!r}; pick one",
         )
     if path == EMBEDDED:
         return _load_embedded(torch_dtype, seed, warm_start_dir, architecture)

@@ -35,12 +35,14 @@ from transformers import PreTrainedTokenizerBase
 
 from capture.attempt_settings import AttemptSettings
 from capture.embedded import EMBEDDED_MODEL_NAME, EmbeddedEngine, build_tokenizer
+from capture.embedded_vlm import EmbeddedVLMEngine, build_vlm_renderer
 from capture.engine import Engine
 from capture.errors import NormalizationError
 from capture.gateway import create_app
 from capture.lifecycle import CaptureService
 from capture.render import Renderer, normalize_messages
 from capture.vllm import VllmEngine
+from grove.jobs.models import context_length
 from grove.workspace import Workspace
 from ledger import migrate
 from ledger.attempt import AttemptLog, AttemptState
@@ -131,6 +133,7 @@ def build_gateway(
     selection_policy: str = "returned_history",
     forest_mode: bool = True,
     strict: bool = False,
+    image_processor: Any | None = None,
 ) -> FastAPI:
     """The gateway over ``workspace``: ledger checked and opened, blob store, engine, selector.
 
@@ -146,18 +149,26 @@ def build_gateway(
     or a built-in, nothing else. ``forest_mode`` (``token_capture.forest_training``) is the
     forest mode of attempts that give none. ``strict`` (``token_capture.strict``) refuses
     unexplained roots (``docs/normalization.md``, "Strict mode").
+
+    An embedded vision-language engine (``capture/embedded_vlm.py``) gets a renderer that
+    processes images with ``image_processor`` (default: the embedded one) and expands their
+    placeholders (``docs/media.md``); any other engine's renderer refuses image parts.
     """
     policies = PolicyRegistry.of(selection_policy)
     migrate.require_current(workspace.database_url, create_embedded=True)
     tokenizer = tokenizer or build_tokenizer()
     engine = engine or EmbeddedEngine.build(tokenizer)
     if max_context is None and isinstance(engine, EmbeddedEngine):
-        max_context = int(engine.model.config.max_position_embeddings)
+        max_context = context_length(engine.model)
     elif max_context is None and isinstance(engine, VllmEngine):
         max_context = engine.context_length()
     store = EventStore.open(workspace.database_url)
     blobs = open_blob_store(workspace.blob_url)
-    renderer = Renderer(tokenizer)
+    renderer = (
+        build_vlm_renderer(tokenizer, image_processor)  # type: ignore[arg-type]
+        if isinstance(engine, EmbeddedVLMEngine)
+        else Renderer(tokenizer)
+    )
     service = CaptureService(
         AttemptLog(store), blobs, renderer, engine, model_fingerprint=model_name, strict=strict
     )

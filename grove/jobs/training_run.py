@@ -44,11 +44,14 @@ from training.checkpoint import (
 )
 from training.errors import BatchError
 from training.loss import ClipRange
+from training.media_logprobs import MediaLogprobs
 from training.metrics import length_metrics, rollout_lengths, step_metrics
 from training.projector import Projector, ProjectorSettings, PublishedBatch
 from training.route_replay import logprob_function, recompute_logprobs
 from training.sharding import RankGroup, SingleProcess
 from training.trainer import (
+    LogprobFunction,
+    StepBatch,
     StepReport,
     Trainer,
     rollout_warmup_scheduler,
@@ -56,7 +59,13 @@ from training.trainer import (
 )
 from training.tree_logprobs import owner_micro_batches, tree_logprobs
 
-__all__ = ["StepSummary", "TrainingRun", "advantage_config", "build_trainer"]
+__all__ = [
+    "StepSummary",
+    "TrainingRun",
+    "advantage_config",
+    "build_trainer",
+    "trainer_logprobs",
+]
 
 
 @dataclass(frozen=True)
@@ -93,6 +102,27 @@ def advantage_config(config: GroveConfig) -> AdvantageConfig:
     )
 
 
+def trainer_logprobs(config: GroveConfig, model: torch.nn.Module) -> LogprobFunction:
+    """How the trainer computes ``model``'s logprobs: ``tree_logprobs`` with
+    ``policy.tree_packing``; ``MediaLogprobs`` for the vision-language model
+    (``model.architecture: vlm``: each row with its captured images, the vision tokens masked as
+    the engine masks them, ``docs/media.md``); else plain rows, MoE routes replayed."""
+    if config.policy.tree_packing:
+        return tree_logprobs
+    if config.model.architecture == "vlm":
+        vlm = model.config
+        return MediaLogprobs(
+            image_token_id=int(vlm.image_token_id),
+            excluded_token_ids=[
+                int(vlm.vision_start_token_id),
+                int(vlm.vision_end_token_id),
+                int(vlm.image_token_id),
+                int(vlm.video_token_id),
+            ],
+        )
+    return logprob_function(model)
+
+
 def build_trainer(
     config: GroveConfig, model: torch.nn.Module, *, ranks: RankGroup | None = None
 ) -> Trainer:
@@ -114,7 +144,7 @@ def build_trainer(
         max_grad_norm=policy.max_grad_norm,
         min_step_batch_fraction=config.async_rl.rollout_failure.min_step_batch_fraction,
         ranks=ranks if ranks is not None else SingleProcess(policy.data_parallel_size),
-        logprobs=tree_logprobs if policy.tree_packing else logprob_function(model),
+        logprobs=trainer_logprobs(config, model),
         micro_batches=owner_micro_batches if policy.tree_packing else None,
     )
 
@@ -319,15 +349,18 @@ class TrainingRun:
         if self.advantages.seq_logprob_error_threshold is None:
             return outcomes
         batch = published.batch
-        trainer_logprobs = recompute_logprobs(
-            self.model,
-            batch.input_ids,
-            batch.routes,
-            micro_batch_size=self.config.policy.logprob_micro_batch_size,
-        )
+        if isinstance(self.trainer.logprobs, MediaLogprobs):
+            recomputed = self._media_logprobs(batch.input_ids, batch.media)
+        else:
+            recomputed = recompute_logprobs(
+                self.model,
+                batch.input_ids,
+                batch.routes,
+                micro_batch_size=self.config.policy.logprob_micro_batch_size,
+            )
         errors = pooled_logprob_error(
             batch.generation_logprobs,
-            trainer_logprobs,
+            recomputed,
             batch.loss_mask,
             batch.token_owners(),
             batch.num_rollouts,
@@ -336,6 +369,32 @@ class TrainingRun:
             replace(o, logprob_error=None if math.isnan(e) else e)
             for o, e in zip(outcomes, errors, strict=True)
         ]
+
+    @torch.no_grad()
+    def _media_logprobs(self, token_ids: torch.Tensor, media: tuple) -> torch.Tensor:
+        """The rows' logprobs ``(R, T)`` with their images (``MediaLogprobs``), in eval mode."""
+        rows = token_ids.shape[0]
+        zeros = torch.zeros(token_ids.shape)
+        batch = StepBatch(
+            token_ids=token_ids,
+            loss_mask=zeros.bool(),
+            generation_logprobs=zeros,
+            advantages=torch.zeros(rows),
+            owners=torch.zeros(rows, dtype=torch.long),
+            logical_rollouts=1,
+            media=media,
+        )
+        size = self.config.policy.logprob_micro_batch_size
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            parts = [
+                self.trainer.logprobs(self.model, batch, slice(start, start + size))
+                for start in range(0, rows, size)
+            ]
+        finally:
+            self.model.train(was_training)
+        return torch.cat(parts)
 
     def _checkpoint(self, published: PublishedBatch) -> str | None:
         checkpointing = self.config.checkpointing
