@@ -58,7 +58,6 @@ from bench.scale_ledger import (
     GROUPS_PER_STEP,
     ROLLOUTS_PER_GROUP,
     TABLE_COLUMNS,
-    Attempt,
     AttemptWriter,
     LedgerBuilder,
     Placed,
@@ -68,6 +67,7 @@ from grove.tools.lineage import QUERIES, attempt_lineages
 from grove.tools.replay import replay
 from ledger import migrate
 from ledger.events import LedgerPosition
+from ledger.projections import rebuild
 from ledger.store import EventStore, ImportEvent
 from storage import BlobStore, open_blob_store
 from tests.fixtures.postgres import ThrowawayCluster
@@ -172,7 +172,8 @@ def _set_checkpoints(store: EventStore, mark: LedgerPosition, training: dict[str
 
 
 class Built:
-    """A built ledger: its store, blobs, the attempts whose blobs exist, the tail's run name."""
+    """A built ledger: its store, blobs, attempts (those whose blobs exist apart), and the mark
+    before the tails."""
 
     def __init__(self, store: EventStore, blobs: BlobStore) -> None:
         self.store = store
@@ -181,13 +182,12 @@ class Built:
         self.attempts: list[str] = []
         self.full_attempts: list[str] = []
         self.tail_mark = LedgerPosition(position=0)
-        self.tail_prefix = ""
         self.build_s = 0.0
 
 
-def build(url: str, blobs: BlobStore, calls: int, seed: int = 0) -> Built:
-    """A ledger of about ``calls`` captured calls (whole groups), then one step's worth of
-    selected, unfinalized attempts at its end (for the projector)."""
+def build(url: str, blobs: BlobStore, calls: int, tails: int, seed: int = 0) -> Built:
+    """A ledger of about ``calls`` captured calls (whole groups), then ``tails`` steps' worth of
+    selected, unfinalized attempts at its end (``tail0-…``: one projector step each)."""
     start = time.perf_counter()
     migrate.upgrade(url)
     store = EventStore.open(url)
@@ -214,16 +214,15 @@ def build(url: str, blobs: BlobStore, calls: int, seed: int = 0) -> Built:
     if builder.placed:
         _import(store, builder.take(), {training})
     built.tail_mark = _mark(store)
-    tail: list[Attempt] = []
-    for g in range(GROUPS_PER_STEP):
-        attempts = [
-            writer.attempt("tail", g, r, full=True, finalize=False)
-            for r in range(ROLLOUTS_PER_GROUP)
-        ]
-        tail += attempts
-        builder.add_group(attempts)
+    for step in range(tails):
+        for g in range(GROUPS_PER_STEP):
+            builder.add_group(
+                [
+                    writer.attempt(f"tail{step}", g, r, full=True, finalize=False)
+                    for r in range(ROLLOUTS_PER_GROUP)
+                ]
+            )
     _import(store, builder.take(), {training})
-    built.tail_prefix = "tail-"
     _set_checkpoints(store, _mark(store), {training: builder.steps})
     with psycopg.connect(_dsn(url), autocommit=True) as conn:
         conn.execute("VACUUM ANALYZE")
@@ -261,17 +260,17 @@ def lineage_plan(store: EventStore, key: str) -> list[str]:
     return [row[0] for row in rows]
 
 
-def projector_step_ms(built: Built) -> float:
-    """A projector that has read the ledger up to the tail finalizes the tail's attempts and
-    publishes their step."""
+def projector_step_ms(built: Built, step: int) -> float:
+    """A projector that has read the ledger up to the tails finalizes the attempts of tail
+    ``step`` (blobs read and verified) and publishes them as one step."""
     settings = ProjectorSettings(
         rollouts_per_group=ROLLOUTS_PER_GROUP,
         groups_per_step=GROUPS_PER_STEP,
-        training_stream="training-bench-tail",
-        capture_prefix=built.tail_prefix,
+        training_stream=f"training-tail{step}",
+        capture_prefix=f"tail{step}-",
     )
     projector = Projector(built.store, built.blobs, settings)
-    # Following the ledger: it has read everything before the tail (a projector started now
+    # Following the ledger: it has read everything before the tails (a projector started now
     # would first read the whole ledger once; docs/scale.md).
     projector._progress.mark = built.tail_mark
     start = time.perf_counter()
@@ -279,43 +278,64 @@ def projector_step_ms(built: Built) -> float:
     published = projector.batch_for_step(0)
     elapsed = (time.perf_counter() - start) * 1000
     if published is None or len(published.rollouts) != GROUPS_PER_STEP * ROLLOUTS_PER_GROUP:
-        raise RuntimeError(f"the projector did not publish the tail's step: {published}")
+        raise RuntimeError(f"the projector did not publish tail {step} as one step: {published}")
     return elapsed
 
 
-def measure(built: Built, seed: int = 0) -> dict[str, Any]:
-    """Every figure of one built ledger."""
-    rng = random.Random(seed)
-    store = built.store
-    sample = rng.sample(built.attempts, min(LINEAGE_SAMPLE, len(built.attempts)))
-    lineage = lineage_query_ms(store, sample)
-    plan = lineage_plan(store, sample[0])
-    tools = sample[:TOOL_SAMPLE]
-    attempt_lineages(store, tools[0])
-    grove_lineage = [_timed_ms(lambda k=k: attempt_lineages(store, k)) for k in tools]
-    verified = built.full_attempts
-    checks = replay(store, verified[0], blobs=built.blobs)
-    if checks.differences:
-        raise RuntimeError(f"replay --verify of {verified[0]} differs: {checks.as_dict()}")
-    replays = [_timed_ms(lambda k=k: replay(store, k, blobs=built.blobs)) for k in verified]
-    step = projector_step_ms(built)
-    sizes = database_sizes(store)
-    blob_bytes = blob_bytes_per_call(store)
-    return {
-        "calls": built.calls,
-        "attempts": len(built.attempts),
-        "build_s": round(built.build_s, 1),
-        "lineage_ms_p50": round(_percentile(lineage, 0.5), 3),
-        "lineage_ms_p99": round(_percentile(lineage, 0.99), 3),
-        "grove_lineage_ms": round(statistics.median(grove_lineage), 2),
-        "replay_ms": round(statistics.median(replays), 2),
-        "projector_step_ms": round(step, 1),
-        "lineage_plan_index_only": not any("Seq Scan" in line for line in plan),
-        "lineage_plan": plan,
-        "postgres_bytes_per_call": round(sizes["database"] / built.calls),
-        "relation_bytes": sizes["relations"],
-        "blob_bytes_per_call": blob_bytes,
-    }
+class Samples:
+    """One ledger's timings, gathered over the rounds."""
+
+    def __init__(self, built: Built, seed: int = 0) -> None:
+        self.built = built
+        rng = random.Random(seed)
+        self.keys = rng.sample(built.attempts, min(LINEAGE_SAMPLE, len(built.attempts)))
+        self.lineage: list[float] = []
+        self.grove_lineage: list[float] = []
+        self.replay: list[float] = []
+        self.projector: list[float] = []
+
+    def warm(self) -> None:
+        """Read what the round reads once, untimed (caches), and check replay finds nothing."""
+        store, blobs = self.built.store, self.built.blobs
+        lineage_query_ms(store, self.keys)
+        attempt_lineages(store, self.keys[0])
+        for key in self.built.full_attempts:
+            checks = replay(store, key, blobs=blobs)
+            if checks.differences:
+                raise RuntimeError(f"replay --verify of {key} differs: {checks.as_dict()}")
+
+    def round(self, step: int) -> None:
+        """One round: every timing once."""
+        store, blobs = self.built.store, self.built.blobs
+        self.lineage += lineage_query_ms(store, self.keys)
+        self.grove_lineage += [
+            _timed_ms(lambda k=k: attempt_lineages(store, k)) for k in self.keys[:TOOL_SAMPLE]
+        ]
+        self.replay += [
+            _timed_ms(lambda k=k: replay(store, k, blobs=blobs)) for k in self.built.full_attempts
+        ]
+        self.projector.append(projector_step_ms(self.built, step))
+
+    def figures(self) -> dict[str, Any]:
+        """The figures of the ledger."""
+        built = self.built
+        plan = lineage_plan(built.store, self.keys[0])
+        sizes = database_sizes(built.store)
+        return {
+            "calls": built.calls,
+            "attempts": len(built.attempts),
+            "build_s": round(built.build_s, 1),
+            "lineage_ms_p50": round(_percentile(self.lineage, 0.5), 3),
+            "lineage_ms_p99": round(_percentile(self.lineage, 0.99), 3),
+            "grove_lineage_ms": round(statistics.median(self.grove_lineage), 2),
+            "replay_ms": round(statistics.median(self.replay), 2),
+            "projector_step_ms": round(statistics.median(self.projector), 1),
+            "lineage_plan_index_only": not any("Seq Scan" in line for line in plan),
+            "lineage_plan": plan,
+            "postgres_bytes": sizes["database"],
+            "relation_bytes": sizes["relations"],
+            "blob_bytes_per_call": blob_bytes_per_call(built.store),
+        }
 
 
 def database_sizes(store: EventStore) -> dict[str, Any]:
@@ -353,39 +373,82 @@ def empty_database_bytes(admin_url: str) -> int:
         database.drop()
 
 
-def run_size(admin_url: str, calls: int, empty_bytes: int) -> dict[str, Any]:
-    """Build a ledger of ``calls`` calls in a fresh database and measure it."""
-    database = Database(admin_url, f"grove_scale_{uuid.uuid4().hex[:12]}")
-    built = None
-    try:
-        with tempfile.TemporaryDirectory(prefix="grove-bench-scale-") as directory:
-            built = build(database.url, open_blob_store(directory), calls)
-            figures = measure(built)
-            figures["postgres_bytes_per_call"] = round(
-                (figures["postgres_bytes_per_call"] * built.calls - empty_bytes) / built.calls
+PROJECTION_TABLES = (
+    "grove_proj_attempts",
+    "grove_proj_calls",
+    "grove_proj_rollouts",
+    "grove_proj_streams",
+    "grove_proj_contradictions",
+)
+
+
+def _snapshot(store: EventStore) -> dict[str, set[tuple[Any, ...]]]:
+    with store.engine.connect() as conn:
+        return {
+            table: {tuple(row) for row in conn.execute(text(f"SELECT * FROM {table}"))}
+            for table in PROJECTION_TABLES  # constant names
+        }
+
+
+def check_projections(store: EventStore) -> int:
+    """Rebuild the projections with the fold (``ledger.projections.rebuild``) and check that the
+    rows written in bulk are the fold's, row for row; returns how many rows were compared."""
+    written = _snapshot(store)
+    rebuild(store)
+    folded = _snapshot(store)
+    for table in PROJECTION_TABLES:
+        extra, missing = written[table] - folded[table], folded[table] - written[table]
+        if extra or missing:
+            raise RuntimeError(
+                f"{table}: the bulk rows differ from the fold's: {len(extra)} rows only in bulk "
+                f"(e.g. {sorted(extra, key=repr)[:1]}), {len(missing)} only in the fold "
+                f"(e.g. {sorted(missing, key=repr)[:1]})"
             )
-            return figures
-    finally:
-        if built is not None:
-            built.store.close()
-        database.drop()
+    return sum(len(rows) for rows in written.values())
 
 
-def run(sizes: Sequence[int], admin_url: str | None = None) -> dict[str, Any]:
-    """Every size, smallest first, and the growth of the per-attempt figures; on a cluster of
-    its own unless ``admin_url`` names a server."""
+def run(sizes: Sequence[int], admin_url: str | None = None, rounds: int = 3) -> dict[str, Any]:
+    """Build a ledger per size (each in a fresh database), then time them in alternating
+    rounds (each round visits the sizes in a rotated order, so that load from elsewhere on the
+    machine falls on all of them alike); check the smallest's bulk projection rows against the
+    fold last. On a cluster of its own unless ``admin_url`` names a server."""
     torch.set_num_threads(1)
+    ordered = sorted(set(sizes))
     cluster = None
     if admin_url is None:
         cluster = ThrowawayCluster()
         admin_url = cluster.url
-    try:
-        empty = empty_database_bytes(admin_url)
-        results = {str(size): run_size(admin_url, size, empty) for size in sorted(sizes)}
-    finally:
-        if cluster is not None:
-            cluster.stop()
-    smallest, largest = results[str(min(sizes))], results[str(max(sizes))]
+    databases: list[Database] = []
+    samples: dict[int, Samples] = {}
+    with tempfile.TemporaryDirectory(prefix="grove-bench-scale-") as directory:
+        try:
+            empty = empty_database_bytes(admin_url)
+            for size in ordered:
+                databases.append(Database(admin_url, f"grove_scale_{uuid.uuid4().hex[:12]}"))
+                blobs = open_blob_store(str(Path(directory) / str(size)))
+                samples[size] = Samples(build(databases[-1].url, blobs, size, tails=rounds))
+            for size in ordered:
+                samples[size].warm()
+            for r in range(rounds):
+                for size in ordered[r % len(ordered) :] + ordered[: r % len(ordered)]:
+                    samples[size].round(r)
+            results = {}
+            for size in ordered:
+                figures = samples[size].figures()
+                database = figures.pop("postgres_bytes")
+                figures["postgres_bytes_per_call"] = round((database - empty) / figures["calls"])
+                results[str(size)] = figures
+            results[str(ordered[0])]["projection_rows_checked"] = check_projections(
+                samples[ordered[0]].built.store
+            )
+        finally:
+            for sample in samples.values():
+                sample.built.store.close()
+            for database in databases:
+                database.drop()
+            if cluster is not None:
+                cluster.stop()
+    smallest, largest = results[str(ordered[0])], results[str(ordered[-1])]
     growth = {name: round(largest[name] / smallest[name], 3) for name in FIGURES}
     return {
         "sizes": results,
@@ -405,11 +468,12 @@ def main() -> None:
         "--url",
         help="a server to create the databases on (default: a throwaway cluster of its own)",
     )
+    parser.add_argument("--rounds", type=int, default=3, help="timing rounds over the sizes")
     arguments = parser.parse_args()
     sizes = SIZES[:2] if arguments.quick else SIZES
     if arguments.sizes:
         sizes = tuple(int(s) for s in arguments.sizes.split(","))
-    result = run(sizes, arguments.url)
+    result = run(sizes, arguments.url, arguments.rounds)
     if arguments.json:
         print(json.dumps(result))
         return

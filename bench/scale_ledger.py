@@ -106,17 +106,20 @@ class Attempt:
     calls: int = 0
 
 
-def _blob_bytes(prompt: int, generated: int, cache: dict[tuple[int, int], int]) -> int:
-    """The encoded size of a delta of this shape (safetensors' header depends on the shape)."""
-    shape = (prompt, generated)
-    if shape not in cache:
+def _blob_bytes(prompt: int, generated: int, cache: dict[tuple[int, ...], int]) -> int:
+    """The encoded size of a delta of this shape: its tensors' bytes plus the safetensors header,
+    whose length depends only on how many digits its shapes and offsets have (cached by those)."""
+    data = 4 * (prompt + 2 * generated)  # int32 prompt and generated ids, float32 logprobs
+    numbers = (prompt, generated, 4 * generated, 8 * generated, data)  # shapes, offsets
+    digits = tuple(len(str(n)) for n in numbers)
+    if digits not in cache:
         delta = CallDelta(
             torch.zeros(prompt, dtype=torch.int32),
             torch.zeros(generated, dtype=torch.int32),
             torch.zeros(generated),
         )
-        cache[shape] = len(encode_delta(delta))
-    return cache[shape]
+        cache[digits] = len(encode_delta(delta)) - data
+    return data + cache[digits]
 
 
 class AttemptWriter:
@@ -125,7 +128,7 @@ class AttemptWriter:
     def __init__(self, seed: int, blobs: BlobStore) -> None:
         self.seed = seed
         self.blobs = blobs
-        self.sizes: dict[tuple[int, int], int] = {}
+        self.sizes: dict[tuple[int, ...], int] = {}
 
     def attempt(
         self, run: str, group: int, index: int, *, full: bool, finalize: bool = True
