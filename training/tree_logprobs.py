@@ -9,9 +9,10 @@ layout"). For the rows of a micro batch:
    group is laid out as one token tree (``training.tree.pack_tree``): every distinct prefix once,
    depth-first, with position ids along each path.
 3. The trees run as one batch of sequences, right-padded, each with its ancestor mask as a 4-D
-   additive attention mask (0 where a token may attend, the dtype's minimum elsewhere; a padding
-   token sees only itself) and its position ids. When no group shares anything (every row is
-   its own tree, e.g. chains) the rows run as plain causal sequences, as ``row_logprobs`` does.
+   attention mask (boolean for ``sdpa`` attention; additive for ``eager``: 0 where a token may
+   attend, the dtype's minimum elsewhere; a padding token sees only itself) and its position
+   ids. When no group shares anything (every row is its own tree, e.g. chains) the rows run as
+   plain causal sequences, as ``row_logprobs`` does.
 4. Token ``i``'s logprob is read from the logits at its *parent* (not at ``i - 1``, which in the
    packed order may be another branch), then gathered back to row coordinates: the result is
    ``(r, T)`` like ``row_logprobs``, so the loss, diagnostics and every owned token counting once
@@ -127,8 +128,7 @@ def _tree_rows(
         parent = torch.where(layout.parents >= 0, layout.parents, torch.arange(size))
         parents = torch.cat([parents, tree * width + parent])
         packed_parts.append(layout.token_ids)
-    mask = torch.zeros(trees, 1, width, width, dtype=dtype)
-    mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
+    mask = _attention_mask(model, allowed[:, None], dtype)  # (B, 1, N, N)
     device = _parameter_device(model)
     output = model(
         input_ids.to(device),
@@ -159,6 +159,18 @@ def _tree_rows(
             index[row, : positions.shape[0]] = positions + offset
         offset += layout.tokens
     return packed[index.to(packed.device)]  # (r, T)
+
+
+def _attention_mask(
+    model: torch.nn.Module, allowed: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """The 4-D mask as the model's attention takes it: boolean for ``sdpa`` (its kernels read
+    it without an additive copy), else additive (0 where allowed, the dtype's minimum elsewhere:
+    ``eager`` adds the mask to the scores)."""
+    if getattr(getattr(model, "config", None), "_attn_implementation", None) == "sdpa":
+        return allowed
+    mask = torch.zeros(allowed.shape, dtype=dtype)
+    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)
 
 
 def _parameter_dtype(model: torch.nn.Module) -> torch.dtype:

@@ -62,6 +62,19 @@ def test_tree_logprobs_equal_row_logprobs_on_the_family(
     assert float((tree - rows).detach()[computed(batch)].abs().max()) < tolerance
 
 
+def test_eager_attention_takes_the_additive_mask_and_gives_the_same_logprobs() -> None:
+    batch = family_batch(FAMILY)
+    model = tiny_causal_lm(seed=0)  # eager attention takes its softmax in float32 anyway
+    model.set_attn_implementation("eager")
+    everything = slice(0, batch.rows)
+
+    rows = row_logprobs(model, batch, everything)
+    tree = tree_logprobs(model, batch, everything)
+
+    assert model.config._attn_implementation == "eager"
+    assert float((tree - rows).detach()[computed(batch)].abs().max()) < 1e-5
+
+
 def test_positions_after_a_rows_last_loss_token_hold_zero() -> None:
     batch = family_batch(FAMILY)
     tree = tree_logprobs(tiny_causal_lm(seed=0), batch, slice(0, batch.rows))
