@@ -10,6 +10,7 @@ from training.errors import (
     AdvantageError,
     BatchError,
     ForestError,
+    RouteReplayError,
     RowError,
     SelectionError,
     SelectionPolicyError,
@@ -90,10 +91,19 @@ PUBLIC = {
         "AdvantageError",
         "BatchError",
         "ForestError",
+        "RouteReplayError",
         "RowError",
         "SelectionError",
         "SelectionPolicyError",
         "TrainingError",
+    },
+    "training.route_replay": {
+        "REPLAYABLE_ROUTERS",
+        "logprob_function",
+        "moe_routers",
+        "recompute_logprobs",
+        "replayed_row_logprobs",
+        "replaying",
     },
 }
 
@@ -115,7 +125,15 @@ def test_metrics_export_every_metric_key_constant() -> None:
 
 @pytest.mark.parametrize(
     "error",
-    [ForestError, SelectionError, SelectionPolicyError, RowError, BatchError, AdvantageError],
+    [
+        ForestError,
+        SelectionError,
+        SelectionPolicyError,
+        RowError,
+        RouteReplayError,
+        BatchError,
+        AdvantageError,
+    ],
 )
 def test_every_training_error_is_a_training_error_and_a_value_error(error: type[Exception]) -> None:
     assert issubclass(error, TrainingError)
