@@ -44,7 +44,7 @@ __all__ = [
     "replay_summary",
 ]
 
-NORMALIZATION_VERSION: Final = 3
+NORMALIZATION_VERSION: Final = 4
 _ROLES: Final = frozenset({"system", "developer", "user", "assistant", "tool"})
 _DROPPED_ITEM_KEYS: Final = frozenset({"id", "status", "type", "provider_data"})
 _MESSAGE_ITEM_KEYS: Final = frozenset({"role", "content"})
@@ -419,7 +419,28 @@ def _content(index: int, content: Any) -> Any:
     parts = [_without_none(p) for p in content]
     if all(p.get("type") in _TEXT_PART_TYPES and isinstance(p.get("text"), str) for p in parts):
         return "".join(p["text"] for p in parts)
-    return parts
+    return [_part(p) for p in parts]
+
+
+def _part(part: dict[str, Any]) -> dict[str, Any]:
+    """One part of a content list with any non-text part, in the Chat form: an ``input_text``
+    part is a ``text`` part, an image (Chat ``image_url`` or Responses ``input_image`` with its
+    URL) is ``{"type": "image_url", "image_url": {"url": ...}}`` with its ``detail`` unless
+    ``auto`` (the default of both APIs); other parts as they are."""
+    kind = part.get("type")
+    if kind == "input_text" and set(part) == {"type", "text"}:
+        return {"type": "text", "text": part["text"]}
+    if kind == "input_image" and isinstance(part.get("image_url"), str):
+        image = {"url": part["image_url"], "detail": part.get("detail")}
+    elif kind == "image_url" and isinstance(part.get("image_url"), Mapping):
+        image = dict(part["image_url"])
+    else:
+        return part
+    if set(part) - {"type", "image_url", "detail"} or set(image) - {"url", "detail"}:
+        return part  # fields Grove does not know: kept as sent
+    if image.get("detail") in (None, "auto"):
+        image.pop("detail", None)
+    return {"type": "image_url", "image_url": image}
 
 
 def _tool_call(index: int, call: Any) -> dict[str, Any]:

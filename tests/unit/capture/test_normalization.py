@@ -14,9 +14,9 @@ TOOL_CALL = {
 }
 
 
-def test_normalization_version_is_three() -> None:
-    assert NORMALIZATION_VERSION == 3
-    assert normalize_messages([{"role": "user", "content": "hi"}]).normalization_version == 3
+def test_normalization_version_is_four() -> None:
+    assert NORMALIZATION_VERSION == 4
+    assert normalize_messages([{"role": "user", "content": "hi"}]).normalization_version == 4
 
 
 def test_client_metadata_on_items_is_dropped_and_its_response_id_echoed() -> None:
