@@ -76,6 +76,7 @@ from training.projector import Projector, ProjectorSettings
 SIZES = (10_000, 100_000, 1_000_000)
 CALLS_PER_ATTEMPT = 23  # the mean of 5-40 calls, plus retries: only to plan chunks
 CHUNK_GROUPS = 8 * GROUPS_PER_STEP  # groups per import transaction (whole steps)
+TRAINING_STREAM = "training-bench"
 LINEAGE_SAMPLE = 200
 TOOL_SAMPLE = 24
 FIGURES = ("lineage_ms_p50", "lineage_ms_p99", "grove_lineage_ms", "replay_ms", "projector_step_ms")
@@ -153,7 +154,9 @@ def _mark(store: EventStore) -> LedgerPosition:
     return LedgerPosition(transaction_id=row.transaction_id, position=row.position)
 
 
-def _set_checkpoints(store: EventStore, mark: LedgerPosition, training: dict[str, int]) -> None:
+def _set_checkpoints(store: EventStore, mark: LedgerPosition) -> None:
+    """Every projection's checkpoint at ``mark``: the events before it are folded (the bulk
+    rows), as an append's inline fold leaves them."""
     with store.engine.begin() as conn:
         conn.execute(text("DELETE FROM grove_projection_checkpoints"))
         for name in ("attempts", "calls", "rollouts", "contradictions"):
@@ -164,66 +167,66 @@ def _set_checkpoints(store: EventStore, mark: LedgerPosition, training: dict[str
                 ),
                 {"name": name, "xid": mark.transaction_id, "position": mark.position},
             )
-        for stream, version in training.items():
-            conn.execute(
-                text("INSERT INTO grove_proj_streams (stream_id, version) VALUES (:s, :v)"),
-                {"s": stream, "v": version},
-            )
 
 
 class Built:
-    """A built ledger: its store, blobs, attempts (those whose blobs exist apart), and the mark
-    before the tails."""
+    """A built ledger: its store, blobs and attempts (those whose blobs exist apart)."""
 
-    def __init__(self, store: EventStore, blobs: BlobStore) -> None:
+    def __init__(self, store: EventStore, blobs: BlobStore, writer: AttemptWriter) -> None:
         self.store = store
         self.blobs = blobs
+        self.writer = writer
+        self.builder = LedgerBuilder(TRAINING_STREAM)
         self.calls = 0
         self.attempts: list[str] = []
         self.full_attempts: list[str] = []
-        self.tail_mark = LedgerPosition(position=0)
         self.build_s = 0.0
 
+    def add_tail(self, step: int) -> LedgerPosition:
+        """Import a step's worth of selected, unfinalized attempts (``tail{step}-…``, blobs
+        written) at the ledger's end; returns the mark before them."""
+        mark = _mark(self.store)
+        for g in range(GROUPS_PER_STEP):
+            self.builder.add_group(
+                [
+                    self.writer.attempt(f"tail{step}", g, r, full=True, finalize=False)
+                    for r in range(ROLLOUTS_PER_GROUP)
+                ]
+            )
+        _import(self.store, self.builder.take(), {TRAINING_STREAM})
+        _set_checkpoints(self.store, _mark(self.store))
+        return mark
 
-def build(url: str, blobs: BlobStore, calls: int, tails: int, seed: int = 0) -> Built:
-    """A ledger of about ``calls`` captured calls (whole groups), then ``tails`` steps' worth of
-    selected, unfinalized attempts at its end (``tail0-…``: one projector step each)."""
+
+def build(url: str, blobs: BlobStore, calls: int, seed: int = 0) -> Built:
+    """A ledger of about ``calls`` captured calls (whole groups, every ``GROUPS_PER_STEP``
+    groups published), its projection rows and checkpoints, vacuumed and analyzed."""
     start = time.perf_counter()
     migrate.upgrade(url)
     store = EventStore.open(url)
-    built = Built(store, blobs)
-    writer = AttemptWriter(seed, blobs)
-    training = "training-bench"
-    builder = LedgerBuilder(training)
+    built = Built(store, blobs, AttemptWriter(seed, blobs))
     planned_groups = max(1, calls // (CALLS_PER_ATTEMPT * ROLLOUTS_PER_GROUP))
     full_groups = {0, planned_groups // 2}
     group = 0
     while built.calls < calls or group % GROUPS_PER_STEP:
         attempts = [
-            writer.attempt("body", group, r, full=group in full_groups)
+            built.writer.attempt("body", group, r, full=group in full_groups)
             for r in range(ROLLOUTS_PER_GROUP)
         ]
         built.calls += sum(a.calls for a in attempts)
         built.attempts += [a.capture_key for a in attempts]
         if group in full_groups:
             built.full_attempts += [a.capture_key for a in attempts]
-        builder.add_group(attempts)
+        built.builder.add_group(attempts)
         group += 1
-        if group % CHUNK_GROUPS == 0:
-            _import(store, builder.take(), {training})
-    if builder.placed:
-        _import(store, builder.take(), {training})
-    built.tail_mark = _mark(store)
-    for step in range(tails):
-        for g in range(GROUPS_PER_STEP):
-            builder.add_group(
-                [
-                    writer.attempt(f"tail{step}", g, r, full=True, finalize=False)
-                    for r in range(ROLLOUTS_PER_GROUP)
-                ]
-            )
-    _import(store, builder.take(), {training})
-    _set_checkpoints(store, _mark(store), {training: builder.steps})
+        if group % CHUNK_GROUPS == 0 or (built.calls >= calls and group % GROUPS_PER_STEP == 0):
+            _import(store, built.builder.take(), {TRAINING_STREAM})
+    _set_checkpoints(store, _mark(store))
+    with store.engine.begin() as conn:
+        conn.execute(
+            text("INSERT INTO grove_proj_streams (stream_id, version) VALUES (:s, :v)"),
+            {"s": TRAINING_STREAM, "v": built.builder.steps},
+        )
     with psycopg.connect(_dsn(url), autocommit=True) as conn:
         conn.execute("VACUUM ANALYZE")
     built.build_s = time.perf_counter() - start
@@ -261,8 +264,10 @@ def lineage_plan(store: EventStore, key: str) -> list[str]:
 
 
 def projector_step_ms(built: Built, step: int) -> float:
-    """A projector that has read the ledger up to the tails finalizes the attempts of tail
-    ``step`` (blobs read and verified) and publishes them as one step."""
+    """A step's attempts arrive at the ledger's end (imported, untimed); a projector that has
+    read everything before them finalizes them (blobs read and verified) and publishes them as
+    one step."""
+    mark = built.add_tail(step)
     settings = ProjectorSettings(
         rollouts_per_group=ROLLOUTS_PER_GROUP,
         groups_per_step=GROUPS_PER_STEP,
@@ -270,9 +275,9 @@ def projector_step_ms(built: Built, step: int) -> float:
         capture_prefix=f"tail{step}-",
     )
     projector = Projector(built.store, built.blobs, settings)
-    # Following the ledger: it has read everything before the tails (a projector started now
-    # would first read the whole ledger once; docs/scale.md).
-    projector._progress.mark = built.tail_mark
+    # Following the ledger: it has read everything before the step's attempts (a projector
+    # started now would first read the whole ledger once; docs/scale.md).
+    projector._progress.mark = mark
     start = time.perf_counter()
     projector.poll()
     published = projector.batch_for_step(0)
@@ -426,7 +431,7 @@ def run(sizes: Sequence[int], admin_url: str | None = None, rounds: int = 3) -> 
             for size in ordered:
                 databases.append(Database(admin_url, f"grove_scale_{uuid.uuid4().hex[:12]}"))
                 blobs = open_blob_store(str(Path(directory) / str(size)))
-                samples[size] = Samples(build(databases[-1].url, blobs, size, tails=rounds))
+                samples[size] = Samples(build(databases[-1].url, blobs, size))
             for size in ordered:
                 samples[size].warm()
             for r in range(rounds):
