@@ -105,6 +105,13 @@ PUBLIC = {
         "replayed_row_logprobs",
         "replaying",
     },
+    "training.tree": {"TreeLayout", "forest_tree", "pack_tree"},
+    "training.tree_logprobs": {
+        "micro_batch_trees",
+        "owner_micro_batches",
+        "tree_logprobs",
+        "tree_row_lengths",
+    },
 }
 
 
