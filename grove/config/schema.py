@@ -177,6 +177,11 @@ def unsupported_combinations(config: GroveConfig) -> list[str]:
             "(model.path: embedded); a model directory's config.json names its architecture: "
             "remove model.architecture"
         )
+    if config.model.architecture == "moe" and config.model.warm_start:
+        problems.append(
+            "model.warm_start fits the dense embedded model only; with model.architecture: moe "
+            "remove model.warm_start"
+        )
     if config.model.warm_start and config.model.path != EMBEDDED:
         problems.append(
             "model.warm_start fits the embedded model only (model.path: embedded); a model "

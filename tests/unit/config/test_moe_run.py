@@ -10,7 +10,9 @@ from safetensors.torch import load_file
 
 from capture.embedded import EMBEDDED_MODEL_NAME, build_tokenizer
 from capture.embedded_moe import EMBEDDED_MOE_MODEL_NAME, build_moe_model
-from grove.jobs.preflight import ModelCheckError
+from grove.jobs.models import load_model
+from grove.jobs.preflight import ModelCheckError, check_policy_model
+from grove.tools.export import export_from_run
 from storage import BlobRef
 from tests.unit.config.runs import Run, train
 
@@ -69,3 +71,13 @@ def test_an_moe_model_with_a_capacity_limit_is_refused_before_any_rollout(tmp_pa
         train(tmp_path / "run", {"model": {"path": str(tmp_path / "capped")}})
 
     assert not (tmp_path / "run" / "harness.jsonl").exists()  # no rollout was played
+
+
+def test_an_moe_runs_checkpoint_exports_as_a_directory_that_passes_the_setup_check(
+    moe_run: Run, tmp_path: Path
+) -> None:
+    out = export_from_run(Path(str(moe_run.summary.checkpoint)), tmp_path / "hf")
+
+    loaded = load_model(str(out))
+    assert type(loaded.model).__name__ == "Qwen2MoeForCausalLM"
+    check_policy_model(loaded.model, loaded.name, engine_kind="embedded")  # passes

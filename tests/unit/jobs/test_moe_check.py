@@ -136,3 +136,8 @@ def test_architecture_moe_with_a_model_directory_is_refused_by_the_configuration
 def test_load_model_refuses_architecture_moe_for_a_directory(tmp_path) -> None:
     with pytest.raises(ModelLoadError, match=r"builds the embedded model only"):
         load_model(str(tmp_path), architecture="moe")
+
+
+def test_a_warm_start_of_the_embedded_moe_is_refused_by_the_configuration() -> None:
+    with pytest.raises(ConfigurationError, match=r"model.warm_start fits the dense embedded"):
+        load_config({"model": {"architecture": "moe", "warm_start": True}})
