@@ -1,0 +1,191 @@
+"""The debugging and maintenance commands over ``grove.tools``: walkthrough, lineage, replay,
+show, report and gc (docs/debugging.md, docs/storage.md)."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from grove.commands.options import (
+    BlobOption,
+    DatabaseOption,
+    HtmlOption,
+    JsonOption,
+    WorkdirOption,
+    console,
+    errors,
+    ledger_store,
+    resolvable_policy,
+    workspace,
+)
+
+__all__ = ["gc", "lineage", "replay", "report", "show", "walkthrough"]
+
+
+def walkthrough(
+    as_json: Annotated[bool, typer.Option("--json", help="Print only one JSON line.")] = False,
+    workdir: WorkdirOption = None,
+    database_url: DatabaseOption = None,
+    blob_url: BlobOption = None,
+) -> None:
+    """Record one small attempt and show its capture graph (no training)."""
+    from grove.jobs.walkthrough import run_walkthrough
+
+    ws = workspace(workdir, database_url, blob_url)
+    print(json.dumps(run_walkthrough(ws, console=None if as_json else console)))
+
+
+def lineage(
+    key: Annotated[str, typer.Argument(help="A capture key, or a rollout id (all its attempts).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    workdir: WorkdirOption = None,
+    database_url: DatabaseOption = None,
+    blob_url: BlobOption = None,
+) -> None:
+    """The call tree of an attempt from the lineage views: status, selection, endpoints, rows."""
+    from grove.tools.lineage import attempt_lineages, lineage_json, lineage_trees
+
+    with ledger_store(workspace(workdir, database_url, blob_url)) as store:
+        lineages = attempt_lineages(store, key)
+    if as_json:
+        print(json.dumps(lineage_json(key, lineages)))
+        return
+    for tree in lineage_trees(lineages):
+        console.print(tree)
+
+
+def replay(
+    capture_key: Annotated[str, typer.Argument(help="The attempt's capture key (or rollout id).")],
+    until: Annotated[
+        int | None,
+        typer.Option("--until", min=0, help="Stop after the event at this ledger position."),
+    ] = None,
+    verify: Annotated[
+        bool,
+        typer.Option("--verify", help="Re-run every recorded decision; exit 1 on a difference."),
+    ] = False,
+    selection_policy: Annotated[
+        str | None,
+        typer.Option(
+            "--selection-policy",
+            callback=resolvable_policy,
+            help="A custom module:function selection that --verify may re-run (built-ins always "
+            "are; a policy the ledger names is never imported).",
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    workdir: WorkdirOption = None,
+    database_url: DatabaseOption = None,
+    blob_url: BlobOption = None,
+) -> None:
+    """Fold an attempt's events one by one, printing the state after each (docs/debugging.md)."""
+    from grove.tools.replay import render_replay
+    from grove.tools.replay import replay as replay_attempt
+    from storage import open_blob_store
+    from training.selection import PolicyRegistry
+
+    ws = workspace(workdir, database_url, blob_url)
+    with ledger_store(ws) as store:
+        blobs = open_blob_store(ws.blob_url) if verify else None
+        result = replay_attempt(
+            store,
+            capture_key,
+            until=until,
+            blobs=blobs,
+            policies=PolicyRegistry.of(
+                registered=() if selection_policy is None else (selection_policy,)
+            ),
+        )
+    if as_json:
+        print(json.dumps(result.as_dict()))
+    else:
+        render_replay(result, console)
+    if result.differences:
+        raise typer.Exit(1)
+
+
+def show(
+    capture_key: Annotated[str, typer.Argument(help="The attempt's capture key (or rollout id).")],
+    html: HtmlOption,
+    workdir: WorkdirOption = None,
+    database_url: DatabaseOption = None,
+    blob_url: BlobOption = None,
+) -> None:
+    """Draw an attempt's capture graph and training rows as one self-contained HTML page."""
+    from grove.tools.show import write_attempt_page
+    from storage import open_blob_store
+
+    ws = workspace(workdir, database_url, blob_url)
+    with ledger_store(ws) as store:
+        page = write_attempt_page(store, open_blob_store(ws.blob_url), capture_key, html)
+    console.print(f"wrote {html} ({page.calls} calls, {page.rows} rows)")
+
+
+def report(
+    run: Annotated[
+        str, typer.Argument(help="A run id of WORKDIR/runs (or latest), or a run directory.")
+    ],
+    html: HtmlOption,
+    workdir: WorkdirOption = None,
+    database_url: DatabaseOption = None,
+    blob_url: BlobOption = None,
+) -> None:
+    """Draw a training run's metric curves as one self-contained HTML page (docs/metrics.md)."""
+    from grove.tools.report import resolve_run_dir, write_report
+
+    run_dir = resolve_run_dir(workspace(workdir, database_url, blob_url).workdir, run)
+    page = write_report(run_dir, html)
+    console.print(
+        f"wrote {html} ({page.steps} steps, {page.series} series)", highlight=False, soft_wrap=True
+    )
+
+
+def gc(
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Report what would be removed; remove nothing.")
+    ] = False,
+    settle_window: Annotated[
+        float,
+        typer.Option(
+            "--settle-window",
+            min=0.0,
+            help="Seconds after an attempt settled before its pending calls' blobs may go "
+            "(the run's token_capture.pending_call_timeout_s).",
+        ),
+    ] = 300.0,
+    as_json: JsonOption = False,
+    workdir: WorkdirOption = None,
+    database_url: DatabaseOption = None,
+    blob_url: BlobOption = None,
+) -> None:
+    """Remove the staging blobs nothing needs: unselected calls of finished attempts, masked
+    rollouts, orphans of crashed writers, pending calls after the wait (docs/storage.md)."""
+    from storage import open_blob_store
+    from training.cleanup import collect_garbage
+
+    ws = workspace(workdir, database_url, blob_url)
+    with ledger_store(ws) as store:
+        report = collect_garbage(
+            store, open_blob_store(ws.blob_url), window_s=settle_window, dry_run=dry_run
+        )
+    if as_json:
+        print(json.dumps(report.as_dict()))
+    else:
+        console.print(
+            f"{'would remove' if dry_run else 'removed'} {len(report.removed)} staging blobs "
+            f"({report.removed_bytes} bytes) of {report.cleaned} attempts, {len(report.orphans)} "
+            f"of them orphans; kept {report.kept} selected blobs of published rollouts; "
+            f"{report.waiting} blobs of pending calls wait for teardown",
+            highlight=False,
+            soft_wrap=True,
+        )
+    if report.failed:
+        errors.print(
+            f"[bold red]error:[/] the blob store failed on {len(report.failed)} attempts "
+            f"({', '.join(report.failed[:5])}); run grove gc again",
+            highlight=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(1)
