@@ -139,6 +139,24 @@ class AttemptState:
             if c.status is CallStatus.COMMITTED and not c.late
         )
 
+    def recorded_opening(self) -> AttemptOpened:
+        """The ``attempt.opened`` event, for a reader that only takes opened attempts."""
+        if self.opened is None:
+            raise AttemptError(self.capture_key, "the attempt was never opened")
+        return self.opened
+
+    def recorded_selection(self) -> RolloutSelected:
+        """The ``rollout.selected`` event, for a reader that only takes selected attempts."""
+        if self.selection is None:
+            raise AttemptError(self.capture_key, "the attempt has no recorded selection")
+        return self.selection
+
+    def recorded_finalization(self) -> RolloutFinalized:
+        """The ``rollout.finalized`` event, for a reader that only takes finalized attempts."""
+        if self.finalized is None:
+            raise AttemptError(self.capture_key, "the attempt's rollout was never finalized")
+        return self.finalized
+
 
 def _facts(state: AttemptState, event: Event) -> LifecycleFacts:
     call_id = getattr(event, "call_id", None)
@@ -286,7 +304,15 @@ class AttemptLog:
                 self._held.popitem(last=False)
         return state
 
-    def _record(self, capture_key: str, event_id: str, event: Event, check: Check) -> bool:
+    def _record(
+        self,
+        capture_key: str,
+        event_id: str,
+        event: Event,
+        check: Check,
+        *,
+        durable: bool = True,
+    ) -> bool:
         """Append ``event`` if ``check(state)`` passes, retrying when another writer got in first.
 
         The first try appends from the held state, without reading; a conflict, or a refusal
@@ -309,7 +335,9 @@ class AttemptLog:
                 continue
             expected = ANY_VERSION if verdict is _ALREADY else state.version
             try:
-                result = self.store.append(capture_key, [NewEvent(event, event_id)], expected)
+                result = self.store.append(
+                    capture_key, [NewEvent(event, event_id)], expected, durable=durable
+                )
             except WrongExpectedVersion as conflict:
                 # A stream never shrinks; one that did (a ledger restored from a backup under a
                 # running process) is read again from its start.
@@ -340,6 +368,9 @@ class AttemptLog:
 
         Returns True when this call recorded the intent, False when the identical intent was
         already recorded (an idempotent retry): only the caller that recorded it may infer.
+        The intent is not flushed on its own (``durable=False``): the call's commit, a durable
+        append after it to the same stream, flushes it; an intent lost to a database crash
+        fails that commit (``docs/reliability.md``, "Durability").
         """
         call_id = intended.call_id
 
@@ -362,7 +393,9 @@ class AttemptLog:
                 )
             return None
 
-        return self._record(capture_key, f"{capture_key}:{call_id}:intended", intended, check)
+        return self._record(
+            capture_key, f"{capture_key}:{call_id}:intended", intended, check, durable=False
+        )
 
     def commit(self, capture_key: str, committed: CallCommitted) -> None:
         """Acknowledge a call whose blob is stored; late when the attempt already settled."""
