@@ -33,22 +33,22 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
-from capture.embedded import EmbeddedEngine, build_tokenizer  # noqa: E402
-from capture.embedded_moe import build_moe_model  # noqa: E402
-from capture.engine import SamplingParams  # noqa: E402
-from capture.lifecycle import CaptureService, ModelCall  # noqa: E402
-from capture.render import Renderer, RenderOptions  # noqa: E402
-from ledger import migrate  # noqa: E402
-from ledger.attempt import AttemptLog  # noqa: E402
-from ledger.events import RolloutSelected  # noqa: E402
-from ledger.store import EventStore  # noqa: E402
-from storage import open_blob_store  # noqa: E402
-from training.projector import Projector, ProjectorSettings, captured_calls  # noqa: E402
-from training.route_replay import replayed_row_logprobs  # noqa: E402
-from training.selection import select_rollout  # noqa: E402
-from training.trainer import StepBatch, row_logprobs  # noqa: E402
+from capture.embedded import EmbeddedEngine, build_tokenizer
+from capture.embedded_moe import build_moe_model
+from capture.engine import SamplingParams
+from capture.lifecycle import CaptureService, ModelCall
+from capture.render import Renderer, RenderOptions
+from ledger import migrate
+from ledger.attempt import AttemptLog
+from ledger.events import RolloutSelected
+from ledger.store import EventStore
+from storage import open_blob_store
+from training.projector import Projector, ProjectorSettings, captured_calls
+from training.route_replay import replayed_row_logprobs
+from training.selection import select_rollout
+from training.trainer import StepBatch, row_logprobs
 
 OPTIONS = RenderOptions(model="grove-tiny-moe")
 
@@ -96,7 +96,8 @@ def capture_batch(model: torch.nn.Module, rollouts: int, max_tokens: int, work: 
         )
         projector.poll()
         published = projector.batch_for_step(0)
-        assert published is not None, "the step's group did not complete"
+        if published is None:
+            raise RuntimeError("the step's prompt group did not complete")
         batch = published.batch
     finally:
         store.close()
