@@ -128,8 +128,7 @@ def decide(
     max_row_tokens: int | None,
 ) -> Decision:
     """``finalization_forest``'s decision, with the rows of a trainable forest as tensors."""
-    assert state.selection is not None
-    selection = state.selection
+    selection = state.recorded_selection()
     selected = list(selection.call_ids)
     mask = (
         MaskReason.LEDGER_CONTRADICTION
@@ -234,7 +233,14 @@ def _records(
                 committed.finish_reason,
             )
         )
-        extras[call.call_id] = CallExtras(routes=delta.routes, media=_media_items(delta.media))
+        extras[call.call_id] = CallExtras(
+            routes=delta.routes,
+            media=_media_items(delta.media),
+            # The same tokens as tensors: rows are concatenated from them (training/rows.py).
+            prompt_tokens=delta.prompt_delta,
+            generated_tokens=delta.generated,
+            logprobs=delta.logprobs,
+        )
     return records, extras, None
 
 
