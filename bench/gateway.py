@@ -283,11 +283,18 @@ def stage_table(taken: Mapping[str, Any], calls: int) -> dict[str, dict[str, flo
 # -- the run -------------------------------------------------------------------------------------
 
 
-def run_benchmark(workload: Workload) -> dict[str, Any]:
-    """Every backend of the workload beside the plain server: figures, stages, notes."""
+def run_benchmark(workload: Workload, *, flushed: bool = True) -> dict[str, Any]:
+    """Every backend of the workload beside the plain server: figures, stages, notes.
+    ``flushed=False``: PostgreSQL commits do not wait for the disk (not durable, ``--unflushed``).
+    """
     backends = list(workload.backends)
     began = time.perf_counter()
     notes = [f"load average at the start: {os.getloadavg()[0]:.1f} ({os.cpu_count()} CPUs)"]
+    if not flushed:
+        notes.append(
+            "NOT DURABLE: PostgreSQL databases run synchronous_commit = off (--unflushed), "
+            "to show the capture overhead without the disk's flushes"
+        )
     with contextlib.ExitStack() as stack:
         workdir = Path(tempfile.mkdtemp(prefix="grove-bench-gateway-"))
         stack.callback(shutil.rmtree, workdir, True)
@@ -298,7 +305,7 @@ def run_benchmark(workload: Workload) -> dict[str, Any]:
         urls = {b: f"sqlite:///{workdir / b / 'ledger.db'}" for b in backends}
         postgres = [b for b in backends if b.startswith("postgresql")]
         if postgres:
-            databases = stack.enter_context(postgres_databases(postgres))
+            databases = stack.enter_context(postgres_databases(postgres, flushed=flushed))
             if isinstance(databases, str):
                 notes.append(f"PostgreSQL backends skipped: {databases}")
                 backends = [b for b in backends if b not in postgres]
@@ -409,8 +416,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer calls and rounds (CI smoke)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--unflushed",
+        action="store_true",
+        help="PostgreSQL with synchronous_commit = off (NOT durable): Grove without the disk",
+    )
     args = parser.parse_args()
-    report = {**run_benchmark(QUICK if args.quick else FULL), "quick": args.quick}
+    workload = QUICK if args.quick else FULL
+    report = {
+        **run_benchmark(workload, flushed=not args.unflushed),
+        "quick": args.quick,
+        "flushed": not args.unflushed,
+    }
     if args.json:
         print(json.dumps(report))
     else:

@@ -396,8 +396,12 @@ def moto_server() -> Iterator[tuple[dict[str, str], Callable[[], None]]]:
 
 
 @contextlib.contextmanager
-def postgres_databases(names: Sequence[str]) -> Iterator[dict[str, str] | str]:
-    """A fresh database per name, dropped afterwards: ``{name: url}``; or why there is none."""
+def postgres_databases(
+    names: Sequence[str], *, flushed: bool = True
+) -> Iterator[dict[str, str] | str]:
+    """A fresh database per name, dropped afterwards: ``{name: url}``; or why there is none.
+    ``flushed=False`` sets ``synchronous_commit = off`` on these databases alone: no commit waits
+    for its WAL flush, so the figures show Grove without the disk (not durable: measuring only)."""
     import psycopg
     from sqlalchemy.engine import make_url
 
@@ -419,6 +423,8 @@ def postgres_databases(names: Sequence[str]) -> Iterator[dict[str, str] | str]:
         for name in names:
             created.append(f"grove_bench_gateway_{uuid.uuid4().hex[:12]}")
             connection.execute(f'CREATE DATABASE "{created[-1]}"')
+            if not flushed:
+                connection.execute(f'ALTER DATABASE "{created[-1]}" SET synchronous_commit = off')
             urls[name] = admin.set(database=created[-1]).render_as_string(hide_password=False)
             migrate.upgrade(urls[name])  # `grove db upgrade`, as the owner: serve never does DDL
         yield urls
