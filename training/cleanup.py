@@ -131,8 +131,8 @@ def plan_cleanup(
     teardown = False
     if final is not None:
         if final == _PUBLISHED:
-            assert state.selection is not None
-            keep = {named[c] for c in state.selection.call_ids if c in named} & stored_keys
+            selected = state.recorded_selection().call_ids
+            keep = {named[c] for c in selected if c in named} & stored_keys
         remove |= (named_keys & stored_keys) - keep
         settled_for = settled_for_s if settled_for_s is not None else -1.0
         teardown = not waiting or settled_for >= window_s

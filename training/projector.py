@@ -324,12 +324,12 @@ class Projector:
         )
 
     def _record_finalization(self, state: AttemptState) -> None:
-        assert state.opened is not None
+        opened = state.recorded_opening()
         decision = self._decide(state)
         self._decided[state.capture_key] = decision
         forest = decision.forest
         event = finalization_event(
-            state.opened.rollout_id,
+            opened.rollout_id,
             forest,
             forest_training=self.settings.forest_training,
             max_row_tokens=self.settings.max_row_tokens,
@@ -338,11 +338,10 @@ class Projector:
 
     def _reconstruct(self, state: AttemptState) -> FinalizedRollout:
         """The finalized rollout with its rows, checked against the recorded decision."""
-        assert state.opened is not None and state.selection is not None
-        assert state.finalized is not None
+        opened, selection = state.recorded_opening(), state.recorded_selection()
+        recorded = state.recorded_finalization()
         decision = self._decided.pop(state.capture_key, None) or self._decide(state)
         forest, rows = decision.forest, decision.rows
-        recorded = state.finalized
         paths = tuple(tuple(row.call_ids) for row in forest.rows)
         if (recorded.trainable, recorded.paths) != (forest.trainable, paths):
             # The blobs or events changed since the decision (or the code, or the settings did):
@@ -351,14 +350,13 @@ class Projector:
             kept = recorded.masked_reason if recorded.masked_reason in MASK_REASONS else None
             forest = masked_forest(forest, kept or forest.masked_reason or MaskReason.BLOB_INVALID)
             rows = ()
-        selection = state.selection
         return FinalizedRollout(
             capture_key=state.capture_key,
-            rollout_id=state.opened.rollout_id,
-            group_id=state.opened.prompt_group,
+            rollout_id=opened.rollout_id,
+            group_id=opened.prompt_group,
             reward=selection.reward,
             forest=forest,
-            rollout=LogicalRollout(state.opened.rollout_id, state.opened.prompt_group, rows),
+            rollout=LogicalRollout(opened.rollout_id, opened.prompt_group, rows),
             abandoned=abandonment_reason(selection.policy, selection.call_ids, selection.result),
             policy_versions=call_policy_versions(
                 state, [c for row in forest.rows for c in row.call_ids]
@@ -394,7 +392,12 @@ class Projector:
 
     def _count_drops(self, step: int, dropped: tuple[GroupDecision, ...]) -> None:
         progress = self._progress
-        assert len(progress.drops) == step
+        if len(progress.drops) != step:
+            raise BatchError(
+                "step_order",
+                f"the drops of step {step} must follow those of steps 0..{step - 1}; "
+                f"{len(progress.drops)} steps are counted",
+            )
         progress.drops.append(dropped)
         for decision in dropped:
             progress.open.pop(decision.group_id, None)

@@ -266,7 +266,12 @@ class TrainingRun:
         dropped = [d for d in decisions if not d.kept]
         self._check_drop_budget(step, sum(d.rollouts for d in kept), dropped)
         published = self.projector.batch_for_step(step, groups=[d.group_id for d in kept])
-        assert published is not None
+        if published is None:
+            raise BatchError(
+                "incomplete_groups",
+                f"step {step}: the projector could not publish prompt groups "
+                f"{[d.group_id for d in kept]}, though each was decided complete",
+            )
         return published
 
     def train(self, published: PublishedBatch) -> StepSummary:
