@@ -186,6 +186,13 @@ class Built:
         """Import a step's worth of selected, unfinalized attempts (``tail{step}-…``, blobs
         written) at the ledger's end; returns the mark before them."""
         mark = _mark(self.store)
+        with self.store.engine.connect() as conn:  # others appended since (projectors)
+            self.builder.position = conn.execute(
+                text(
+                    "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM "
+                    "grove_events_position_seq"
+                )
+            ).scalar_one()
         for g in range(GROUPS_PER_STEP):
             self.builder.add_group(
                 [

@@ -19,7 +19,7 @@ def test_scale_bench_reports_every_figure_and_its_bulk_rows_are_the_folds() -> N
     if _pg_bin("initdb") is None or _pg_bin("pg_ctl") is None:
         pytest.skip("the scale bench starts a PostgreSQL cluster of its own: install initdb")
 
-    report = bench.run((200,), rounds=1)
+    report = bench.run((200,), rounds=2)
 
     figures = report["sizes"]["200"]
     assert figures["calls"] >= 200
