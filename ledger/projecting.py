@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from sqlalchemy import (
     BigInteger,
@@ -37,6 +38,7 @@ from sqlalchemy.dialects.postgresql import insert as postgres_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.sql.dml import Insert, Update
 
+from ledger.errors import InvalidEventPayload
 from ledger.events import (
     AdmissionsClosed,
     AttemptCleaned,
@@ -84,6 +86,22 @@ class Folded:
 Applier = Callable[[Connection, Folded], bool]
 """Applies an event to the rows; False when the rows did not allow it (nothing changed)."""
 
+E = TypeVar("E", bound=Event)
+
+
+def _typed(kind: type[E], apply: Callable[[Connection, Folded, E], bool]) -> Applier:
+    """``apply`` as an ``Applier`` for events of ``kind``; any other event is refused."""
+
+    def checked(conn: Connection, item: Folded) -> bool:
+        event = item.event
+        if not isinstance(event, kind):
+            raise InvalidEventPayload(
+                event.type, event.schema_version, f"folded as {kind.type}, which it is not"
+            )
+        return apply(conn, item, event)
+
+    return checked
+
 
 def _dialect_insert(conn: Connection):
     return postgres_insert if conn.dialect.name == "postgresql" else sqlite_insert
@@ -99,9 +117,7 @@ def _inserted(conn: Connection, statement: Insert) -> bool:
 # -- attempts ------------------------------------------------------------------------------------
 
 
-def _opened(conn: Connection, item: Folded) -> bool:
-    event = item.event
-    assert isinstance(event, AttemptOpened)
+def _opened(conn: Connection, item: Folded, event: AttemptOpened) -> bool:
     statement = (
         _dialect_insert(conn)(PROJ_ATTEMPTS)
         .values(
@@ -181,9 +197,7 @@ _INTENT = {
 }
 
 
-def _intended(conn: Connection, item: Folded) -> bool:
-    event = item.event
-    assert isinstance(event, CallIntended)
+def _intended(conn: Connection, item: Folded, event: CallIntended) -> bool:
     parameters = {
         "p_key": item.stream_id,
         "p_call_id": event.call_id,
@@ -245,9 +259,7 @@ def _commit_statement() -> Update:
 _COMMIT = _commit_statement()
 
 
-def _committed(conn: Connection, item: Folded) -> bool:
-    event = item.event
-    assert isinstance(event, CallCommitted)
+def _committed(conn: Connection, item: Folded, event: CallCommitted) -> bool:
     parameters = {f"p_{name}": getattr(event, name) for name in _COMMIT_COLUMNS}
     parameters.update(
         p_key=item.stream_id,
@@ -259,11 +271,9 @@ def _committed(conn: Connection, item: Folded) -> bool:
     return conn.execute(_COMMIT, parameters).rowcount == 1
 
 
-def _failed(conn: Connection, item: Folded) -> bool:
+def _failed(conn: Connection, item: Folded, event: CallFailed) -> bool:
     # A failure recorded after a commit (the request ended after the blob was acknowledged, say)
     # keeps the call committed; the reason is still shown.
-    event = item.event
-    assert isinstance(event, CallFailed)
     pending = PROJ_CALLS.c.status == "pending"
     statement = (
         update(PROJ_CALLS)
@@ -281,9 +291,7 @@ def _failed(conn: Connection, item: Folded) -> bool:
 # -- rollouts ------------------------------------------------------------------------------------
 
 
-def _selected(conn: Connection, item: Folded) -> bool:
-    event = item.event
-    assert isinstance(event, RolloutSelected)
+def _selected(conn: Connection, item: Folded, event: RolloutSelected) -> bool:
     source = select(
         PROJ_ATTEMPTS.c.capture_key,
         PROJ_ATTEMPTS.c.rollout_id,
@@ -333,9 +341,7 @@ def _selected(conn: Connection, item: Folded) -> bool:
     return True
 
 
-def _finalized(conn: Connection, item: Folded) -> bool:
-    event = item.event
-    assert isinstance(event, RolloutFinalized)
+def _finalized(conn: Connection, item: Folded, event: RolloutFinalized) -> bool:
     statement = (
         update(PROJ_ROLLOUTS)
         .where(PROJ_ROLLOUTS.c.capture_key == item.stream_id, PROJ_ROLLOUTS.c.status == "selected")
@@ -348,9 +354,7 @@ def _finalized(conn: Connection, item: Folded) -> bool:
     return conn.execute(statement).rowcount == 1
 
 
-def _published(conn: Connection, item: Folded) -> bool:
-    event = item.event
-    assert isinstance(event, BatchPublished)
+def _published(conn: Connection, item: Folded, event: BatchPublished) -> bool:
     conn.execute(
         update(PROJ_ROLLOUTS)
         .where(
@@ -363,18 +367,18 @@ def _published(conn: Connection, item: Folded) -> bool:
 
 
 APPLIERS: dict[str, Applier] = {
-    AttemptOpened.type: _opened,
+    AttemptOpened.type: _typed(AttemptOpened, _opened),
     AdmissionsClosed.type: _attempt_update(lambda _: {"admissions_closed": True}),
     AttemptSettled.type: _attempt_update(
         lambda e: {"settled": True, "admissions_closed": True, "settle_timed_out": e.timed_out}
     ),
     AttemptCleaned.type: _cleaned,
-    CallIntended.type: _intended,
-    CallCommitted.type: _committed,
-    CallFailed.type: _failed,
-    RolloutSelected.type: _selected,
-    RolloutFinalized.type: _finalized,
-    BatchPublished.type: _published,
+    CallIntended.type: _typed(CallIntended, _intended),
+    CallCommitted.type: _typed(CallCommitted, _committed),
+    CallFailed.type: _typed(CallFailed, _failed),
+    RolloutSelected.type: _typed(RolloutSelected, _selected),
+    RolloutFinalized.type: _typed(RolloutFinalized, _finalized),
+    BatchPublished.type: _typed(BatchPublished, _published),
 }
 
 # -- contradictions ------------------------------------------------------------------------------
