@@ -102,10 +102,12 @@ class ProcessedImage:
 @dataclass(frozen=True, eq=False)
 class ImageInput:
     """One image as the engine takes it (producer: :func:`plan_media`; consumer: a vision
-    engine): processed pixels and patch grid, in prompt order."""
+    engine): processed pixels and patch grid, in prompt order, and the data URL it came from
+    (for an engine that processes images itself, ``capture/vllm_vlm.py``)."""
 
     pixels: torch.Tensor
     grid: tuple[int, int, int]
+    url: str = ""
 
 
 @dataclass(frozen=True, eq=False)
@@ -303,7 +305,10 @@ def plan_media(
         )
         for ref, image, span in zip(refs[first_new:], images[first_new:], spans, strict=True)
     )
-    inputs = tuple(ImageInput(image.pixels, image.grid) for image in images)
+    inputs = tuple(
+        ImageInput(image.pixels, image.grid, ref.url)
+        for ref, image in zip(refs, images, strict=True)
+    )
     return MediaPlan(stored=stored, inputs=inputs)
 
 

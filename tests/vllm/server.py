@@ -20,7 +20,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,6 +123,8 @@ def vllm_server(
     logprobs_mode: str = "raw_logprobs",
     start_timeout_s: float = 240.0,
     dev_mode: bool = False,
+    extra_args: Sequence[str] = (),
+    extra_environment: Mapping[str, str] | None = None,
 ) -> Iterator[VllmServer]:
     """Serve ``model_dir`` until the block ends; the server is stopped however the block exits."""
     python = VENV / "bin" / "python"
@@ -142,8 +144,9 @@ def vllm_server(
         "--disable-log-stats",
         "--disable-uvicorn-access-log",
         *LAUNCH_ARGS,
+        *extra_args,
     ]  # fmt: skip
-    environment = {**os.environ, **_ENVIRONMENT}
+    environment = {**os.environ, **_ENVIRONMENT, **(extra_environment or {})}
     if dev_mode:
         environment["VLLM_SERVER_DEV_MODE"] = "1"
     url = f"http://127.0.0.1:{port}"
