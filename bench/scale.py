@@ -1,6 +1,6 @@
 """A million-call ledger: per-attempt costs on PostgreSQL at 10k, 100k and 1M captured calls.
 
-Usage: ``python bench/scale.py [--quick] [--json] [--sizes 10000,100000] [--url URL]``
+Usage: ``python bench/scale.py [--quick] [--json] [--sizes 10000,100000] [--rounds 3] [--url URL]``
 
 Each size gets a fresh database (dropped at the end) and a fresh local blob directory. The
 databases live on a throwaway cluster of the bench's own (``initdb``; ``fsync=off``, which only
@@ -9,8 +9,9 @@ transaction running anywhere on its server, so on a server other clients keep bu
 projector and ``grove lineage``'s catch-up wait for them, and the figures measure that wait.
 The ledger is built through the import path (``bench/scale_ledger.py`` draws the shapes:
 groups of 8 rollouts, 5-40 calls each, compaction roots, rejections, engine failures;
-``EventStore.import_events`` copies them in, the projection rows follow by ``COPY``),
-then, in the same run, against that ledger:
+``EventStore.import_events`` copies them in, the projection rows follow by ``COPY``). Every
+ledger is built first; then the timings run in ``--rounds`` rounds that visit the sizes in a
+rotated order, so that load from elsewhere on the machine falls on all of them alike:
 
 - ``lineage_ms_p50`` / ``lineage_ms_p99``: the lineage query of one attempt (``grove lineage``'s
   ``calls`` query, ``grove.tools.lineage.QUERIES``) for sampled attempts across the ledger, warm;
@@ -21,8 +22,9 @@ then, in the same run, against that ledger:
 - ``replay_ms``: ``grove replay --verify`` of one attempt (``grove.tools.replay.replay`` with the
   blob store: admissions, selection, finalization from the blobs, publication), median over the
   attempts whose blobs exist;
-- ``projector_step_ms``: a projector following the ledger at its end finalizes a step's worth of
-  newly selected attempts (4 groups of 8, blobs read and verified) and publishes the step;
+- ``projector_step_ms``: each round, a step's worth of newly selected attempts (4 groups of 8)
+  arrives at the ledger's end; a projector that has read everything before them finalizes them
+  (blobs read and verified) and publishes the step; median over the rounds;
 - ``postgres_bytes_per_call``: the database's size over the calls (``pg_database_size`` less the
   size of an empty migrated database), with each table's and index's share;
   ``blob_bytes_per_call``: the blob store's bytes per committed call (the recorded sizes).
@@ -30,7 +32,9 @@ then, in the same run, against that ledger:
 ``growth_largest_over_smallest`` is the largest ratio of any per-attempt figure (the five
 above) between the largest and the smallest ledger of the run; the aim is <= 1.5, and
 ``lineage_ms_p99`` < 10 at 1M calls. ``--quick`` stops at 100k calls. Timings are wall clock on a
-shared machine: medians and percentiles over many attempts, after one warm-up pass.
+shared machine: medians and percentiles over many attempts and rounds, after one warm-up pass.
+Last, the smallest ledger's bulk projection rows are checked row for row against the fold
+(``ledger.projections.rebuild``; ``projection_rows_checked``). Results: ``docs/scale.md``.
 """
 
 from __future__ import annotations
@@ -351,12 +355,14 @@ class Samples:
 
 
 def database_sizes(store: EventStore) -> dict[str, Any]:
-    """The database's size and each Grove table's and index's size, in bytes."""
+    """The database's size, and each Grove table's (heap and TOAST) and index's size, in
+    bytes."""
     with store.engine.connect() as conn:
         database = conn.execute(text("SELECT pg_database_size(current_database())")).scalar_one()
         relations = conn.execute(
             text(
-                "SELECT c.relname, pg_total_relation_size(c.oid) FROM pg_class c "
+                "SELECT c.relname, CASE WHEN c.relkind = 'r' THEN pg_table_size(c.oid) "
+                "ELSE pg_relation_size(c.oid) END FROM pg_class c "
                 "JOIN pg_namespace n ON n.oid = c.relnamespace "
                 "WHERE n.nspname = 'public' AND c.relkind IN ('r', 'i') "
                 "AND c.relname LIKE '%grove%' ORDER BY 2 DESC"
