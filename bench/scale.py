@@ -61,12 +61,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.scale_ledger import (
     GROUPS_PER_STEP,
     ROLLOUTS_PER_GROUP,
-    TABLE_COLUMNS,
     AttemptWriter,
     LedgerBuilder,
     Placed,
-    ProjectionRows,
 )
+from bench.scale_rows import TABLE_COLUMNS, ProjectionRows
 from grove.tools.lineage import QUERIES, attempt_lineages
 from grove.tools.replay import replay
 from ledger import migrate
