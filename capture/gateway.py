@@ -67,7 +67,7 @@ from capture.wire import (
     TokenLogprob,
     attempt_status,
 )
-from ledger.attempt import AttemptState, CallStatus
+from ledger.attempt import AttemptState, CallStatus, StaleAttemptState
 from ledger.events import RolloutSelected
 from ledger.store import validate_stream_id
 from storage import staging_key
@@ -96,6 +96,7 @@ ROOT_REASON_HEADER: Final = "X-Grove-Root-Reason"
 """Answer header: why the call is a root (``docs/normalization.md``)."""
 DEFAULT_MAX_TOKENS: Final = 256
 DEFAULT_SETTLE_TIMEOUT_S: Final = 300.0
+_STALE_RETRIES: Final = 50  # plans met by another writer's append before a call gives up
 
 Selector = Callable[[AttemptState, dict[str, Any]], RolloutSelected]
 """``(settled attempt state, harness result) -> rollout.selected``; raises ``ValueError`` when
@@ -136,9 +137,13 @@ class _Gateway:
         the capture service's view of it, which a model call then plans against unread."""
         return self.service.state(validate_stream_id(capture_key))
 
-    def opened(self, capture_key: str) -> AttemptState:
-        """The state of an attempt that was opened; 404 otherwise."""
-        state = self.state(capture_key)
+    def opened(self, capture_key: str, *, read: bool = True) -> AttemptState:
+        """The state of an attempt that was opened; 404 otherwise. ``read=False``: the state as
+        this process last knew it, read only when it is behind its own appends or unknown."""
+        key = validate_stream_id(capture_key)
+        state = self.service.state(key) if read else self.service.current_state(key)
+        if state.opened is None and not read:
+            state = self.service.state(key)  # never refuse from a view that was not read
         if state.opened is None:
             raise Refused(
                 404,
@@ -148,8 +153,11 @@ class _Gateway:
             )
         return state
 
-    def admitting(self, capture_key: str | None, call_id: str | None) -> AttemptState:
-        """The state of an attempt that admits a new call ``call_id``; refused otherwise."""
+    def admitting(
+        self, capture_key: str | None, call_id: str | None, *, read: bool = True
+    ) -> AttemptState:
+        """The state of an attempt that admits a new call ``call_id``; refused otherwise
+        (``read``: as in ``opened``)."""
         if not capture_key:
             raise Refused(
                 400,
@@ -157,7 +165,7 @@ class _Gateway:
                 f"Every model call names its attempt: send the {CAPTURE_KEY_HEADER} header "
                 "(with the openai client: default_headers={'" + CAPTURE_KEY_HEADER + "': KEY})",
             )
-        state = self.opened(capture_key)
+        state = self.opened(capture_key, read=read)
         if state.admissions_closed:
             raise Refused(
                 409,
@@ -326,11 +334,23 @@ class _Gateway:
 
     def generate(self, capture_key: str | None, converted: ConvertedCall) -> CallOutcome:
         """Capture one model call: checks that write nothing first, then the lifecycle, which
-        plans the call against the state these checks read (one read, one plan per call)."""
-        state = self.admitting(capture_key, converted.call.call_id)
+        plans the call against the state these checks saw (one plan per call). That state is
+        the service's view, read from the ledger only when it is behind this process's own
+        appends; when another process appended since, the intent fails before anything is
+        written (``StaleAttemptState``), and the call is checked and planned again on a fresh
+        read."""
         limit = self.max_context
         fit = None if limit is None else lambda prompt: self._fit(converted, prompt, limit)
-        return self.service.generate(state.capture_key, converted.call, fit=fit, refresh=False)
+        for attempt in range(_STALE_RETRIES):
+            state = self.admitting(capture_key, converted.call.call_id, read=attempt > 0)
+            try:
+                return self.service.generate(
+                    state.capture_key, converted.call, fit=fit, refresh=False
+                )
+            except StaleAttemptState:
+                if attempt == _STALE_RETRIES - 1:
+                    raise  # every try met another writer's append
+        raise AssertionError("unreachable")
 
     def measure(self, capture_key: str, converted: ConvertedCall) -> Measurement:
         """The prompt length and decision the call would get now; writes nothing."""

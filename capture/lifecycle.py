@@ -259,6 +259,16 @@ class CaptureService:
         ``generate(refresh=False)`` then plans against it without reading again."""
         return self._view(capture_key).state
 
+    def current_state(self, capture_key: str) -> AttemptState:
+        """The attempt's state as this service last knew it, read from the ledger only when the
+        view is behind this process's own appends (or absent). Another process's appends since
+        are not seen: ``generate(refresh=False)`` then fails with ``StaleAttemptState`` before
+        writing anything, and the caller reads (``state``) and tries again."""
+        view = self._view(capture_key, read=False)
+        if view.state.version != self.log.known_version(capture_key):
+            view = self._view(capture_key)
+        return view.state
+
     # -- calls -------------------------------------------------------------------------------
 
     def measure(self, capture_key: str, call: ModelCall) -> Measurement:
@@ -280,35 +290,38 @@ class CaptureService:
         """Run one model call: admit, plan, intend, generate, store, commit.
 
         ``fit`` (given the planned prompt length) decides the sampling the call runs with, or
-        refuses it, before the intent. ``refresh=False``: the caller has just brought the
-        attempt up to date through ``state`` for this request; it is not read again.
+        refuses it, before the intent. ``refresh=False``: the call is planned against the view
+        as the caller last brought it up to date (``state``, ``current_state``), unread, and its
+        intent is appended only at that view's version: another writer's append since raises
+        ``StaleAttemptState`` with nothing written (read again and retry).
         """
         call_id = call.call_id or f"call-{uuid.uuid4().hex[:16]}"
         view = self._view(capture_key, read=refresh)
-        self._require_open(view.state, capture_key, call_id)
+        planned = view.state
+        self._require_open(planned, capture_key, call_id)
         plan, request = self._plan(view, call)
         media = self._media(view, request, plan, call.options.model)
         images = (media.inputs,) if media.inputs else ()  # a vision engine's extra argument
         decision, summary = plan.decision, plan.request_summary
         sampling = call.sampling if fit is None else fit(plan.prompt_len)
         if sampling.seed is None:
-            sampling = replace(sampling, seed=derived_seed(view.state, len(view.state.calls)))
+            sampling = replace(sampling, seed=derived_seed(planned, len(planned.calls)))
         self.engine.check(plan.prompt_token_ids, sampling, *images)  # refuse before recording
-        recorded = self.log.intend(
-            capture_key,
-            CallIntended(
-                call_id=call_id,
-                decision=decision.kind.value,
-                parent_call_id=decision.parent_call_id,
-                root_reason=None if decision.reason is None else decision.reason.value,
-                replay_summary=summary,
-                equivalences=tuple(e.value for e in decision.equivalences),
-                prompt_tokens=plan.prompt_len,
-                admission=plan.admission_record(),
-                policy_version=getattr(self.engine, "policy_version", None),
-                constraint=None if sampling.constraint is None else sampling.constraint.record(),
-            ),
+        intended = CallIntended(
+            call_id=call_id,
+            decision=decision.kind.value,
+            parent_call_id=decision.parent_call_id,
+            root_reason=None if decision.reason is None else decision.reason.value,
+            replay_summary=summary,
+            equivalences=tuple(e.value for e in decision.equivalences),
+            prompt_tokens=plan.prompt_len,
+            admission=plan.admission_record(),
+            policy_version=getattr(self.engine, "policy_version", None),
+            constraint=None if sampling.constraint is None else sampling.constraint.record(),
         )
+        recorded = self.log.intend(capture_key, intended, at=None if refresh else planned)
+        if recorded and not refresh:
+            self._fold_own(view, planned.version + 1, intended)
         if not recorded:
             # Another request with this call id recorded the intent first (a racing retry):
             # it alone infers, stores and commits the call.
@@ -347,31 +360,31 @@ class CaptureService:
             else generation.finish_reason
         )
         committed_summary = summary.extended(output_items)
-        self.log.commit(
-            capture_key,
-            CallCommitted(
-                call_id=call_id,
-                parent_call_id=decision.parent_call_id,
-                prev_len=plan.prev_len,
-                delta_len=delta.delta_len,
-                cum_len=plan.prev_len + delta.delta_len,
-                prompt_delta_len=len(plan.delta_token_ids),
-                generated_len=len(generation.token_ids),
-                blob_key=blob.key,
-                blob_sha256=blob.sha256,
-                blob_bytes=blob.size,
-                chain_digest=chain_digest(
-                    self._parent_chain_digest(view, decision.parent_call_id),
-                    delta.prompt_delta,
-                    delta.generated,
-                ),
-                finish_reason=finish_reason,
-                response_id=response_id,
-                output_fingerprint=fingerprint_output(normalized.messages),
-                replay_summary=committed_summary,
-                policy_version=generation.policy_version,
+        committed = CallCommitted(
+            call_id=call_id,
+            parent_call_id=decision.parent_call_id,
+            prev_len=plan.prev_len,
+            delta_len=delta.delta_len,
+            cum_len=plan.prev_len + delta.delta_len,
+            prompt_delta_len=len(plan.delta_token_ids),
+            generated_len=len(generation.token_ids),
+            blob_key=blob.key,
+            blob_sha256=blob.sha256,
+            blob_bytes=blob.size,
+            chain_digest=chain_digest(
+                self._parent_chain_digest(view, decision.parent_call_id),
+                delta.prompt_delta,
+                delta.generated,
             ),
+            finish_reason=finish_reason,
+            response_id=response_id,
+            output_fingerprint=fingerprint_output(normalized.messages),
+            replay_summary=committed_summary,
+            policy_version=generation.policy_version,
         )
+        version = self.log.commit(capture_key, committed)
+        if version is not None:
+            self._fold_own(view, version, committed)
         own = RawOutput(committed_summary.item_count - 1, text)
         with view.lock:
             view.chains[call_id] = (*plan.prompt_token_ids, *generation.token_ids)
@@ -444,6 +457,15 @@ class CaptureService:
             for event in fresh:
                 index_call_event(view.index, view.state, event)
         return view
+
+    @staticmethod
+    def _fold_own(view: _AttemptView, version: int, event: CallIntended | CallCommitted) -> None:
+        """Fold this service's own append, landed at ``version``, into the view when the view
+        is at the version just before it (otherwise the next call reads what it missed)."""
+        with view.lock:
+            if view.state.version == version - 1:
+                view.state = fold_attempt(view.state.capture_key, [event], view.state)
+                index_call_event(view.index, view.state, event)
 
     def _plan(self, view: _AttemptView, call: ModelCall) -> tuple[PromptPlan, NormalizedRequest]:
         request = normalize_messages(call.items)

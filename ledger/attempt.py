@@ -54,6 +54,7 @@ __all__ = [
     "AttemptState",
     "CallState",
     "CallStatus",
+    "StaleAttemptState",
     "fold_attempt",
     "index_call_event",
 ]
@@ -79,6 +80,21 @@ class AttemptError(LedgerError):
         self.call_id = call_id
         where = f"attempt {capture_key}" + (f", call {call_id}" if call_id else "")
         super().__init__(f"{rule} ({where})")
+
+
+class StaleAttemptState(AttemptError):
+    """An intent planned against a state of the attempt that is no longer its latest (another
+    writer appended since): nothing was written; read the attempt again, plan again, retry."""
+
+    def __init__(self, capture_key: str, call_id: str, planned: int, actual: int) -> None:
+        super().__init__(
+            capture_key,
+            f"the call was planned at version {planned} of the attempt, which is at {actual} "
+            "now: read it again and plan again",
+            call_id,
+        )
+        self.planned = planned
+        self.actual = actual
 
 
 @dataclass(frozen=True)
@@ -285,6 +301,12 @@ class AttemptLog:
         stored = self.store.read_stream(state.capture_key, after_version=state.version)
         return self._keep(fold_attempt(state.capture_key, (s.decode() for s in stored), state))
 
+    def known_version(self, capture_key: str) -> int | None:
+        """The version of the latest state this log holds of the attempt (its own appends
+        included), without reading; None when it holds none."""
+        state = self._hold(capture_key)
+        return None if state is None else state.version
+
     def _hold(self, capture_key: str) -> AttemptState | None:
         """The latest state this log knows of the attempt, without reading; None if none."""
         with self._lock:
@@ -312,14 +334,15 @@ class AttemptLog:
         check: Check,
         *,
         durable: bool = True,
-    ) -> bool:
+    ) -> int | None:
         """Append ``event`` if ``check(state)`` passes, retrying when another writer got in first.
 
         The first try appends from the held state, without reading; a conflict, or a refusal
         by ``check`` on a state not read by this call, reads the events after it and tries again.
         When ``check`` says the event is already recorded, the append is an idempotent retry: the
         same event id with the same payload is accepted, anything else is ``EventIdConflict``.
-        Returns True when this call appended the event, False when it was already recorded.
+        Returns the stream's version after this call appended the event, None when it was
+        already recorded.
         """
         validate_stream_id(capture_key)
         state, read = self._hold(capture_key), False
@@ -346,7 +369,7 @@ class AttemptLog:
                 continue
             if not result.duplicate and expected != ANY_VERSION:
                 self._keep(fold_attempt(capture_key, [event], state))
-            return not result.duplicate
+            return None if result.duplicate else result.stream_version
         raise AttemptError(
             capture_key, f"gave up recording {event.type} after {self.retries} races"
         )
@@ -363,7 +386,9 @@ class AttemptLog:
 
         self._record(opened.capture_key, f"{opened.capture_key}:opened", opened, check)
 
-    def intend(self, capture_key: str, intended: CallIntended) -> bool:
+    def intend(
+        self, capture_key: str, intended: CallIntended, *, at: AttemptState | None = None
+    ) -> bool:
         """Record a call's intent before inference; refused when closed, duplicated or orphaned.
 
         Returns True when this call recorded the intent, False when the identical intent was
@@ -371,6 +396,10 @@ class AttemptLog:
         The intent is not flushed on its own (``durable=False``): the call's commit, a durable
         append after it to the same stream, flushes it; an intent lost to a database crash
         fails that commit (``docs/reliability.md``, "Durability").
+
+        ``at``: the state the call was planned against; the intent is appended only if the
+        attempt is still at that version, else ``StaleAttemptState`` (nothing written), never
+        appended after reading what came since: a plan made against a stale state fails.
         """
         call_id = intended.call_id
 
@@ -393,12 +422,24 @@ class AttemptLog:
                 )
             return None
 
-        return self._record(
-            capture_key, f"{capture_key}:{call_id}:intended", intended, check, durable=False
-        )
+        event_id = f"{capture_key}:{call_id}:intended"
+        if at is None:
+            return self._record(capture_key, event_id, intended, check, durable=False) is not None
+        expected = ANY_VERSION if check(at) is _ALREADY else at.version
+        try:
+            result = self.store.append(
+                capture_key, [NewEvent(intended, event_id)], expected, durable=False
+            )
+        except WrongExpectedVersion as conflict:
+            raise StaleAttemptState(capture_key, call_id, at.version, conflict.actual) from None
+        if result.duplicate:
+            return False
+        self._keep(fold_attempt(capture_key, [intended], at))
+        return True
 
-    def commit(self, capture_key: str, committed: CallCommitted) -> None:
-        """Acknowledge a call whose blob is stored; late when the attempt already settled."""
+    def commit(self, capture_key: str, committed: CallCommitted) -> int | None:
+        """Acknowledge a call whose blob is stored; late when the attempt already settled.
+        Returns the stream's version after this append, None when it was already recorded."""
         call_id = committed.call_id
 
         def check(state: AttemptState) -> object:
@@ -420,7 +461,7 @@ class AttemptLog:
                 )
             return None
 
-        self._record(capture_key, f"{capture_key}:{call_id}:committed", committed, check)
+        return self._record(capture_key, f"{capture_key}:{call_id}:committed", committed, check)
 
     def fail(self, capture_key: str, failed: CallFailed) -> None:
         """Record that a call ended without a usable capture (or why its request ended)."""
