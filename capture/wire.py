@@ -23,7 +23,7 @@ from capture import errors as capture_errors
 from capture import vllm
 from ledger import admission
 from ledger import errors as ledger_errors
-from ledger.attempt import AttemptError, AttemptState, CallStatus
+from ledger.attempt import AttemptError, AttemptState, CallStatus, StaleAttemptState
 from storage import errors as storage_errors
 
 __all__ = [
@@ -136,6 +136,7 @@ ERROR_STATUS: Final[Mapping[type[Exception], ErrorStatus]] = {
     ledger_errors.DatabaseUnavailable: ErrorStatus(503, "ledger_unavailable"),
     ledger_errors.PrivilegeRefused: ErrorStatus(500, "ledger_privilege_refused"),
     AttemptError: ErrorStatus(409, "attempt_rule"),
+    StaleAttemptState: ErrorStatus(409, "concurrent_write"),  # every plan met another append
     admission.AdmissionError: ErrorStatus(400, "not_admissible"),
     admission.EmptyRequestError: ErrorStatus(400, "empty_request"),
     admission.AssistantPrefillError: ErrorStatus(400, "assistant_prefill"),
