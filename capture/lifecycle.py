@@ -18,10 +18,13 @@ The service keeps, per attempt, the folded state and the admission index in memo
 up to date by reading only the events after the version it has, so admitting a call costs the
 same at call 1,000 as at call 10. Parent chains are read from their blobs (digests verified)
 once and cached. The ledger is read outside any lock, and the view is brought up to date under a
-lock of its own attempt, so calls of different attempts never wait for each other; a call reads
-the ledger once (``generate(refresh=False)`` plans against the view a caller has just brought up
-to date through ``state``) and is planned once (``fit`` adjusts its sampling to the planned
-prompt before anything is written).
+lock of its own attempt, so calls of different attempts never wait for each other. The service
+folds its own intents and commits into the view as they land, so a gateway's call reads nothing
+while the view holds all this process appended (``current_state``): it is planned against the
+view (``generate(refresh=False)``) and its intent appended only at the view's version, so a plan
+that another process's append made stale fails with ``StaleAttemptState`` before anything is
+written, and is read and planned again. A call is planned once (``fit`` adjusts its sampling to
+the planned prompt before anything is written).
 """
 
 from __future__ import annotations
