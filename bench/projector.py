@@ -9,9 +9,10 @@ rollouts rewrite their context at call 10 (a new root storing a 256-token summar
 call 15 in favour of its retry, call 16 (two rows, 19 selected calls).
 
 - ``projector_tokens_per_s``: row tokens materialized per second by the projection path: for
-  every selected call, a verified ``BlobStore.get_delta``, a ``CallRecord`` (token lists) and a
-  ``CallExtras`` (the same delta's tensors); then ``build_forest``, ``rollout_rows`` and, per
-  prompt group, ``assemble_batch`` (row multiple 8).
+  every selected call, a verified ``BlobStore.get_delta``, a ``CallRecord`` over the delta's
+  tensors (``CallRecord.from_arrays``, as the projector builds them: no Python lists) and a
+  ``CallExtras`` (the same tensors); then ``build_forest``, ``rollout_rows`` and, per prompt
+  group, ``assemble_batch`` (row multiple 8).
 - ``raw_read_tokens_per_s``: the same row tokens over the time of reading the same blobs without
   projection — ``BlobStore.get_delta`` alone (size and sha256 verified, decoded), as every Grove
   read is — in the same run, in alternating rounds; ``projector_over_raw_read`` is the ratio of
@@ -138,12 +139,12 @@ def project(store: BlobStore, workload: list[list[StoredRollout]]) -> list[Fores
                     continue
                 delta = store.get_delta(call.ref)
                 records.append(
-                    CallRecord(
+                    CallRecord.from_arrays(
                         call.call_id,
                         call.parent_id,
-                        delta.prompt_delta.tolist(),
-                        delta.generated.tolist(),
-                        delta.logprobs.tolist(),
+                        delta.prompt_delta,
+                        delta.generated,
+                        delta.logprobs,
                     )
                 )
                 extras[call.call_id] = CallExtras(

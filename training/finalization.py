@@ -18,11 +18,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
+
 from ledger.attempt import AttemptState, CallStatus
 from ledger.events import RolloutFinalized
 from storage import BlobRef, BlobStore, MediaTensor, UnusableBlobError, row_chain_digests
 from training.errors import RowError
-from training.forest import CallRecord, Forest, MaskReason, build_forest
+from training.forest import CallRecord, Forest, ForestRow, MaskReason, build_forest
 from training.rows import CallExtras, MediaItem, RowTensors, rollout_rows
 from training.selection import CapturedCall, completion_mask_reason
 
@@ -147,14 +149,14 @@ def decide(
     )
     records, extras, blob_mask = _records(state, selected, blobs)
     forest = build_forest(records, selected, terminal=terminal)
-    mask = mask or blob_mask or forest.masked_reason or _chain_mismatch(state, forest)
+    mask = mask or blob_mask or forest.masked_reason or _chain_mismatch(state, forest, extras)
     rows: tuple[RowTensors, ...] = ()
     if mask is None:
         try:
             rows = tuple(rollout_rows(forest, extras))
         except RowError as error:
             mask = MaskReason(error.mask_reason)
-    if mask is None and not any(1 in row.loss_mask for row in forest.rows):
+    if mask is None and not any(_owns_tokens(row) for row in forest.rows):
         mask = MaskReason.NO_TRAINABLE_TOKENS
     mask = mask or setting_mask_reason(
         forest, forest_training=forest_training, max_row_tokens=max_row_tokens
@@ -177,7 +179,7 @@ def setting_mask_reason(
     """
     if not forest_training and len(forest.rows) > 1:
         return MaskReason.FOREST_TRAINING_DISABLED
-    if max_row_tokens is not None and any(len(r.token_ids) > max_row_tokens for r in forest.rows):
+    if max_row_tokens is not None and any(r.length > max_row_tokens for r in forest.rows):
         return MaskReason.ROW_TOO_LONG
     return None
 
@@ -221,14 +223,13 @@ def _records(
             delta = blobs.get_delta(ref)
         except UnusableBlobError:
             return [], {}, MaskReason.BLOB_INVALID
-        prompt, generated = delta.prompt_delta.tolist(), delta.generated.tolist()
-        records.append(
-            CallRecord(
+        records.append(  # over the tensors: the forest reads lengths, never Python lists
+            CallRecord.from_arrays(
                 call.call_id,
                 call.parent_call_id,
-                prompt,
-                generated,
-                delta.logprobs.tolist(),
+                delta.prompt_delta,
+                delta.generated,
+                delta.logprobs,
                 status,
                 committed.finish_reason,
             )
@@ -263,11 +264,29 @@ def _media_items(media: Sequence[MediaTensor]) -> tuple[MediaItem, ...]:
     )
 
 
-def _chain_mismatch(state: AttemptState, forest: Forest) -> str | None:
+def _owns_tokens(row: ForestRow) -> bool:
+    """Whether the row owns a generated token (its loss mask has a 1)."""
+    return any(s.owned and s.end > s.generated_start for s in row.segments)
+
+
+def _chain_mismatch(
+    state: AttemptState, forest: Forest, extras: dict[str, CallExtras]
+) -> str | None:
     """``blob_invalid`` when a row's tokens do not hash to its calls' recorded chain."""
     for row in forest.rows:
         lengths = [(s.generated_start - s.start, s.end - s.generated_start) for s in row.segments]
         recorded = [state.calls[c].committed.chain_digest for c in row.call_ids]
-        if row_chain_digests(row.token_ids, lengths) != recorded:
+        if row_chain_digests(_row_token_ids(row, extras), lengths) != recorded:
             return MaskReason.BLOB_INVALID
     return None
+
+
+def _row_token_ids(row: ForestRow, extras: dict[str, CallExtras]) -> torch.Tensor | list[int]:
+    """The row's token ids from its calls' token tensors (its lists when a call has none)."""
+    pieces: list[torch.Tensor] = []
+    for call_id in row.call_ids:
+        extra = extras.get(call_id)
+        if extra is None or extra.prompt_tokens is None or extra.generated_tokens is None:
+            return row.token_ids
+        pieces += [extra.prompt_tokens, extra.generated_tokens]
+    return torch.cat(pieces)

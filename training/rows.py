@@ -138,13 +138,14 @@ def row_tensors(row: ForestRow, extras: Mapping[str, CallExtras]) -> RowTensors:
     """One forest row as tensors, with its calls' routes and media placed (see the module)."""
     call_tensors = _call_tensors(row.segments, extras)
     if call_tensors is not None:
-        token_ids, logprobs = _assembled(row.segments, call_tensors)
+        token_ids, loss_mask, logprobs = _assembled(row.segments, call_tensors)
     else:
         token_ids = _tensor(row.token_ids, torch.int64)
+        loss_mask = _tensor(row.loss_mask, torch.bool)
         logprobs = _tensor(row.logprobs, torch.float32)
     return RowTensors(
         token_ids=token_ids,
-        loss_mask=_tensor(row.loss_mask, torch.bool),
+        loss_mask=loss_mask,
         generation_logprobs=logprobs,
         routes=_row_routes(row.segments, extras),
         media=tuple(placed for segment in row.segments for placed in _row_media(segment, extras)),
@@ -174,11 +175,12 @@ def _call_tensors(
 
 def _assembled(
     segments: Sequence[RowSegment], call_tensors: list[_TokenTensors]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token ids and logprobs of a row from its calls' token tensors, checked against the
-    segments' lengths."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Token ids, loss mask and logprobs of a row from its calls' token tensors, checked
+    against the segments' lengths (the forest's lists are never read)."""
     token_pieces: list[torch.Tensor] = []
     logprob_pieces: list[torch.Tensor] = []
+    loss_mask = torch.zeros(segments[-1].end if segments else 0, dtype=torch.bool)
     zeros: dict[int, torch.Tensor] = {}  # one zero tensor per length: slicing costs more
     for segment, (prompt, generated, logprobs) in zip(segments, call_tensors, strict=True):
         expected = (segment.generated_start - segment.start, segment.end - segment.generated_start)
@@ -201,8 +203,10 @@ def _assembled(
             if length not in zeros:
                 zeros[length] = torch.zeros(length, dtype=torch.float32)
         logprob_pieces += [zeros[expected[0]], logprobs if segment.owned else zeros[expected[1]]]
+        if segment.owned:
+            loss_mask[segment.generated_start : segment.end] = True
     token_ids = torch.cat(token_pieces).to(torch.int64)
-    return token_ids, torch.cat(logprob_pieces).to(torch.float32)
+    return token_ids, loss_mask, torch.cat(logprob_pieces).to(torch.float32)
 
 
 def _tensor(values: list[int] | list[float], dtype: torch.dtype) -> torch.Tensor:
