@@ -180,7 +180,8 @@ def _assembled(
     against the segments' lengths (the forest's lists are never read)."""
     token_pieces: list[torch.Tensor] = []
     logprob_pieces: list[torch.Tensor] = []
-    loss_mask = torch.zeros(segments[-1].end if segments else 0, dtype=torch.bool)
+    mask_pieces: list[torch.Tensor] = []
+    flags: dict[tuple[int, bool], torch.Tensor] = {}  # one mask piece per length and value
     zeros: dict[int, torch.Tensor] = {}  # one zero tensor per length: slicing costs more
     for segment, (prompt, generated, logprobs) in zip(segments, call_tensors, strict=True):
         expected = (segment.generated_start - segment.start, segment.end - segment.generated_start)
@@ -203,8 +204,11 @@ def _assembled(
             if length not in zeros:
                 zeros[length] = torch.zeros(length, dtype=torch.float32)
         logprob_pieces += [zeros[expected[0]], logprobs if segment.owned else zeros[expected[1]]]
-        if segment.owned:
-            loss_mask[segment.generated_start : segment.end] = True
+        for length, value in ((expected[0], False), (expected[1], segment.owned)):
+            if (length, value) not in flags:
+                flags[length, value] = torch.full((length,), value, dtype=torch.bool)
+            mask_pieces.append(flags[length, value])
+    loss_mask = torch.cat(mask_pieces)
     token_ids = torch.cat(token_pieces).to(torch.int64)
     return token_ids, loss_mask, torch.cat(logprob_pieces).to(torch.float32)
 
