@@ -8,6 +8,7 @@ is flushed; an intent lost to a crash makes the call's commit fail, writing noth
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -82,8 +83,16 @@ def test_read_after_returns_an_unflushed_intent_only_once_it_is_flushed(log: Att
     log.intend("att-1", intended("c1"))
     with log.store.engine.connect() as conn:
         appended = conn.execute(text("SELECT pg_current_wal_insert_lsn()")).scalar_one()
-    batch = log.store.read_after(LedgerPosition(transaction_id=None, position=0))
-    assert [e.event_type for e in batch.events] == ["attempt.opened", "call.intended"]
+    # The gap-free reader also waits for other sessions' open transactions on the server (other
+    # tests'): read until the intent is returned, then check it was flushed by then.
+    deadline = time.monotonic() + 30.0
+    while True:
+        batch = log.store.read_after(LedgerPosition(transaction_id=None, position=0))
+        types = [e.event_type for e in batch.events]
+        if len(types) == 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert types == ["attempt.opened", "call.intended"]
     with log.store.engine.connect() as conn:
         flushed = conn.execute(
             text("SELECT pg_current_wal_flush_lsn() >= CAST(:lsn AS pg_lsn)"), {"lsn": appended}
