@@ -47,6 +47,7 @@ __all__ = [
     "build_model",
     "build_tokenizer",
     "chat_template",
+    "sample_token",
 ]
 
 EMBEDDED_MODEL_NAME: Final = "grove/embedded-tiny"
@@ -168,6 +169,20 @@ def build_model(
     return model.eval()
 
 
+def sample_token(
+    logits: torch.Tensor, mask: GrammarMask | None, generator: torch.Generator
+) -> tuple[int, float]:
+    """One token drawn from ``logits`` ``(V,)`` under the grammar ``mask`` (if any, which then
+    accepts it), and its logprob: the embedded engines' sampling step."""
+    if mask is not None:
+        logits = mask.apply(logits)  # -inf where the grammar forbids the token
+    logprobs = torch.log_softmax(logits, dim=-1)  # (V,)
+    token = int(torch.multinomial(logprobs.exp(), 1, generator=generator).item())
+    if mask is not None:
+        mask.accept(token)
+    return token, float(logprobs[token])
+
+
 class EmbeddedEngine:
     """An :class:`capture.engine.Engine` over a local transformers causal LM.
 
@@ -246,15 +261,9 @@ class EmbeddedEngine:
             for _ in range(sampling.max_tokens):
                 out = self.model(input_ids=inputs, cache=cache, use_cache=True, logits_to_keep=1)
                 cache = out.cache
-                logits = out.logits[0, -1].float()  # (V,)
-                if mask is not None:
-                    logits = mask.apply(logits)  # -inf where the grammar forbids the token
-                step = torch.log_softmax(logits, dim=-1)  # (V,)
-                token = int(torch.multinomial(step.exp(), 1, generator=generator).item())
+                token, logprob = sample_token(out.logits[0, -1].float(), mask, generator)
                 tokens.append(token)
-                logprobs.append(float(step[token]))
-                if mask is not None:
-                    mask.accept(token)
+                logprobs.append(logprob)
                 if token in stops:
                     finish = "stop"
                     break

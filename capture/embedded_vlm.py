@@ -32,7 +32,7 @@ from transformers import (
 )
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-from capture.embedded import EmbeddedEngine, build_tokenizer, chat_template
+from capture.embedded import EmbeddedEngine, build_tokenizer, chat_template, sample_token
 from capture.engine import Generation, SamplingParams
 from capture.errors import InvalidPromptError, PromptTooLongError, UnsupportedSamplingError
 from capture.media import ImageInput, MediaRenderer, VisionProcessor
@@ -278,14 +278,9 @@ class EmbeddedVLMEngine(EmbeddedEngine):
                 cache = out.cache
                 logits = out.logits[0, -1].float()  # (V,)
                 logits[excluded] = float("-inf")  # the vision tokens are never sampled
-                if mask is not None:
-                    logits = mask.apply(logits)
-                logprob = torch.log_softmax(logits, dim=-1)  # (V,)
-                token = int(torch.multinomial(logprob.exp(), 1, generator=generator).item())
+                token, logprob = sample_token(logits, mask, generator)
                 tokens.append(token)
-                logprobs.append(float(logprob[token]))
-                if mask is not None:
-                    mask.accept(token)
+                logprobs.append(logprob)
                 if token in stops:
                     finish = "stop"
                     break
