@@ -326,15 +326,7 @@ class AttemptLog:
                 self._held.popitem(last=False)
         return state
 
-    def _record(
-        self,
-        capture_key: str,
-        event_id: str,
-        event: Event,
-        check: Check,
-        *,
-        durable: bool = True,
-    ) -> int | None:
+    def _record(self, capture_key: str, event_id: str, event: Event, check: Check) -> int | None:
         """Append ``event`` if ``check(state)`` passes, retrying when another writer got in first.
 
         The first try appends from the held state, without reading; a conflict, or a refusal
@@ -358,9 +350,7 @@ class AttemptLog:
                 continue
             expected = ANY_VERSION if verdict is _ALREADY else state.version
             try:
-                result = self.store.append(
-                    capture_key, [NewEvent(event, event_id)], expected, durable=durable
-                )
+                result = self.store.append(capture_key, [NewEvent(event, event_id)], expected)
             except WrongExpectedVersion as conflict:
                 # A stream never shrinks; one that did (a ledger restored from a backup under a
                 # running process) is read again from its start.
@@ -393,10 +383,6 @@ class AttemptLog:
 
         Returns True when this call recorded the intent, False when the identical intent was
         already recorded (an idempotent retry): only the caller that recorded it may infer.
-        The intent is not flushed on its own (``durable=False``): the call's commit, a durable
-        append after it to the same stream, flushes it; an intent lost to a database crash
-        fails that commit (``docs/reliability.md``, "Durability").
-
         ``at``: the state the call was planned against; the intent is appended only if the
         attempt is still at that version, else ``StaleAttemptState`` (nothing written), never
         appended after reading what came since: a plan made against a stale state fails.
@@ -424,12 +410,10 @@ class AttemptLog:
 
         event_id = f"{capture_key}:{call_id}:intended"
         if at is None:
-            return self._record(capture_key, event_id, intended, check, durable=False) is not None
+            return self._record(capture_key, event_id, intended, check) is not None
         expected = ANY_VERSION if check(at) is _ALREADY else at.version
         try:
-            result = self.store.append(
-                capture_key, [NewEvent(intended, event_id)], expected, durable=False
-            )
+            result = self.store.append(capture_key, [NewEvent(intended, event_id)], expected)
         except WrongExpectedVersion as conflict:
             raise StaleAttemptState(capture_key, call_id, at.version, conflict.actual) from None
         if result.duplicate:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -46,14 +45,13 @@ from sqlalchemy import (
     exc,
     func,
     select,
-    text,
     tuple_,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.sql.dml import Insert
 
 from ledger.appending import append_statement
-from ledger.errors import DatabaseUnavailable, ImportConflict
+from ledger.errors import ImportConflict
 from ledger.events import LedgerPosition
 from ledger.schema import EVENTS
 
@@ -69,15 +67,6 @@ __all__ = [
 COPY_APPEND_MIN = 16
 """Appends of at least this many events go by ``COPY``; smaller ones by one ``INSERT … SELECT``
 (one round trip, where ``COPY`` takes three)."""
-
-FLUSH_WAIT_S = 10.0
-"""How long ``read_after`` waits for the WAL writer to flush what it read (it flushes every
-``wal_writer_delay``, 200 ms by default; a durable commit anywhere flushes at once)."""
-FLUSH_POLL_S = 0.005
-_WAL_POSITIONS = text(
-    "SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn, pg_current_wal_flush_lsn() - '0/0'::pg_lsn"
-)
-_WAL_FLUSHED = text("SELECT pg_current_wal_flush_lsn() - '0/0'::pg_lsn")
 
 COPY_COLUMNS = (
     "event_id",
@@ -301,26 +290,6 @@ class PostgresBackend:
         )
         copy_block(conn, "grove_events", _APPEND_COPY_COLUMNS, block)
         return landed
-
-    def commit_without_flush(self, conn: Connection) -> None:
-        """Let the connection's transaction commit without waiting for its WAL flush."""
-        conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
-
-    def wait_until_flushed(self, conn: Connection, timeout_s: float = FLUSH_WAIT_S) -> None:
-        """Return once every transaction visible to ``conn`` is durable: the WAL is flushed up
-        to where it was inserted now (after every visible transaction's commit record)."""
-        inserted, flushed = conn.execute(_WAL_POSITIONS).one()
-        deadline = time.monotonic() + timeout_s
-        while flushed < inserted:
-            if time.monotonic() >= deadline:
-                raise DatabaseUnavailable(
-                    conn.engine.url.render_as_string(hide_password=True),
-                    f"the WAL was not flushed past {inserted} within {timeout_s} s "
-                    "(a transaction committed with synchronous_commit = off waits for the "
-                    "WAL writer: check wal_writer_delay and the server's disk)",
-                )
-            time.sleep(FLUSH_POLL_S)
-            flushed = conn.execute(_WAL_FLUSHED).scalar_one()
 
     def read_after(self, conn: Connection, mark: LedgerPosition, limit: int) -> Sequence[Row]:
         """Events of finished transactions after ``mark``, in (transaction id, position) order."""

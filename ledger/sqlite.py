@@ -62,16 +62,6 @@ class SqliteBackend:
             parameters.update({f"{name}_{index}": row[name] for name in APPENDED_COLUMNS})
         return conn.execute(_append(len(rows)), parameters).all() or None
 
-    def commit_without_flush(self, conn: Connection) -> None:
-        """Nothing: on SQLite every append stays durable (``synchronous=FULL``). A commit at
-        ``NORMAL`` would be visible to readers in other processes before its WAL frames are
-        synced, and SQLite cannot tell a reader when they are (``docs/reliability.md``)."""
-        del conn
-
-    def wait_until_flushed(self, conn: Connection) -> None:
-        """Nothing: every commit is synced before it returns."""
-        del conn
-
     def read_after(self, conn: Connection, mark: LedgerPosition, limit: int) -> Sequence[Row]:
         """Committed events after ``mark`` in commit order."""
         query = (

@@ -221,17 +221,8 @@ class EventStore:
         stream_id: str,
         events: Sequence[Event | NewEvent],
         expected_version: int = ANY_VERSION,
-        *,
-        durable: bool = True,
     ) -> AppendResult:
-        """Append ``events`` to ``stream_id`` in one transaction, if its version is as expected.
-
-        ``durable=False`` lets the commit return before it is flushed, where the backend can
-        (PostgreSQL: ``synchronous_commit = off`` for this transaction alone); the next durable
-        commit flushes it too. Only for an event whose loss to a database crash is safe
-        (``call.intended``: ``docs/reliability.md``, "Durability"); readers of ``read_after``
-        never read past it before it is flushed.
-        """
+        """Append ``events`` to ``stream_id`` in one transaction, if its version is as expected."""
         validate_stream_id(stream_id)
         if not events:
             raise ValueError(f"append to {stream_id} needs at least one event")
@@ -258,8 +249,6 @@ class EventStore:
             for attempt in range(_RETRIES):
                 try:
                     with self.engine.begin() as conn:
-                        if not durable:
-                            self.backend.commit_without_flush(conn)
                         landed = self.backend.insert_rows(conn, rows, expected)
                         if landed is not None and self.project_inline:
                             self._project(conn, stream_id, prepared, landed)
@@ -376,12 +365,9 @@ class EventStore:
             return [_stored(row) for row in conn.execute(_READ_STREAM, parameters)]
 
     def read_after(self, mark: LedgerPosition, limit: int = 1000) -> ReadBatch:
-        """Up to ``limit`` committed events after ``mark``, never skipping one that commits late;
-        returned only once they are durable (an append with ``durable=False`` may not be yet)."""
+        """Up to ``limit`` committed events after ``mark``, never skipping one that commits late."""
         with translate_errors(self.url), autocommit(self.engine.connect()) as conn:
             rows = self.backend.read_after(conn, mark, limit)
-            if rows:
-                self.backend.wait_until_flushed(conn)
         events = tuple(_stored(row) for row in rows)
         return ReadBatch(events, self.backend.mark_of(rows[-1]) if rows else mark)
 
