@@ -9,11 +9,17 @@ Per database (PostgreSQL at ``GROVE_BENCH_DATABASE_URL`` or 127.0.0.1:5432, and 
   tables: the events are ``call.failed`` of a stream never opened, so the fold records each one
   as a contradiction, a second row per event); ``batched_events_per_s_no_fold`` the same appends
   without the fold;
-- ``raw_copy_events_per_s``: the same rows by raw ``COPY`` (PostgreSQL) or a raw ``executemany``
-  of the sqlite3 driver (SQLite), ``ROUND`` rows per transaction — the floor cost of getting
-  bytes into the table;
-- ``batched_over_copy``: batched over raw (aim >= 0.5), ``batched_over_copy_no_fold`` likewise.
-  The three alternate round by round (``ROUND`` events each), so a busy machine slows them alike.
+- ``raw_copy_events_per_s``: the same event rows by raw ``COPY`` (PostgreSQL) or a raw
+  ``executemany`` of the sqlite3 driver (SQLite), ``ROUND`` rows per transaction — the floor
+  cost of getting the bytes into the table; ``raw_copy_folded_events_per_s``: the same, with
+  the contradiction rows the fold records for those events written beside them (each event's
+  row and its contradiction's row, in the same transaction) — the floor cost of the rows a
+  folded append writes;
+- ``batched_over_copy``: folded appends over the raw writing of the same rows (aim >= 0.5);
+  ``batched_over_copy_no_fold``: unfolded appends over the raw event rows;
+  ``batched_over_events_copy``: folded appends over the raw event rows alone (what the fold
+  costs on top of everything else). The four alternate round by round (``ROUND`` events each),
+  so a busy machine slows them alike.
 - ``capture_call_us_plain`` / ``capture_call_us_inline``: one captured call's two appends
   (``call.intended``, ``call.committed`` on an open attempt), median microseconds, without and
   with the inline fold into the projection tables, alternating in the same process;
@@ -44,13 +50,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ledger import migrate
 from ledger.database import open_engine
 from ledger.events import CallFailed, LedgerPosition
+from ledger.lifecycle import NEVER_OPENED, contradiction_entry
 from ledger.postgres import COPY_COLUMNS
-from ledger.schema import EVENTS
+from ledger.schema import EVENTS, PROJ_CONTRADICTIONS
 from ledger.store import EventStore
 from tests.integration.ledger.scenario import committed, intended, opened
 
 BATCH = 500
 ROUND = 5_000
+_CONTRADICTION_NAMES = "capture_key, stream_version, position, event_type, call_id, contradiction"
 PG_ADMIN = os.environ.get(
     "GROVE_BENCH_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 )
@@ -68,13 +76,24 @@ def _rows(n: int, stream: str, after: int = 0) -> list[tuple]:
     ]
 
 
+def _contradiction_rows(n: int, stream: str, after: int = 0) -> list[tuple]:
+    """The contradiction rows the fold records for ``_rows(n, stream, after)``: each
+    ``call.failed`` of a stream never opened (its version stands in for its position)."""
+    events = [_event(v % BATCH) for v in range(after, after + n)]
+    return [
+        (stream, v, v, "call.failed", event.call_id, contradiction_entry(event, NEVER_OPENED))
+        for v, event in enumerate(events, start=after + 1)
+    ]
+
+
 def _rate(count: int, seconds: float) -> float:
     return round(count / seconds, 1)
 
 
 def _append_rates(url: str, singles: int, batched: int, raw_round) -> dict[str, float]:
     """One event per transaction, then rounds of batched appends (folded and not) alternating
-    with ``raw_round()``, the baseline's ``ROUND`` rows, each round in the same order."""
+    with ``raw_round(folded)``, the baseline's ``ROUND`` rows (with their contradiction rows when
+    ``folded``), each round in the same order."""
     # Events are built before the clock starts: the raw baseline gets ready-made rows too.
     stores = {fold: EventStore(open_engine(url), project_inline=fold) for fold in (True, False)}
     events = [_event(i) for i in range(max(singles, BATCH))]
@@ -82,7 +101,7 @@ def _append_rates(url: str, singles: int, batched: int, raw_round) -> dict[str, 
     for i in range(singles):
         stores[True].append("single", [events[i]], expected_version=i)
     single_s = time.perf_counter() - start
-    seconds = {True: 0.0, False: 0.0, "raw": 0.0}
+    seconds = {True: 0.0, False: 0.0, "raw": 0.0, "raw_folded": 0.0}
     versions = {True: 0, False: 0}
     for _ in range(batched // ROUND):
         for fold, store in stores.items():
@@ -91,7 +110,8 @@ def _append_rates(url: str, singles: int, batched: int, raw_round) -> dict[str, 
                 store.append(f"batched-{fold}", events[:BATCH], expected_version=versions[fold])
                 versions[fold] += BATCH
             seconds[fold] += time.perf_counter() - start
-        seconds["raw"] += raw_round()
+        seconds["raw"] += raw_round(False)
+        seconds["raw_folded"] += raw_round(True)
     for store in stores.values():
         store.close()
     count = batched // ROUND * ROUND
@@ -100,13 +120,18 @@ def _append_rates(url: str, singles: int, batched: int, raw_round) -> dict[str, 
         "batched_events_per_s": _rate(count, seconds[True]),
         "batched_events_per_s_no_fold": _rate(count, seconds[False]),
         "raw_events_per_s": _rate(count, seconds["raw"]),
+        "raw_folded_events_per_s": _rate(count, seconds["raw_folded"]),
     }
 
 
 def _ratios(result: dict[str, object], raw_name: str) -> None:
-    result[raw_name] = result.pop("raw_events_per_s")
-    for name, key in (("", "batched_events_per_s"), ("_no_fold", "batched_events_per_s_no_fold")):
-        result[f"batched_over_copy{name}"] = round(result[key] / result[raw_name], 3)
+    raw, raw_folded = result.pop("raw_events_per_s"), result.pop("raw_folded_events_per_s")
+    result[f"raw_{raw_name}_events_per_s"] = raw
+    result[f"raw_{raw_name}_folded_events_per_s"] = raw_folded
+    folded, unfolded = result["batched_events_per_s"], result["batched_events_per_s_no_fold"]
+    result["batched_over_copy"] = round(folded / raw_folded, 3)
+    result["batched_over_copy_no_fold"] = round(unfolded / raw, 3)
+    result["batched_over_events_copy"] = round(folded / raw, 3)
 
 
 def _capture_costs(url: str, calls: int) -> dict[str, float]:
@@ -134,20 +159,27 @@ def _capture_costs(url: str, calls: int) -> dict[str, float]:
 
 
 def _raw_copy_round(dsn: str):
-    """A function that writes the next ``ROUND`` rows by raw ``COPY`` and returns its seconds."""
-    done = [0]
+    """A function that writes the next ``ROUND`` rows by raw ``COPY`` (with their contradiction
+    rows when ``folded``) and returns its seconds."""
+    done = {False: 0, True: 0}
+    columns = ", ".join(COPY_COLUMNS)
 
-    def round_s() -> float:
-        rows = _rows(ROUND, "raw", done[0])
-        done[0] += ROUND
+    def round_s(folded: bool) -> float:
+        stream = f"raw-{folded}"
+        rows = _rows(ROUND, stream, done[folded])
+        contradictions = _contradiction_rows(ROUND, stream, done[folded]) if folded else []
+        done[folded] += ROUND
         with psycopg.connect(dsn) as conn:
             start = time.perf_counter()
-            with (
-                conn.cursor() as cur,
-                cur.copy(f"COPY grove_events ({', '.join(COPY_COLUMNS)}) FROM STDIN") as copy,
-            ):
-                for row in rows:
-                    copy.write_row(row)
+            with conn.cursor() as cur:
+                with cur.copy(f"COPY grove_events ({columns}) FROM STDIN") as copy:
+                    for row in rows:
+                        copy.write_row(row)
+                if contradictions:
+                    table = PROJ_CONTRADICTIONS.name
+                    with cur.copy(f"COPY {table} ({_CONTRADICTION_NAMES}) FROM STDIN") as copy:
+                        for row in contradictions:
+                            copy.write_row(row)
             conn.commit()
             return time.perf_counter() - start
 
@@ -155,12 +187,15 @@ def _raw_copy_round(dsn: str):
 
 
 def _raw_sqlite_round(path: str):
-    """A function that writes the next ``ROUND`` rows by a raw ``executemany`` (its seconds)."""
-    done = [0]
+    """A function that writes the next ``ROUND`` rows by a raw ``executemany`` (with their
+    contradiction rows when ``folded``) and returns its seconds."""
+    done = {False: 0, True: 0}
 
-    def round_s() -> float:
-        rows = _rows(ROUND, "raw", done[0])
-        done[0] += ROUND
+    def round_s(folded: bool) -> float:
+        stream = f"raw-{folded}"
+        rows = _rows(ROUND, stream, done[folded])
+        contradictions = _contradiction_rows(ROUND, stream, done[folded]) if folded else []
+        done[folded] += ROUND
         conn = sqlite3.connect(path, isolation_level=None)
         start = time.perf_counter()
         conn.execute("BEGIN IMMEDIATE")
@@ -168,6 +203,12 @@ def _raw_sqlite_round(path: str):
             f"INSERT INTO grove_events ({', '.join(COPY_COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?)",
             rows,
         )
+        if contradictions:
+            conn.executemany(
+                f"INSERT INTO {PROJ_CONTRADICTIONS.name} ({_CONTRADICTION_NAMES}) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                contradictions,
+            )
         conn.execute("COMMIT")
         seconds = time.perf_counter() - start
         conn.close()
@@ -266,7 +307,7 @@ def bench_postgres(quick: bool) -> dict[str, object]:
         migrate.upgrade(url)
         singles, batched = (300, 5_000) if quick else (2_000, 50_000)
         result: dict[str, object] = _append_rates(url, singles, batched, _raw_copy_round(dsn))
-        _ratios(result, "raw_copy_events_per_s")
+        _ratios(result, "copy")
         result.update(_capture_costs(url, singles))
         result.update(_missed_events(url, 8, 500 if quick else 5_000))
         return result
@@ -282,7 +323,7 @@ def bench_sqlite(quick: bool) -> dict[str, object]:
         migrate.upgrade(url)
         singles, batched = (300, 5_000) if quick else (2_000, 50_000)
         result: dict[str, object] = _append_rates(url, singles, batched, _raw_sqlite_round(path))
-        _ratios(result, "raw_executemany_events_per_s")
+        _ratios(result, "executemany")
         result.update(_capture_costs(url, singles))
         return result
 
@@ -295,7 +336,8 @@ def main() -> None:
     args = parser.parse_args()
     report = {"postgresql": bench_postgres(args.quick), "sqlite": bench_sqlite(args.quick)}
     report["batched_over_copy"] = report["postgresql"]["batched_over_copy"]
-    report["batched_over_copy_no_fold"] = report["postgresql"]["batched_over_copy_no_fold"]
+    for key in ("batched_over_copy_no_fold", "batched_over_events_copy"):
+        report[key] = report["postgresql"][key]
     report["missed_events_position_only"] = report["postgresql"]["missed_events_position_only"]
     report["missed_events_grove"] = report["postgresql"]["missed_events_grove"]
     if args.json:

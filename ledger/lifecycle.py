@@ -23,6 +23,7 @@ from ledger.events import (
 
 __all__ = [
     "ATTEMPT_EVENTS",
+    "NEVER_OPENED",
     "CallFacts",
     "LifecycleFacts",
     "contradiction_entry",
@@ -66,12 +67,16 @@ ATTEMPT_EVENTS = (
 attempt's removed keys whether or not it was ever opened)."""
 
 
+NEVER_OPENED = "the attempt was never opened"
+"""Why every attempt event of a stream never opened is left out."""
+
+
 def lifecycle_violation(facts: LifecycleFacts, event: Event) -> str | None:
     """Why ``event`` cannot follow an attempt described by ``facts``; None when it can."""
     if isinstance(event, AttemptOpened):
         return "the attempt is already open" if facts.opened else None
     if isinstance(event, ATTEMPT_EVENTS) and not facts.opened:
-        return "the attempt was never opened"
+        return NEVER_OPENED
     call = facts.call
     if isinstance(event, CallIntended):
         return "the call is already intended" if call is not None else None

@@ -160,12 +160,14 @@ def _copy_text(value: str) -> str:
     return value
 
 
-def _copy_field(value: object) -> str:
-    if value is None:
-        return "\\N"
-    if isinstance(value, str):
-        return _copy_text(value)
-    return str(value)  # numbers and booleans (PostgreSQL reads True and False)
+def _copy_line(row: Sequence[object]) -> str:
+    """One row of ``COPY``'s text format: text escaped, None as ``\\N``, numbers and booleans
+    as Python writes them (PostgreSQL reads True and False)."""
+    fields = [
+        _copy_text(value) if isinstance(value, str) else "\\N" if value is None else str(value)
+        for value in row
+    ]
+    return "\t".join(fields) + "\n"
 
 
 @contextlib.contextmanager
@@ -186,9 +188,7 @@ def copy_rows(
 ) -> None:
     """Write ``rows`` (values in the order of ``columns``: text, numbers, booleans or None) into
     ``table`` by ``COPY … FROM STDIN`` on the connection's transaction."""
-    copy_block(
-        conn, table, columns, "".join("\t".join(map(_copy_field, row)) + "\n" for row in rows)
-    )
+    copy_block(conn, table, columns, "".join([_copy_line(row) for row in rows]))
 
 
 def copy_block(conn: Connection, table: str, columns: Sequence[str], block: str) -> None:

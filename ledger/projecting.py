@@ -54,6 +54,7 @@ from ledger.events import (
 )
 from ledger.lifecycle import (
     ATTEMPT_EVENTS,
+    NEVER_OPENED,
     CallFacts,
     LifecycleFacts,
     contradiction_entry,
@@ -75,12 +76,14 @@ __all__ = ["Folded", "fold_stream", "project_appended"]
 
 @dataclass(frozen=True)
 class Folded:
-    """One event to fold, with where it landed."""
+    """One event to fold, with where it landed; ``nul_free`` when its strings are known to hold
+    no U+0000 (the appending store checked its JSON), which spares the fold looking."""
 
     stream_id: str
     stream_version: int
     position: int
     event: Event
+    nul_free: bool = False
 
 
 Applier = Callable[[Connection, Folded], bool]
@@ -430,21 +433,34 @@ def _facts(conn: Connection, item: Folded) -> LifecycleFacts:
     )
 
 
-def _contradiction_row(item: Folded, facts: LifecycleFacts) -> dict[str, object]:
-    why = lifecycle_violation(facts, item.event) or "the projection rows do not allow it"
-    return {
-        "capture_key": item.stream_id,
-        "stream_version": item.stream_version,
-        "position": item.position,
-        "event_type": item.event.type,
-        "call_id": getattr(item.event, "call_id", None),
-        "contradiction": contradiction_entry(item.event, why),
-    }
+_CONTRADICTION_COLUMNS = (
+    "capture_key",
+    "stream_version",
+    "position",
+    "event_type",
+    "call_id",
+    "contradiction",
+)
+
+
+def _contradiction(item: Folded, why: str | None) -> tuple[str, int, int, str, str | None, str]:
+    """The contradiction row of ``item`` (values in ``_CONTRADICTION_COLUMNS`` order)."""
+    call_id = getattr(item.event, "call_id", None)
+    return (
+        item.stream_id,
+        item.stream_version,
+        item.position,
+        item.event.type,
+        call_id,
+        contradiction_entry(item.event, why or "the projection rows do not allow it"),
+    )
 
 
 def _text_safe(item: Folded) -> Folded:
     """``item`` with U+0000 in its event's strings replaced by U+FFFD: PostgreSQL's text columns
     cannot hold it (the event table keeps the exact string, escaped in JSONB)."""
+    if item.nul_free:
+        return item
     changed = {}
     for name, value in item.event:
         if isinstance(value, str) and "\x00" in value:
@@ -463,20 +479,21 @@ def _text_safe(item: Folded) -> Folded:
 _COPY_CONTRADICTIONS_MIN = 16
 
 
-def _fold(conn: Connection, items: Sequence[Folded]) -> None:
+def _fold(conn: Connection, items: Sequence[Folded], opened: bool | None = None) -> None:
     """Apply one stream's events in order; record those the rules leave out, in one insert.
 
-    Once the stream is known not to be an opened attempt, its attempt events are contradictions
-    without another statement (a stream of other events costs one read, not one per event).
+    Once the stream is known not to be an opened attempt (``opened`` False: the caller read it
+    already), its attempt events are contradictions without another statement (a stream of
+    other events costs at most one read, not one per event).
     """
-    contradictions: list[dict[str, object]] = []
-    never_opened = False
+    contradictions: list[tuple[str, int, int, str, str | None, str]] = []
+    never_opened = opened is False
     if conn.dialect.name == "postgresql":
         items = [_text_safe(item) for item in items]
     for item in items:
         event = item.event
         if never_opened and isinstance(event, ATTEMPT_EVENTS):
-            contradictions.append(_contradiction_row(item, LifecycleFacts(opened=False)))
+            contradictions.append(_contradiction(item, NEVER_OPENED))
             continue
         apply = APPLIERS.get(event.type)
         if apply is None or apply(conn, item):
@@ -484,19 +501,16 @@ def _fold(conn: Connection, items: Sequence[Folded]) -> None:
             continue
         facts = _facts(conn, item)
         never_opened = not facts.opened
-        contradictions.append(_contradiction_row(item, facts))
+        contradictions.append(_contradiction(item, lifecycle_violation(facts, event)))
     if len(contradictions) >= _COPY_CONTRADICTIONS_MIN and conn.dialect.name == "postgresql":
         # psycopg sends an executemany as one statement per row (a batched append of a stream
         # never opened records every event): COPY writes them in one.
-        columns = list(contradictions[0])
-        copy_rows(
-            conn,
-            PROJ_CONTRADICTIONS.name,
-            columns,
-            [tuple(row[name] for name in columns) for row in contradictions],
-        )
+        copy_rows(conn, PROJ_CONTRADICTIONS.name, _CONTRADICTION_COLUMNS, contradictions)
     elif contradictions:
-        conn.execute(insert(PROJ_CONTRADICTIONS), contradictions)
+        conn.execute(
+            insert(PROJ_CONTRADICTIONS),
+            [dict(zip(_CONTRADICTION_COLUMNS, row, strict=True)) for row in contradictions],
+        )
 
 
 # -- streams -------------------------------------------------------------------------------------
@@ -554,8 +568,9 @@ def _claim_new(dialect_insert) -> Insert:
     )
 
 
-# A stream's first append claims it by inserting its mark; a later one by moving the mark on
-# from the version just before its first event.
+# A stream's first append claims it by inserting its mark (no attempt of it can be open yet);
+# a later one by moving the mark on from the version just before its first event, reading in
+# the same statement whether its attempt is open.
 _CLAIM_NEW = {"postgresql": _claim_new(postgres_insert), "sqlite": _claim_new(sqlite_insert)}
 _CLAIM_NEXT = (
     update(PROJ_STREAMS)
@@ -564,6 +579,12 @@ _CLAIM_NEXT = (
         PROJ_STREAMS.c.version == bindparam("p_first"),
     )
     .values(version=bindparam("p_last"))
+    .returning(
+        select(PROJ_ATTEMPTS.c.capture_key)
+        .where(PROJ_ATTEMPTS.c.capture_key == bindparam("p_stream"))
+        .exists()
+        .label("opened")
+    )
 )
 
 
@@ -574,9 +595,11 @@ def project_appended(conn: Connection, items: Sequence[Folded]) -> None:
     parameters = {"p_stream": stream_id, "p_first": first - 1, "p_last": last}
     if first == 1:
         claimed = conn.execute(_CLAIM_NEW[conn.dialect.name], parameters).first() is not None
+        opened = False
     else:
-        claimed = conn.execute(_CLAIM_NEXT, parameters).rowcount == 1
+        row = conn.execute(_CLAIM_NEXT, parameters).first()
+        claimed, opened = row is not None, row is not None and bool(row.opened)
     if claimed:
-        _fold(conn, items)
+        _fold(conn, items, opened)
     else:
         fold_stream(conn, stream_id, items)

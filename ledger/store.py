@@ -16,6 +16,7 @@ connections (``ledger/database.py``).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 from sqlalchemy import Connection, Engine, Row, Select, bindparam, exc, func, select
 
 from ledger.database import autocommit, dialect_of, open_engine, translate_errors
@@ -176,22 +177,50 @@ _READ_STREAM: Final = (
 )
 
 
-def _prepare(item: Event | NewEvent) -> Prepared:
-    if isinstance(item, NewEvent):
-        event, event_id = item.event, item.event_id
-    else:
-        event, event_id = item, new_event_id()
-    if not isinstance(event, Event):
-        raise TypeError(f"expected a ledger event model, got {type(event).__name__}")
-    payload = event.model_dump_json()
-    # Validate what will be stored: a model built with model_construct cannot slip past. The
-    # JSON text is validated as it is (one pass); a failure is reported by validate_payload.
+@functools.cache
+def _batch_validator(cls: type[Event]) -> TypeAdapter[list[Event]]:
+    return TypeAdapter(list[cls])  # type: ignore[valid-type]
+
+
+def _validate_json(cls: type[Event], payloads: Sequence[str]) -> None:
+    """Validate payload JSON texts against ``cls`` (one call for a whole batch; a failure is
+    reported for the first invalid payload, with the field-level detail)."""
     try:
-        event_class(event.type).model_validate_json(payload)
-    except ValidationError as error:
-        validate_payload(event.type, json.loads(payload))  # raises with the field-level detail
-        raise InvalidEventPayload(event.type, event.schema_version, str(error)) from None
-    return event_id, event, payload
+        if len(payloads) == 1:
+            cls.model_validate_json(payloads[0])
+        else:
+            _batch_validator(cls).validate_json("[" + ",".join(payloads) + "]")
+        return
+    except ValidationError:
+        pass
+    for payload in payloads:
+        try:
+            cls.model_validate_json(payload)
+        except ValidationError as error:
+            validate_payload(cls.type, json.loads(payload))  # raises with the field-level detail
+            raise InvalidEventPayload(cls.type, cls.schema_version, str(error)) from None
+
+
+def _prepare(items: Sequence[Event | NewEvent]) -> list[Prepared]:
+    """Each event's id and payload JSON text, validated as it will be stored: a model built with
+    ``model_construct`` cannot slip past. A batch pays one validation call per event type and
+    one draw of random bytes for its fresh ids."""
+    events = [item.event if isinstance(item, NewEvent) else item for item in items]
+    for event in events:
+        if not isinstance(event, Event):
+            raise TypeError(f"expected a ledger event model, got {type(event).__name__}")
+    fresh = os.urandom(16 * len(events)).hex()
+    ids = [
+        item.event_id if isinstance(item, NewEvent) else fresh[32 * i : 32 * i + 32]
+        for i, item in enumerate(items)
+    ]
+    payloads = [event.model_dump_json() for event in events]
+    by_type: dict[str, list[str]] = {}
+    for event, payload in zip(events, payloads, strict=True):
+        by_type.setdefault(event.type, []).append(payload)
+    for event_type, texts in by_type.items():
+        _validate_json(event_class(event_type), texts)
+    return list(zip(ids, events, payloads, strict=True))
 
 
 class EventStore:
@@ -226,7 +255,7 @@ class EventStore:
         validate_stream_id(stream_id)
         if not events:
             raise ValueError(f"append to {stream_id} needs at least one event")
-        prepared = [_prepare(item) for item in events]
+        prepared = _prepare(events)
         ids = [event_id for event_id, _, _ in prepared]
         if len(set(ids)) != len(ids):
             raise EventIdConflict(
@@ -278,8 +307,14 @@ class EventStore:
         project_appended(
             conn,
             [
-                Folded(stream_id, by_id[i].stream_version, by_id[i].position, event)
-                for i, event, _ in prepared
+                Folded(
+                    stream_id,
+                    by_id[i].stream_version,
+                    by_id[i].position,
+                    event,
+                    nul_free="\\u0000" not in payload,  # json writes U+0000 as this escape
+                )
+                for i, event, payload in prepared
             ],
         )
 
