@@ -26,6 +26,14 @@ results); the top level holds the worst over concurrencies of PostgreSQL + S3 (S
 PostgreSQL). Aims: p50 <= 5 ms, p99 <= 25 ms, ratio >= 0.5. A profiling pass then times the
 request path by stage (``StageClock``, off during the measured rounds; ``docs/benchmarks.md``).
 
+CPU accounting, per side (``grove``, ``plain``): ``*_cpu_ms_per_call`` holds the CPU ms per call
+of every process that serves a call over the measured rounds (the server process, the
+PostgreSQL backends of the bench's databases and PostgreSQL's shared processes, moto, this client
+process), their sum (``serving``) and the machine's busy time (``machine``: all processes, other
+users' too), read from ``/proc`` (``bench/servers/process_cpu.py``); ``*_calls_per_s_cores_allow``
+is the rate the machine's cores allow at the serving CPU per call, and ``cores_allow_ratio`` the
+throughput ratio Grove could reach over plain with the cores saturated on both sides.
+
 PostgreSQL: ``GROVE_BENCH_DATABASE_URL``, else ``GROVE_TEST_DATABASE_URL``, else 127.0.0.1:5432
 database ``test``; a fresh database per backend, dropped at the end; none reachable: skipped.
 """
@@ -49,6 +57,7 @@ from typing import Any, Final
 
 import httpx
 from openai import OpenAI
+from sqlalchemy.engine import make_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -58,6 +67,7 @@ from bench.servers.gateway import (
     moto_server,
     postgres_databases,
 )
+from bench.servers.process_cpu import MACHINE, CpuMeter
 
 MODEL: Final = "grove/embedded-tiny"
 MAX_TOKENS: Final = 32  # above the engine's 18 tokens: every call ends with end of turn
@@ -102,14 +112,16 @@ QUICK: Final = Workload(
 
 @dataclass
 class Phase:
-    """Calls against one server: per-call latencies and attempt requests (s), wall time, and
-    the server process's CPU time."""
+    """Calls against one server: per-call latencies and attempt requests (s), wall time, the
+    server process's CPU time (its own clock), and the CPU seconds of every process that serves
+    the calls, by group (``bench/servers/process_cpu.py``), with the machine's."""
 
     latencies: list[float] = field(default_factory=list)
     attempt_requests: list[float] = field(default_factory=list)
     wall_s: float = 0.0
     calls: int = 0
     server_cpu_s: float = 0.0
+    cpu_s: dict[str, float] = field(default_factory=dict)
 
     def extend(self, other: Phase) -> None:
         """Pool ``other`` into this phase."""
@@ -118,6 +130,8 @@ class Phase:
         self.wall_s += other.wall_s
         self.calls += other.calls
         self.server_cpu_s += other.server_cpu_s
+        for group, spent in other.cpu_s.items():
+            self.cpu_s[group] = self.cpu_s.get(group, 0.0) + spent
 
 
 class Harness:
@@ -228,6 +242,19 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[max(0, min(len(ordered), -(-len(ordered) * q // 100)) - 1)]
 
 
+def cpu_figures(phase: Phase, side: str) -> dict[str, Any]:
+    """CPU ms per call of each process group serving ``phase``, their sum (``serving``), the
+    machine's busy ms per call (every process, other users' too), and the calls per second that
+    the machine's cores allow at the serving CPU per call."""
+    per_call = {g: round(1000 * s / phase.calls, 3) for g, s in sorted(phase.cpu_s.items())}
+    serving = sum(ms for group, ms in per_call.items() if group != MACHINE)
+    cores = os.cpu_count() or 1
+    return {
+        f"{side}_cpu_ms_per_call": {**per_call, "serving": round(serving, 3)},
+        f"{side}_calls_per_s_cores_allow": round(1000 * cores / serving, 1) if serving else None,
+    }
+
+
 def figures(grove: Phase, plain: Phase) -> dict[str, Any]:
     """The figures of one backend at one concurrency, and whether each aim is met."""
     ms = {
@@ -246,8 +273,13 @@ def figures(grove: Phase, plain: Phase) -> dict[str, Any]:
         "attempt_request_ms_p50": round(1000 * percentile(grove.attempt_requests, 50), 3),
         "grove_server_cpu_ms_per_call": round(1000 * grove.server_cpu_s / grove.calls, 3),
         "plain_server_cpu_ms_per_call": round(1000 * plain.server_cpu_s / plain.calls, 3),
+        **cpu_figures(grove, "grove"),
+        **cpu_figures(plain, "plain"),
+        "cores": os.cpu_count(),
         "calls": grove.calls,
     }
+    allowed = result["grove_calls_per_s_cores_allow"], result["plain_calls_per_s_cores_allow"]
+    result["cores_allow_ratio"] = round(allowed[0] / allowed[1], 3) if all(allowed) else None
     result["aims_met"] = {
         name: result[name] <= aim if lower else result[name] >= aim
         for name, (aim, lower) in AIMS.items()
@@ -300,8 +332,9 @@ def run_benchmark(workload: Workload, *, flushed: bool = True) -> dict[str, Any]
         stack.callback(shutil.rmtree, workdir, True)
         env: dict[str, str] = {}
         ready: Callable[[], None] | None = None
+        meter = CpuMeter({"client": os.getpid()})
         if any(b.endswith("+s3") for b in backends):
-            env, ready = stack.enter_context(moto_server())
+            env, ready, meter.watched["moto"] = stack.enter_context(moto_server())
         urls = {b: f"sqlite:///{workdir / b / 'ledger.db'}" for b in backends}
         postgres = [b for b in backends if b.startswith("postgresql")]
         if postgres:
@@ -311,6 +344,7 @@ def run_benchmark(workload: Workload, *, flushed: bool = True) -> dict[str, Any]
                 backends = [b for b in backends if b not in postgres]
             else:
                 urls.update(databases)
+                meter.databases = {make_url(url).database for url in databases.values()}
         specs = [{"name": "plain", "kind": "plain"}] + [
             {
                 "name": b,
@@ -325,6 +359,7 @@ def run_benchmark(workload: Workload, *, flushed: bool = True) -> dict[str, Any]
         ]
         server = ServerProcess(specs, env, workdir / "server.log")
         stack.callback(server.stop)
+        meter.watched["server"] = server.process.pid
         if ready is not None:
             ready()
         notes.append(f"servers up after {time.perf_counter() - began:.0f} s")
@@ -333,6 +368,7 @@ def run_benchmark(workload: Workload, *, flushed: bool = True) -> dict[str, Any]
         def phase(target: str, clients: int, attempts: int) -> tuple[Phase, dict[str, Any]]:
             """One phase, with what the server's clock took during it."""
             server.command("take")
+            before = meter.sample()
             played = run_phase(
                 server.base_urls[target],
                 grove=target != "plain",
@@ -340,6 +376,7 @@ def run_benchmark(workload: Workload, *, flushed: bool = True) -> dict[str, Any]
                 attempts=attempts,
                 calls=workload.calls,
             )
+            played.cpu_s = meter.since(before)
             taken = server.command("take")
             played.server_cpu_s = taken["cpu_s"]
             return played, taken
@@ -395,6 +432,17 @@ def print_report(report: Mapping[str, Any]) -> None:
             cells = " ".join(f"{r[c]:>9.2f}" for c in columns)
             met = "met" if all(r["aims_met"].values()) else "missed"
             print(f"{backend:<17} {clients:>7} {cells}  {met}")
+    groups = ("server", "postgres_backends", "postgres_auxiliary", "moto", "client", "serving")
+    groups += (MACHINE,)
+    print(f"\nCPU ms per call by process, and the calls/s {os.cpu_count()} cores allow at the sum")
+    print(f"{'backend':<17} {'clients':>7} {'side':>5} " + " ".join(f"{g[:9]:>9}" for g in groups))
+    for backend, per in report["backends"].items():
+        for clients, r in per.items():
+            for side in ("grove", "plain"):
+                cpu = r[f"{side}_cpu_ms_per_call"]
+                cells = " ".join(f"{cpu.get(g, 0.0):>9.2f}" for g in groups)
+                allowed = r[f"{side}_calls_per_s_cores_allow"]
+                print(f"{backend:<17} {clients:>7} {side:>5} {cells}  allow {allowed}/s")
     for target, per in report["stages_per_call"].items():
         for clients, table in per.items():
             print(f"\nstages, per call: {target}, {clients} client(s)     wall ms    CPU ms")

@@ -364,10 +364,10 @@ class ServerProcess:
 
 
 @contextlib.contextmanager
-def moto_server() -> Iterator[tuple[dict[str, str], Callable[[], None]]]:
+def moto_server() -> Iterator[tuple[dict[str, str], Callable[[], None], int]]:
     """moto's S3 server on 127.0.0.1 in its own process: the ``AWS_*`` variables that point
-    ``open_blob_store`` at it, and ``ready()``, which waits for it and creates the bucket (so
-    that the server process can start meanwhile)."""
+    ``open_blob_store`` at it, ``ready()``, which waits for it and creates the bucket (so
+    that the server process can start meanwhile), and its process id."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -389,7 +389,7 @@ def moto_server() -> Iterator[tuple[dict[str, str], Callable[[], None]]]:
     env = {"AWS_ENDPOINT_URL_S3": endpoint, "AWS_DEFAULT_REGION": "us-east-1"}
     env |= {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench"}
     try:
-        yield {**env, "AWS_EC2_METADATA_DISABLED": "true"}, ready
+        yield {**env, "AWS_EC2_METADATA_DISABLED": "true"}, ready, process.pid
     finally:
         process.terminate()
         process.wait(timeout=30)

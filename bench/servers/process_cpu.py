@@ -1,0 +1,106 @@
+"""CPU time of the processes that serve a benchmark's calls, read from ``/proc`` (Linux).
+
+``CpuMeter.sample()`` reads the user + system time of each watched process (the server process,
+moto, this client process) and of every ``postgres`` process, grouped: the backends connected to
+the benchmark's own databases (``postgres_backends``: named in their command line, ``postgres:
+15/main: USER DATABASE HOST(PORT) STATE``), and PostgreSQL's processes that serve no one database
+(``postgres_auxiliary``: the postmaster, WAL writer, checkpointer, background writer, autovacuum;
+they also work for other databases' commits). Backends of other databases (other programs' tests
+on a shared server) are left out. ``CpuMeter.since(before)`` is the CPU seconds per group between
+two samples: a process that started in between counts from zero, one that ended in between is
+lost (pooled connections live through a phase). ``machine`` is the whole machine's busy time from
+``/proc/stat`` (every process, other users' included), ``cores`` the CPUs it is spread over.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+PROC: Final = Path("/proc")
+TICK_S: Final = 1.0 / os.sysconf("SC_CLK_TCK")
+MACHINE: Final = "machine"
+BACKENDS: Final = "postgres_backends"
+AUXILIARY: Final = "postgres_auxiliary"
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of process ``pid`` (all its threads); None once it is gone."""
+    try:
+        stat = (PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()  # the command name may hold spaces
+    return (int(fields[11]) + int(fields[12])) * TICK_S  # utime, stime: fields 14 and 15
+
+
+def machine_busy_s() -> float:
+    """The machine's busy CPU seconds since boot, all CPUs: ``/proc/stat`` less idle and iowait."""
+    ticks = [int(t) for t in (PROC / "stat").read_text().split("\n", 1)[0].split()[1:9]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = ticks
+    return (user + nice + system + irq + softirq + steal) * TICK_S
+
+
+def postgres_processes(databases: Collection[str]) -> dict[int, str]:
+    """``{pid: group}`` of the running ``postgres`` processes that serve ``databases``
+    (``BACKENDS``) or no one database (``AUXILIARY``); other databases' backends are left out."""
+    found: dict[int, str] = {}
+    for entry in PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if (entry / "comm").read_text().strip() != "postgres":
+                continue
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode().split()
+        except OSError:
+            continue  # ended meanwhile
+        client = command[4] if len(command) >= 5 and command[0] == "postgres:" else ""
+        if "(" in client or client == "[local]":  # postgres: CLUSTER USER DATABASE HOST(PORT)
+            if command[3] in databases:
+                found[int(entry.name)] = BACKENDS
+        else:
+            found[int(entry.name)] = AUXILIARY
+    return found
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    """CPU seconds since start of each process, by group, and the machine's busy seconds."""
+
+    processes: Mapping[tuple[str, int], float]
+    machine_s: float
+
+
+@dataclass
+class CpuMeter:
+    """Samples the CPU time of ``watched`` (``{group: pid}``) and of the PostgreSQL processes
+    that serve ``databases``."""
+
+    watched: dict[str, int] = field(default_factory=dict)
+    databases: Collection[str] = ()
+
+    def sample(self) -> CpuSample:
+        """Each process's CPU seconds so far, and the machine's."""
+        pids = {pid: group for group, pid in self.watched.items()}
+        if self.databases:
+            pids |= postgres_processes(self.databases)
+        processes = {}
+        for pid, group in pids.items():
+            used = process_cpu_s(pid)
+            if used is not None:
+                processes[(group, pid)] = used
+        return CpuSample(processes, machine_busy_s())
+
+    def since(self, before: CpuSample) -> dict[str, float]:
+        """CPU seconds by group from ``before`` to now, with ``MACHINE``'s."""
+        after = self.sample()
+        spent = {group: 0.0 for group in self.watched}
+        if self.databases:
+            spent |= {BACKENDS: 0.0, AUXILIARY: 0.0}
+        for (group, pid), used in after.processes.items():
+            spent[group] += used - before.processes.get((group, pid), 0.0)
+        spent[MACHINE] = after.machine_s - before.machine_s
+        return spent
