@@ -18,8 +18,7 @@ read into ``LifecycleFacts`` and the fold's rule says why.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from sqlalchemy import (
     BigInteger,
@@ -74,10 +73,10 @@ from ledger.upcasting import decode_payload
 __all__ = ["Folded", "fold_stream", "project_appended"]
 
 
-@dataclass(frozen=True)
-class Folded:
+class Folded(NamedTuple):
     """One event to fold, with where it landed; ``nul_free`` when its strings are known to hold
-    no U+0000 (the appending store checked its JSON), which spares the fold looking."""
+    no U+0000 (the appending store checked its JSON), which spares the fold looking. (A tuple:
+    a batched append builds one per event.)"""
 
     stream_id: str
     stream_version: int
