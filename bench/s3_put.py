@@ -1,0 +1,185 @@
+"""S3 write-once put: s3fs's ``pipe_file(mode="create")`` against botocore's synchronous client.
+
+Usage: ``python bench/s3_put.py [--quick] [--json]``
+
+The capture path stores each model call's tensors as a blob before it answers, so the put's wall
+time is part of every call and its CPU time is the server's. Two ways to send the same
+``PutObject`` with ``If-None-Match: *`` to a moto S3 server in its own process (not competing for
+this one's GIL; ``bench/servers/gateway.py``'s ``moto_server``):
+
+- ``s3fs``: ``fs.pipe_file(path, data, mode="create")``, aiobotocore on s3fs's event-loop thread,
+  the calling thread waiting for it (the S3 put Grove used first);
+- ``botocore``: ``S3Backend.create``, botocore's synchronous client on the calling thread
+  (``storage/s3.py``).
+
+Both come from one ``open_blob_store`` (same endpoint, credentials, retries, timeouts), and put
+random bytes of two sizes: 4 KiB (a call's delta) and 1 MiB (a long context or an image). Rounds
+alternate which way goes first, so that load from elsewhere on the machine falls on both alike;
+each round is a batch of puts to fresh keys per way. Figures per way and size: wall p50 and p99
+of single puts over all rounds, and CPU per put (``time.process_time``: every thread of this
+process, s3fs's loop thread included; the server's own CPU is not counted), the median over
+rounds of a batch's CPU over its puts. ``concurrent`` runs the 4 KiB puts from 4 threads at once
+(as the gateway's worker threads do): wall per put, CPU per put and puts per second. Ratios are
+s3fs over botocore (above 1: botocore is cheaper).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.servers.gateway import moto_server
+from storage import BlobStore, open_blob_store
+
+SIZES = {"4KiB": 4 << 10, "1MiB": 1 << 20}
+THREADS = 4
+Put = Callable[[str, bytes], None]
+
+
+def ways(store: BlobStore) -> dict[str, Put]:
+    """The two puts under comparison, on ``store``'s backend."""
+    fs = store.fs
+    backend = store._backend  # the bench measures the backend's put itself
+
+    def s3fs_put(path: str, data: bytes) -> None:
+        fs.pipe_file(path, data, mode="create")
+
+    return {"s3fs": s3fs_put, "botocore": backend.create}
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def _batch(
+    store: BlobStore, put: Put, data: bytes, count: int, threads: int
+) -> tuple[list[float], float, float]:
+    """``count`` puts of ``data`` to fresh keys from ``threads`` threads: each put's wall time,
+    the batch's process CPU time and its wall time. The keys are deleted afterwards, untimed."""
+    run = uuid.uuid4().hex[:10]
+    paths = [store.path(f"bench/{run}/b{i}") for i in range(count)]
+    walls: list[float] = []
+
+    def one(path: str) -> None:
+        start = time.perf_counter()
+        put(path, data)
+        walls.append(time.perf_counter() - start)
+
+    cpu, wall = time.process_time(), time.perf_counter()
+    if threads == 1:
+        for path in paths:
+            one(path)
+    else:
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(one, paths))
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    store.fs.rm(paths)
+    return walls, cpu, wall
+
+
+def compare(
+    store: BlobStore, data: bytes, *, rounds: int, per_round: int, threads: int = 1
+) -> dict[str, Any]:
+    """Both ways on ``data``, alternating which goes first, ``rounds`` batches of ``per_round``."""
+    puts = ways(store)
+    walls: dict[str, list[float]] = {name: [] for name in puts}
+    cpus: dict[str, list[float]] = {name: [] for name in puts}
+    rates: dict[str, list[float]] = {name: [] for name in puts}
+    order = list(puts)
+    for index in range(rounds):
+        for name in order if index % 2 else reversed(order):
+            batch_walls, cpu, wall = _batch(store, puts[name], data, per_round, threads)
+            walls[name] += batch_walls
+            cpus[name].append(cpu / per_round)
+            rates[name].append(per_round / wall)
+    result: dict[str, Any] = {}
+    for name in puts:
+        result[name] = {
+            "wall_p50_ms": round(statistics.median(walls[name]) * 1e3, 3),
+            "wall_p99_ms": round(_percentile(walls[name], 0.99) * 1e3, 3),
+            "cpu_per_put_ms": round(statistics.median(cpus[name]) * 1e3, 3),
+            "puts_per_s": round(statistics.median(rates[name]), 1),
+        }
+    s3fs, botocore = result["s3fs"], result["botocore"]
+    result["s3fs_over_botocore"] = {
+        figure: round(s3fs[figure] / botocore[figure], 3)
+        for figure in ("wall_p50_ms", "wall_p99_ms", "cpu_per_put_ms")
+    }
+    return result
+
+
+def run(quick: bool) -> dict[str, Any]:
+    """Every figure of this benchmark, as one JSON-ready dict."""
+    rounds, per_round = (4, 25) if quick else (10, 50)
+    big_per_round = per_round // 5
+    with moto_server() as (env, ready, *_):
+        ready()
+        store = open_blob_store(
+            f"s3://grove-bench/s3-put-{uuid.uuid4().hex[:8]}",
+            endpoint_url=env["AWS_ENDPOINT_URL_S3"],
+            access_key_id=env["AWS_ACCESS_KEY_ID"],
+            secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        )
+        for put in ways(store).values():  # make both clients and connections first
+            _batch(store, put, b"warm", 3, 1)
+        sizes = {
+            name: compare(
+                store,
+                os.urandom(size),
+                rounds=rounds,
+                per_round=per_round if size < 1 << 20 else big_per_round,
+            )
+            for name, size in SIZES.items()
+        }
+        concurrent = compare(
+            store, os.urandom(SIZES["4KiB"]), rounds=rounds, per_round=per_round, threads=THREADS
+        )
+    return {"sizes": sizes, "concurrent": concurrent, "threads": THREADS, "quick": quick}
+
+
+def _print_table(result: dict[str, Any]) -> None:
+    rows = [(f"{name}, 1 thread", figures) for name, figures in result["sizes"].items()]
+    rows.append((f"4KiB, {result['threads']} threads", result["concurrent"]))
+    print("S3 write-once put: wall of single puts, process CPU per put (all threads)")
+    print(f"{'':28}{'p50 ms':>9}{'p99 ms':>9}{'CPU ms':>9}{'puts/s':>9}")
+    for label, figures in rows:
+        for way in ("s3fs", "botocore"):
+            f = figures[way]
+            print(
+                f"{label + ', ' + way:<28}{f['wall_p50_ms']:>9.2f}{f['wall_p99_ms']:>9.2f}"
+                f"{f['cpu_per_put_ms']:>9.2f}{f['puts_per_s']:>9.0f}"
+            )
+        r = figures["s3fs_over_botocore"]
+        print(
+            f"{'  s3fs / botocore':<28}{r['wall_p50_ms']:>9.2f}{r['wall_p99_ms']:>9.2f}"
+            f"{r['cpu_per_put_ms']:>9.2f}"
+        )
+
+
+def main() -> None:
+    """Run the benchmark; print a table, or one JSON object with ``--json``."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer rounds and puts")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args()
+    result = run(args.quick)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        _print_table(result)
+
+
+if __name__ == "__main__":
+    main()
