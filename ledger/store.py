@@ -279,8 +279,11 @@ class EventStore:
                 try:
                     with self.engine.begin() as conn:
                         landed = self.backend.insert_rows(conn, rows, expected)
-                        if landed is not None and self.project_inline:
-                            self._project(conn, stream_id, prepared, landed)
+                        if landed is not None:
+                            by_id = {row.event_id: row for row in landed}
+                            placed = [by_id[event_id] for event_id in ids]
+                            if self.project_inline:
+                                self._project(conn, stream_id, prepared, placed)
                 except exc.IntegrityError:
                     # A racing writer took our version or an event id is recorded: decide
                     # from the committed state (the next round succeeds or raises precisely).
@@ -288,11 +291,10 @@ class EventStore:
                         raise
                     landed = None
                 if landed is not None:
-                    by_id = {row.event_id: row for row in landed}
                     return AppendResult(
                         stream_id,
-                        tuple(by_id[event_id].position for event_id in ids),
-                        max(row.stream_version for row in landed),
+                        tuple(row.position for row in placed),
+                        placed[-1].stream_version,  # versions follow the events' order
                     )
                 recorded = self._recorded_or_raise(stream_id, prepared, expected_version)
                 if recorded is not None:
@@ -301,20 +303,20 @@ class EventStore:
 
     @staticmethod
     def _project(
-        conn: Connection, stream_id: str, prepared: list[Prepared], landed: Sequence[Row]
+        conn: Connection, stream_id: str, prepared: list[Prepared], placed: list[Row]
     ) -> None:
-        by_id = {row.event_id: row for row in landed}
+        """Fold the appended events (``placed``: where each landed, in the same order)."""
         project_appended(
             conn,
             [
                 Folded(
                     stream_id,
-                    by_id[i].stream_version,
-                    by_id[i].position,
+                    row.stream_version,
+                    row.position,
                     event,
                     nul_free="\\u0000" not in payload,  # json writes U+0000 as this escape
                 )
-                for i, event, payload in prepared
+                for (_, event, payload), row in zip(prepared, placed, strict=True)
             ],
         )
 

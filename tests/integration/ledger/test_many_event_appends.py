@@ -13,7 +13,7 @@ from sqlalchemy import text
 
 from ledger.attempt import fold_attempt
 from ledger.errors import EventIdConflict, WrongExpectedVersion
-from ledger.events import CallFailed, Event
+from ledger.events import AttemptSettled, CallFailed, Event
 from ledger.postgres import COPY_APPEND_MIN
 from ledger.store import EventStore, NewEvent
 
@@ -145,3 +145,26 @@ def test_a_whole_attempt_in_one_append_shows_in_the_views_as_folded(store: Event
     assert shown == {(c.call_id, c.parent_call_id, c.status.value) for c in state.calls.values()}
     assert len(shown) == MANY // 2
     assert _contradictions(store, "att-1") == list(state.contradictions)
+
+
+def test_contradictions_of_calls_named_with_tabs_and_backslashes_read_back_exactly(
+    store: EventStore,
+):
+    events: list[Event] = [
+        CallFailed(call_id=f"c\t{i}\\N\n", reason="engine_error", detail="d") for i in range(MANY)
+    ]
+    store.append("att-1", events, expected_version=0)
+    expected = list(fold_attempt("att-1", events).contradictions)
+    assert _contradictions(store, "att-1") == expected
+    assert expected[0] == "call.failed of call c\t0\\N\n: the attempt was never opened"
+
+
+def test_contradictions_of_events_without_a_call_have_no_call_id(store: EventStore):
+    events: list[Event] = [AttemptSettled() for _ in range(MANY)]
+    store.append("att-1", events, expected_version=0)
+    with store.engine.connect() as conn:
+        call_ids = conn.execute(
+            text("SELECT call_id FROM grove_contradictions WHERE capture_key = 'att-1'")
+        ).scalars()
+        assert list(call_ids) == [None] * MANY
+    assert _contradictions(store, "att-1") == list(fold_attempt("att-1", events).contradictions)
