@@ -477,7 +477,14 @@ class AttemptLog:
         timeout_s: float = DEFAULT_SETTLE_TIMEOUT_S,
         poll_s: float = 0.05,
     ) -> AttemptState:
-        """Close admissions, wait for pending calls up to ``timeout_s``, record the outcome."""
+        """Close admissions, wait for pending calls up to ``timeout_s``, record the outcome.
+
+        An attempt with nothing pending closes and settles in one append (one commit, no read
+        when this log holds its latest state); otherwise step by step: close, wait, settle.
+        """
+        settled = self._settle_at_once(capture_key)
+        if settled is not None:
+            return settled
         self.close_admissions(capture_key)
         deadline = time.monotonic() + timeout_s
         state = self.load(capture_key)
@@ -494,6 +501,28 @@ class AttemptLog:
                 lambda s: _ALREADY if s.settled is not None else None,
             )
         return self.load(capture_key)
+
+    def _settle_at_once(self, capture_key: str) -> AttemptState | None:
+        """Append ``attempt.admissions_closed`` (unless recorded) and ``attempt.settled`` together
+        at the version of the state this log holds (read when it holds none), when that state
+        is opened, unsettled and has no pending call: the state after them. None when it does
+        not hold, or another writer appended since (nothing written): the caller goes step by
+        step, deciding on a state it reads. The events and their ids are those the steps
+        would record, so a retry of either way is idempotent."""
+        state = self._hold(capture_key) or self.load(capture_key)
+        if state.opened is None or state.settled is not None or state.pending_call_ids:
+            return None
+        events: list[Event] = [] if state.admissions_closed else [AdmissionsClosed()]
+        events.append(AttemptSettled(pending_call_ids=(), timed_out=False))
+        ids = {AdmissionsClosed: "admissions_closed", AttemptSettled: "settled"}
+        appended = [NewEvent(e, f"{capture_key}:{ids[type(e)]}") for e in events]
+        try:
+            result = self.store.append(capture_key, appended, state.version)
+        except WrongExpectedVersion:
+            return None
+        if result.duplicate:
+            return None
+        return self._keep(fold_attempt(capture_key, events, state))
 
     def select(self, capture_key: str, selected: RolloutSelected) -> None:
         """Record the selection policy's result (once per attempt)."""
