@@ -6,8 +6,9 @@ The store wraps every backend call in ``backend_errors``; ``translate`` decides 
 - ``FileNotFoundError`` while reading a blob: ``MissingBlobError`` (key and capture key);
 - every other ``OSError`` (s3fs turns S3 error codes into ``OSError`` subclasses, including 5xx
   answers that outlived botocore's retries, ``PermissionError`` for 403, and timeouts, which are
-  ``OSError`` too), every ``botocore`` error and every ``aiohttp`` client error:
-  ``StorageUnavailableError`` naming the operation, key and store.
+  ``OSError`` too), every ``botocore`` error (the S3 put client's 403 and 5xx answers are
+  ``ClientError``, its timeouts and refused connections ``BotoCoreError``) and every ``aiohttp``
+  client error: ``StorageUnavailableError`` naming the operation, key and store.
 
 Anything else is a programming error and propagates untranslated.
 """
