@@ -200,13 +200,13 @@ class _Gateway:
             forest_mode=request.forest_mode,
             selection_policy=request.selection_policy,
         )
-        return attempt_status(self.opened(request.capture_key))
+        return attempt_status(self.opened(request.capture_key, read=False))
 
     def close(self, capture_key: str) -> AttemptStatus:
         """Close admissions: the harness returned."""
         self.opened(capture_key)
         self.service.close(capture_key)
-        return attempt_status(self.opened(capture_key))
+        return attempt_status(self.opened(capture_key, read=False))
 
     def reject(self, capture_key: str, call_id: str, detail: str) -> AttemptStatus:
         """Record that the harness rejected a committed call's response (it will resample)."""
@@ -275,7 +275,7 @@ class _Gateway:
             self._select(state, result)
         settled = self.service.settle(capture_key, self.settle_timeout_s)
         self.service.select(capture_key, self._select(settled, result))
-        return attempt_status(self.opened(capture_key))
+        return attempt_status(self.opened(capture_key, read=False))
 
     def _selector(self) -> Selector:
         """The selection policy; a gateway started without one records capture only (501)."""

@@ -244,18 +244,23 @@ class CaptureService:
                 seed=seed,
             )
         )
+        self._adopt(capture_key)
 
     def close(self, capture_key: str) -> None:
         """The harness returned: refuse later calls of this attempt."""
         self.log.close_admissions(capture_key)
+        self._adopt(capture_key)
 
     def settle(self, capture_key: str, timeout_s: float = 300.0) -> AttemptState:
         """Close admissions, wait for pending calls up to ``timeout_s``, record the outcome."""
-        return self.log.settle(capture_key, timeout_s)
+        settled = self.log.settle(capture_key, timeout_s)
+        self._adopt(capture_key)
+        return settled
 
     def select(self, capture_key: str, selected: RolloutSelected) -> None:
         """Record the selection policy's result for the attempt."""
         self.log.select(capture_key, selected)
+        self._adopt(capture_key)
 
     def state(self, capture_key: str) -> AttemptState:
         """The attempt's state, brought up to date from the ledger (only the events not yet seen);
@@ -459,7 +464,23 @@ class CaptureService:
             view.state = fold_attempt(capture_key, fresh, view.state)
             for event in fresh:
                 index_call_event(view.index, view.state, event)
+            self.log.keep(view.state)  # the log's next append expects this version, unread
         return view
+
+    def _adopt(self, capture_key: str) -> None:
+        """Take the log's state after this service's own attempt-level append (opened, closed,
+        settled, selected) into the attempt's view when the two differ by no call: the view's
+        admission index, built from call events alone, then stays exact, and the next request
+        finds the view current (``current_state``) without reading. Otherwise the view stays
+        as it is, and is read when next needed."""
+        held = self.log.held(capture_key)
+        with self._lock:
+            view = self._views.get(capture_key)
+        if held is None or view is None:
+            return
+        with view.lock:
+            if held.version > view.state.version and held.calls == view.state.calls:
+                view.state = held
 
     @staticmethod
     def _fold_own(view: _AttemptView, version: int, event: CallIntended | CallCommitted) -> None:

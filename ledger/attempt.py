@@ -307,6 +307,17 @@ class AttemptLog:
         state = self._hold(capture_key)
         return None if state is None else state.version
 
+    def held(self, capture_key: str) -> AttemptState | None:
+        """The latest state this log knows of the attempt (its own appends included), without
+        reading; None when it holds none."""
+        return self._hold(capture_key)
+
+    def keep(self, state: AttemptState) -> None:
+        """Hold ``state``, folded by the caller from this log's store, as the latest this log
+        knows of its attempt, unless it holds a later one: its next append expects that
+        version, without reading first."""
+        self._keep(state)
+
     def _hold(self, capture_key: str) -> AttemptState | None:
         """The latest state this log knows of the attempt, without reading; None if none."""
         with self._lock:
@@ -364,8 +375,9 @@ class AttemptLog:
             capture_key, f"gave up recording {event.type} after {self.retries} races"
         )
 
-    def open(self, opened: AttemptOpened) -> None:
-        """Start the attempt (idempotent for the same payload)."""
+    def open(self, opened: AttemptOpened) -> int | None:
+        """Start the attempt (idempotent for the same payload). Returns the stream's version
+        after this call appended the event, None when it was already recorded."""
 
         def check(state: AttemptState) -> object:
             if state.opened is not None:
@@ -374,7 +386,7 @@ class AttemptLog:
                 raise AttemptError(opened.capture_key, "the stream already holds other events")
             return None
 
-        self._record(opened.capture_key, f"{opened.capture_key}:opened", opened, check)
+        return self._record(opened.capture_key, f"{opened.capture_key}:opened", opened, check)
 
     def intend(
         self, capture_key: str, intended: CallIntended, *, at: AttemptState | None = None

@@ -1,5 +1,7 @@
 """What one model call costs the ledger through the gateway: no read (the capture service's view
-of the attempt holds the gateway's own appends), one plan, two appends."""
+of the attempt holds the gateway's own appends), one plan, two appends; and what the attempt
+requests cost: opening reads once and appends once, a result reads once and appends twice (closed
+and settled together, then the selection)."""
 
 from __future__ import annotations
 
@@ -50,3 +52,33 @@ def test_a_continuation_reads_nothing_plans_once_and_appends_intent_and_commit(
     assert raw.headers["X-Grove-Decision"] == "continuation"
     # On the event table (each append also folds its event into the projection tables).
     assert (counts["SELECT"], counts["INSERT"], len(plans)) == (0, 2, 1)
+
+
+def test_opening_an_attempt_reads_once_and_appends_once(gateway: Gateway):
+    with statements(gateway.service.log.store) as counts:
+        status = gateway.open("att-2")
+    assert (counts["SELECT"], counts["INSERT"]) == (1, 1)
+    assert (status["capture_key"], status["closed"]) == ("att-2", False)
+
+
+def test_a_result_reads_once_and_appends_settlement_and_selection(gateway: Gateway):
+    client = gateway.client("att-1")
+    first = client.chat.completions.create(model="grove/test-tiny", messages=MESSAGES)
+    output = [*MESSAGES, first.choices[0].message.model_dump(exclude_none=True)]
+    (call_id,) = gateway.state("att-1").calls
+    body = {"reward": 1, "output": output}
+    with statements(gateway.service.log.store) as counts:
+        answer = gateway.http.post("/v1/attempts/att-1/result", json=body)
+    assert answer.status_code == 200, answer.text
+    assert (counts["SELECT"], counts["INSERT"]) == (1, 2)
+    status = answer.json()
+    assert (status["closed"], status["settled"], status["selection"]["call_ids"]) == (
+        True,
+        True,
+        [call_id],
+    )
+    assert [e.event_type for e in gateway.service.log.store.read_stream("att-1")][-3:] == [
+        "attempt.admissions_closed",
+        "attempt.settled",
+        "rollout.selected",
+    ]
