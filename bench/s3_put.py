@@ -94,10 +94,15 @@ def _batch(
 
 
 def compare(
-    store: BlobStore, data: bytes, *, rounds: int, per_round: int, threads: int = 1
+    store: BlobStore,
+    puts: dict[str, Put],
+    data: bytes,
+    *,
+    rounds: int,
+    per_round: int,
+    threads: int = 1,
 ) -> dict[str, Any]:
     """Both ways on ``data``, alternating which goes first, ``rounds`` batches of ``per_round``."""
-    puts = ways(store)
     walls: dict[str, list[float]] = {name: [] for name in puts}
     cpus: dict[str, list[float]] = {name: [] for name in puts}
     rates: dict[str, list[float]] = {name: [] for name in puts}
@@ -136,11 +141,13 @@ def run(quick: bool) -> dict[str, Any]:
             access_key_id=env["AWS_ACCESS_KEY_ID"],
             secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
         )
-        for put in ways(store).values():  # make both clients and connections first
+        puts = ways(store)
+        for put in puts.values():  # make both clients first
             _batch(store, put, b"warm", 3, 1)
         sizes = {
             name: compare(
                 store,
+                puts,
                 os.urandom(size),
                 rounds=rounds,
                 per_round=per_round if size < 1 << 20 else big_per_round,
@@ -148,7 +155,12 @@ def run(quick: bool) -> dict[str, Any]:
             for name, size in SIZES.items()
         }
         concurrent = compare(
-            store, os.urandom(SIZES["4KiB"]), rounds=rounds, per_round=per_round, threads=THREADS
+            store,
+            puts,
+            os.urandom(SIZES["4KiB"]),
+            rounds=rounds,
+            per_round=per_round,
+            threads=THREADS,
         )
     return {"sizes": sizes, "concurrent": concurrent, "threads": THREADS, "quick": quick}
 
