@@ -20,11 +20,13 @@ KEY = staging_key("cap-1", "call-1")
 def _store(server: S3Server, url: str | None = None, **options: Any):
     return open_blob_store(
         url or server.fresh_url(),
-        endpoint_url=server.endpoint_url,
-        access_key_id=server.access_key_id,
-        secret_access_key=server.secret_access_key,
-        region=server.region,
-        **options,
+        **{
+            "endpoint_url": server.endpoint_url,
+            "access_key_id": server.access_key_id,
+            "secret_access_key": server.secret_access_key,
+            "region": server.region,
+            **options,
+        },
     )
 
 
@@ -79,3 +81,12 @@ def test_threads_putting_at_once_share_one_client_and_store_every_blob(s3_server
     assert store.list_keys("staging/cap-1/") == sorted(
         staging_key("cap-1", f"call-{index}") for index in range(8)
     )
+
+
+def test_put_to_an_unreachable_endpoint_raises_unavailable_naming_the_connection_error(s3_server):
+    store = _store(s3_server, endpoint_url="http://127.0.0.1:9", max_attempts=1)
+    with pytest.raises(
+        StorageUnavailableError,
+        match=r"failed to put key 'staging/cap-1/call-1'.*EndpointConnectionError",
+    ):
+        store.put(KEY, b"payload")
