@@ -29,10 +29,12 @@ request path by stage (``StageClock``, off during the measured rounds; ``docs/be
 CPU accounting, per side (``grove``, ``plain``): ``*_cpu_ms_per_call`` holds the CPU ms per call
 of every process that serves a call over the measured rounds (the server process, the
 PostgreSQL backends of the bench's databases and PostgreSQL's shared processes, moto, this client
-process), their sum (``serving``) and the machine's busy time (``machine``: all processes, other
-users' too), read from ``/proc`` (``bench/servers/process_cpu.py``); ``*_calls_per_s_cores_allow``
-is the rate the machine's cores allow at the serving CPU per call, and ``cores_allow_ratio`` the
-throughput ratio Grove could reach over plain with the cores saturated on both sides.
+process), their sum (``serving``), the backends that ended meanwhile (``postgres_ended``: a pool
+that opens and closes connections; other programs' too) and the machine's busy time
+(``machine``: all processes, other users' too), read from ``/proc``
+(``bench/servers/process_cpu.py``); ``*_calls_per_s_cores_allow`` is the rate the machine's
+cores allow at the serving CPU per call, and ``cores_allow_ratio`` the throughput ratio Grove
+could reach over plain with the cores saturated on both sides.
 
 PostgreSQL: ``GROVE_BENCH_DATABASE_URL``, else ``GROVE_TEST_DATABASE_URL``, else 127.0.0.1:5432
 database ``test``; a fresh database per backend, dropped at the end; none reachable: skipped.
@@ -67,7 +69,7 @@ from bench.servers.gateway import (
     moto_server,
     postgres_databases,
 )
-from bench.servers.process_cpu import MACHINE, CpuMeter
+from bench.servers.process_cpu import ENDED, MACHINE, CpuMeter
 
 MODEL: Final = "grove/embedded-tiny"
 MAX_TOKENS: Final = 32  # above the engine's 18 tokens: every call ends with end of turn
@@ -243,11 +245,12 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def cpu_figures(phase: Phase, side: str) -> dict[str, Any]:
-    """CPU ms per call of each process group serving ``phase``, their sum (``serving``), the
-    machine's busy ms per call (every process, other users' too), and the calls per second that
-    the machine's cores allow at the serving CPU per call."""
+    """CPU ms per call of each process group serving ``phase``, their sum (``serving``: not the
+    ended PostgreSQL backends, which other programs' share), the machine's busy ms per call
+    (every process, other users' too), and the calls per second that the machine's cores allow
+    at the serving CPU per call."""
     per_call = {g: round(1000 * s / phase.calls, 3) for g, s in sorted(phase.cpu_s.items())}
-    serving = sum(ms for group, ms in per_call.items() if group != MACHINE)
+    serving = sum(ms for group, ms in per_call.items() if group not in (MACHINE, ENDED))
     cores = os.cpu_count() or 1
     return {
         f"{side}_cpu_ms_per_call": {**per_call, "serving": round(serving, 3)},
@@ -432,7 +435,8 @@ def print_report(report: Mapping[str, Any]) -> None:
             cells = " ".join(f"{r[c]:>9.2f}" for c in columns)
             met = "met" if all(r["aims_met"].values()) else "missed"
             print(f"{backend:<17} {clients:>7} {cells}  {met}")
-    groups = ("server", "postgres_backends", "postgres_auxiliary", "moto", "client", "serving")
+    groups = ("server", "postgres_backends", "postgres_auxiliary", "postgres_ended", "moto")
+    groups += ("client", "serving")
     groups += (MACHINE,)
     print(f"\nCPU ms per call by process, and the calls/s {os.cpu_count()} cores allow at the sum")
     print(f"{'backend':<17} {'clients':>7} {'side':>5} " + " ".join(f"{g[:9]:>9}" for g in groups))

@@ -212,6 +212,7 @@ def instrument_grove() -> None:
 
     sqlalchemy.event.listen(Engine, "before_cursor_execute", count("count: SQL statements"))
     sqlalchemy.event.listen(Pool, "checkout", count("count: connection checkouts"))
+    sqlalchemy.event.listen(Pool, "connect", count("count: new connections (pool misses)"))
     waits = count("count: PostgreSQL round trips (psycopg waits)")
     wait = psycopg.Connection.wait
 

@@ -8,8 +8,10 @@ the benchmark's own databases (``postgres_backends``: named in their command lin
 they also work for other databases' commits). Backends of other databases (other programs' tests
 on a shared server) are left out. ``CpuMeter.since(before)`` is the CPU seconds per group between
 two samples: a process that started in between counts from zero, one that ended in between is
-lost (pooled connections live through a phase). ``machine`` is the whole machine's busy time from
-``/proc/stat`` (every process, other users' included), ``cores`` the CPUs it is spread over.
+lost from its group, but a backend that ended is counted in ``postgres_ended`` (the CPU time of
+the postmaster's reaped children: every database's backends that ended, other programs' too; a
+pool that opens and closes connections under load shows here). ``machine`` is the whole
+machine's busy time from ``/proc/stat`` (every process, other users' included).
 """
 
 from __future__ import annotations
@@ -25,16 +27,19 @@ TICK_S: Final = 1.0 / os.sysconf("SC_CLK_TCK")
 MACHINE: Final = "machine"
 BACKENDS: Final = "postgres_backends"
 AUXILIARY: Final = "postgres_auxiliary"
+ENDED: Final = "postgres_ended"
 
 
-def process_cpu_s(pid: int) -> float | None:
-    """User + system CPU seconds of process ``pid`` (all its threads); None once it is gone."""
+def process_cpu_s(pid: int, *, reaped: bool = False) -> float | None:
+    """User + system CPU seconds of process ``pid`` (all its threads), or with ``reaped`` of
+    its children that ended and were waited for; None once it is gone."""
     try:
         stat = (PROC / str(pid) / "stat").read_text()
     except OSError:
         return None
     fields = stat[stat.rindex(")") + 2 :].split()  # the command name may hold spaces
-    return (int(fields[11]) + int(fields[12])) * TICK_S  # utime, stime: fields 14 and 15
+    first = 13 if reaped else 11  # utime, stime: fields 14 and 15; cutime, cstime: 16 and 17
+    return (int(fields[first]) + int(fields[first + 1])) * TICK_S
 
 
 def machine_busy_s() -> float:
@@ -42,6 +47,19 @@ def machine_busy_s() -> float:
     ticks = [int(t) for t in (PROC / "stat").read_text().split("\n", 1)[0].split()[1:9]]
     user, nice, system, _idle, _iowait, irq, softirq, steal = ticks
     return (user + nice + system + irq + softirq + steal) * TICK_S
+
+
+def postmaster_pid(postgres: Mapping[int, str]) -> int | None:
+    """The PostgreSQL server's first process among ``postgres`` (the one whose parent is not a
+    ``postgres`` process), whose reaped children are the backends that ended."""
+    for pid in postgres:
+        try:
+            stat = (PROC / str(pid) / "stat").read_text()
+        except OSError:
+            continue
+        if int(stat[stat.rindex(")") + 2 :].split()[1]) not in postgres:
+            return pid
+    return None
 
 
 def postgres_processes(databases: Collection[str]) -> dict[int, str]:
@@ -85,9 +103,14 @@ class CpuMeter:
     def sample(self) -> CpuSample:
         """Each process's CPU seconds so far, and the machine's."""
         pids = {pid: group for group, pid in self.watched.items()}
-        if self.databases:
-            pids |= postgres_processes(self.databases)
         processes = {}
+        if self.databases:
+            postgres = postgres_processes(self.databases)
+            pids |= postgres
+            postmaster = postmaster_pid(postgres)
+            ended = None if postmaster is None else process_cpu_s(postmaster, reaped=True)
+            if postmaster is not None and ended is not None:
+                processes[(ENDED, postmaster)] = ended
         for pid, group in pids.items():
             used = process_cpu_s(pid)
             if used is not None:
@@ -99,7 +122,7 @@ class CpuMeter:
         after = self.sample()
         spent = {group: 0.0 for group in self.watched}
         if self.databases:
-            spent |= {BACKENDS: 0.0, AUXILIARY: 0.0}
+            spent |= {BACKENDS: 0.0, AUXILIARY: 0.0, ENDED: 0.0}
         for (group, pid), used in after.processes.items():
             spent[group] += used - before.processes.get((group, pid), 0.0)
         spent[MACHINE] = after.machine_s - before.machine_s
