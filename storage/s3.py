@@ -1,8 +1,8 @@
-"""The S3 backend: write-once puts through botocore's synchronous client; reads, listings and
-deletes through an s3fs filesystem. Both are configured for S3-compatible servers.
+"""The S3 backend: write-once puts and whole-object reads through botocore's synchronous client;
+listings, deletes and ranged reads through s3fs. Both are configured for S3-compatible servers.
 
-Configuration (``S3Options``, resolved once when the store opens, into the filesystem; the put
-client takes the filesystem's endpoint, region, credentials and botocore config):
+Configuration (``S3Options``, resolved once when the store opens, into the filesystem; the
+synchronous client takes the filesystem's endpoint, region, credentials and botocore config):
 
 - **Endpoint and credentials**: explicit options first, then the standard variables
   (``AWS_ENDPOINT_URL_S3``, ``AWS_ENDPOINT_URL``; ``AWS_REGION``, ``AWS_DEFAULT_REGION``), then
@@ -20,15 +20,21 @@ Write-once puts are one ``PutObject`` with ``If-None-Match: *`` on the calling t
 answers 412 when the key exists, raised as ``FileExistsError``. A put that was retried after the
 server had already stored it meets its own bytes, which the store accepts as an idempotent retry.
 Every other error is botocore's own (``ClientError``, ``BotoCoreError``), which ``faults.py``
-translates. The put used to go through s3fs, whose calls run on its event-loop thread
-(aiobotocore) while the caller waits: the synchronous client spares that hand-off and costs a
-fifth to a quarter less CPU per put (``bench/s3_put.py``). Each store makes its client on its
-first put (about 10 ms once botocore's models are loaded) and shares it between threads; no
-``Expect: 100-continue`` is sent, which would cost a round trip per put.
+translates. A whole-object read (``S3FileSystem.cat_file``, which the store's ``get`` calls) is one
+``GetObject``; its ``ClientError`` becomes s3fs's ``OSError`` (a missing key or bucket:
+``FileNotFoundError``), as s3fs's own read raised.
+
+Why not s3fs for these: its calls run on its event-loop thread (aiobotocore) while the caller
+waits, and its ``cat_file`` sends a HEAD before the GET. The synchronous client spares the
+hand-off, costing a fifth to a third less CPU per put and about half the CPU and wall time per
+read (``bench/s3_put.py``). Each store makes its client on first use (about 10 ms once botocore's
+models are loaded) and shares it between threads; no ``Expect: 100-continue`` is sent, which would
+cost a round trip per put.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import threading
@@ -43,14 +49,23 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 from botocore.handlers import add_expect_header
 from botocore.loaders import Loader
+from fsspec.asyn import sync
+from s3fs.errors import translate_boto_error
 
 from storage.errors import InvalidBlobUrlError
 
-__all__ = ["S3Backend", "S3Options", "botocore_config", "put_client", "s3_filesystem"]
+__all__ = [
+    "S3Backend",
+    "S3FileSystem",
+    "S3Options",
+    "botocore_config",
+    "s3_client",
+    "s3_filesystem",
+]
 
-PUT_CONNECTIONS = 64
-"""Kept-alive connections of a store's put client: more threads than this putting at once open
-connections that are closed after their put (urllib3 warns of each)."""
+CLIENT_CONNECTIONS = 64
+"""Kept-alive connections of a store's synchronous client: more threads than this at once open
+connections that are closed after their request (urllib3 warns of each)."""
 
 
 @dataclass(frozen=True)
@@ -109,12 +124,12 @@ def _first(env: Mapping[str, str], names: Iterable[str]) -> str | None:
     return next((env[name] for name in names if env.get(name)), None)
 
 
-def s3_filesystem(options: S3Options, env: Mapping[str, str] | None = None) -> s3fs.S3FileSystem:
-    """A fresh (uncached) s3fs filesystem for ``options``, the environment filling the gaps."""
+def s3_filesystem(options: S3Options, env: Mapping[str, str] | None = None) -> S3FileSystem:
+    """A fresh (uncached) filesystem for ``options``, the environment filling the gaps."""
     env = os.environ if env is None else env
     endpoint = options.endpoint_url or _first(env, ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"))
     region = options.region or _first(env, ("AWS_REGION", "AWS_DEFAULT_REGION")) or "us-east-1"
-    fs = s3fs.S3FileSystem(
+    fs = S3FileSystem(
         endpoint_url=endpoint,
         key=options.access_key_id,
         secret=options.secret_access_key,
@@ -134,7 +149,7 @@ def _loader() -> Loader:
     return botocore.session.Session().get_component("data_loader")
 
 
-def put_client(fs: s3fs.S3FileSystem) -> BaseClient:
+def s3_client(fs: s3fs.S3FileSystem) -> BaseClient:
     """A synchronous botocore S3 client with ``fs``'s endpoint, region, credentials and config.
 
     Its own session (credentials are resolved per store, as s3fs does), sharing one loader. Puts
@@ -150,10 +165,48 @@ def put_client(fs: s3fs.S3FileSystem) -> BaseClient:
         aws_access_key_id=fs.key,
         aws_secret_access_key=fs.secret,
         aws_session_token=fs.token,
-        config=Config(**fs.config_kwargs, max_pool_connections=PUT_CONNECTIONS),
+        config=Config(**fs.config_kwargs, max_pool_connections=CLIENT_CONNECTIONS),
     )
     client.meta.events.unregister("before-call.s3", add_expect_header)
     return client
+
+
+class S3FileSystem(s3fs.S3FileSystem):
+    """s3fs's filesystem whose whole-object reads (``cat_file``) go through ``client``, a
+    synchronous botocore client of the same settings: one GET on the calling thread, where s3fs
+    sends a HEAD (to size the object, for ranged reads of a large one) and a GET, both on its
+    event-loop thread. Ranged reads, listings and deletes stay s3fs's."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._client: BaseClient | None = None
+        self._client_lock = threading.Lock()
+
+    @property
+    def client(self) -> BaseClient:
+        """The synchronous client, made on first use and shared by every thread."""
+        client = self._client
+        if client is None:
+            with self._client_lock:
+                if self._client is None:
+                    self._client = s3_client(self)
+                client = self._client
+        return client
+
+    def cat_file(
+        self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any
+    ) -> bytes:
+        """The bytes of the object at ``path``, in one GET; s3fs's errors (a missing key or
+        bucket is ``FileNotFoundError``). A byte range or other options go to s3fs."""
+        bucket, key, version = self.split_path(path)
+        if start is not None or end is not None or kwargs or version:
+            return sync(self.loop, self._cat_file, path, start=start, end=end, **kwargs)
+        try:
+            response = self.client.get_object(Bucket=bucket, Key=key)
+        except ClientError as error:
+            raise translate_boto_error(error) from error
+        with contextlib.closing(response["Body"]) as body:
+            return body.read()
 
 
 def _precondition_failed(error: ClientError) -> bool:
@@ -164,32 +217,19 @@ def _precondition_failed(error: ClientError) -> bool:
 
 
 class S3Backend:
-    """Write-once puts through a synchronous botocore client; deletes, reads and listings through
-    ``fs`` (s3fs). Safe to share between threads."""
+    """Write-once puts through ``fs.client`` (botocore's synchronous client); deletes through
+    s3fs. The store reads and lists through ``fs``. Safe to share between threads."""
 
     name = "s3"
 
-    def __init__(self, fs: s3fs.S3FileSystem) -> None:
+    def __init__(self, fs: S3FileSystem) -> None:
         self.fs = fs
-        self._client: BaseClient | None = None
-        self._client_lock = threading.Lock()
-
-    @property
-    def client(self) -> BaseClient:
-        """The put client, made on first use (a store that only reads never makes one)."""
-        client = self._client
-        if client is None:
-            with self._client_lock:
-                if self._client is None:
-                    self._client = put_client(self.fs)
-                client = self._client
-        return client
 
     def create(self, path: str, data: bytes) -> None:
         """Store ``data`` at ``path`` unless it exists (``If-None-Match: *``): FileExistsError."""
         bucket, _, key = path.partition("/")
         try:
-            self.client.put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+            self.fs.client.put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
         except ClientError as error:
             if _precondition_failed(error):
                 raise FileExistsError(f"s3://{path} exists (412 Precondition Failed)") from error

@@ -1,5 +1,5 @@
-"""S3 write-once puts through botocore's synchronous client, against moto over real HTTP: what is
-sent, what a refused put raises, and one client per store shared by every putting thread."""
+"""S3 puts and whole-object reads through botocore's synchronous client, against moto over real
+HTTP: what is sent, what a refused put raises, and one client per store shared by every thread."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from storage import StorageUnavailableError, open_blob_store, staging_key
-from tests.fixtures.s3 import S3Server
+from storage.s3 import S3Backend
+from tests.fixtures.s3 import FaultProxy, S3Server
 
 pytestmark = pytest.mark.s3
 
@@ -37,7 +38,7 @@ def _sent_headers(store) -> list[dict[str, Any]]:
     def record(request: Any, **_: Any) -> None:
         sent.append(dict(request.headers))
 
-    store._backend.client.meta.events.register("before-send.s3.PutObject", record)
+    store.fs.client.meta.events.register("before-send.s3.PutObject", record)
     return sent
 
 
@@ -52,7 +53,7 @@ def test_create_of_an_existing_key_raises_file_exists_and_keeps_the_first_bytes(
     store = _store(s3_server)
     store.put(KEY, b"first")
     with pytest.raises(FileExistsError, match=r"staging/cap-1/call-1 exists \(412"):
-        store._backend.create(store.path(KEY), b"second")
+        S3Backend(store.fs).create(store.path(KEY), b"second")
     assert store.fs.cat_file(store.path(KEY)) == b"first"
 
 
@@ -73,7 +74,7 @@ def test_threads_putting_at_once_share_one_client_and_store_every_blob(s3_server
     def put(index: int) -> Any:
         start.wait()
         store.put(staging_key("cap-1", f"call-{index}"), b"blob %d" % index)
-        return store._backend.client
+        return store.fs.client
 
     with ThreadPoolExecutor(8) as pool:
         clients = list(pool.map(put, range(8)))
@@ -90,3 +91,19 @@ def test_put_to_an_unreachable_endpoint_raises_unavailable_naming_the_connection
         match=r"failed to put key 'staging/cap-1/call-1'.*EndpointConnectionError",
     ):
         store.put(KEY, b"payload")
+
+
+def test_get_reads_the_blob_in_one_get_request(s3_server, s3_fault_proxy: FaultProxy):
+    store = _store(s3_server, endpoint_url=s3_fault_proxy.url)
+    ref = store.put(KEY, b"payload")
+    before = len(s3_fault_proxy.requests)
+    assert store.get(ref) == b"payload"
+    assert [(method, status) for method, _, status in s3_fault_proxy.requests[before:]] == [
+        ("GET", 200)
+    ]
+
+
+def test_ranged_reads_of_the_filesystem_still_return_the_range(s3_server):
+    store = _store(s3_server)
+    store.put(KEY, b"0123456789")
+    assert store.fs.cat_file(store.path(KEY), start=2, end=5) == b"234"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from storage import InvalidBlobUrlError, S3Options
-from storage.s3 import PUT_CONNECTIONS, botocore_config, put_client, s3_filesystem
+from storage.s3 import CLIENT_CONNECTIONS, botocore_config, s3_client, s3_filesystem
 
 
 def test_botocore_config_computes_and_validates_checksums_only_when_required():
@@ -68,7 +68,7 @@ def test_filesystem_leaves_retrying_to_botocore_and_caches_no_listings():
     assert (fs.retries, fs.dircache.use_listings_cache) == (1, False)
 
 
-def test_put_client_takes_the_filesystems_endpoint_region_retries_and_timeouts():
+def test_s3_client_takes_the_filesystems_endpoint_region_retries_and_timeouts():
     options = S3Options(
         endpoint_url="http://127.0.0.1:9000",
         region="eu-west-1",
@@ -76,7 +76,7 @@ def test_put_client_takes_the_filesystems_endpoint_region_retries_and_timeouts()
         connect_timeout=2.5,
         read_timeout=12.0,
     )
-    meta = put_client(s3_filesystem(options, env={})).meta
+    meta = s3_client(s3_filesystem(options, env={})).meta
     assert (
         meta.endpoint_url,
         meta.region_name,
@@ -90,12 +90,12 @@ def test_put_client_takes_the_filesystems_endpoint_region_retries_and_timeouts()
         {"mode": "standard", "total_max_attempts": 3},
         2.5,
         12.0,
-        PUT_CONNECTIONS,
+        CLIENT_CONNECTIONS,
     )
 
 
-def test_put_client_checksums_only_when_required():
-    config = put_client(s3_filesystem(S3Options(), env={})).meta.config
+def test_s3_client_checksums_only_when_required():
+    config = s3_client(s3_filesystem(S3Options(), env={})).meta.config
     assert (config.request_checksum_calculation, config.response_checksum_validation) == (
         "when_required",
         "when_required",
