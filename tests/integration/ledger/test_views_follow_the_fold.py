@@ -2,9 +2,9 @@
 
 Random sequences of lifecycle events (opens, intents, commits and failures of a few calls with
 any parents, closes, settles, selections, finalizations and cleanings, in any order and any
-number of times) are appended to two attempts, each event folded by its append or left to
-``catch_up`` (a writer from before inline folding); the views must then show exactly what
-``fold_attempt`` makes of each stream, on SQLite and on PostgreSQL.
+number of times) are appended to two attempts, one to three events per append, each append
+folded by itself or left to ``catch_up`` (a writer from before inline folding); the views must
+then show exactly what ``fold_attempt`` makes of each stream, on SQLite and on PostgreSQL.
 """
 
 from __future__ import annotations
@@ -154,12 +154,13 @@ def test_the_views_equal_the_fold_of_any_event_sequence(ledger_url: str, data: s
     legacy = EventStore(open_engine(ledger_url), project_inline=False)
     appended: dict[str, list[Event]] = {key: [] for key in keys}
     try:
-        for _ in range(data.draw(st.integers(1, 24), label="events")):
+        for _ in range(data.draw(st.integers(1, 16), label="appends")):
             key = data.draw(st.sampled_from(keys))
-            event = _event(data.draw(kinds, label="kind"), data, key)
+            size = data.draw(st.sampled_from((1, 1, 1, 2, 3)), label="events in the append")
+            events = [_event(data.draw(kinds, label="kind"), data, key) for _ in range(size)]
             writer = inline if data.draw(st.integers(0, 4)) else legacy
-            writer.append(key, [event])
-            appended[key].append(event)
+            writer.append(key, events)
+            appended[key].extend(events)
         catch_up(inline)
         for key in keys:
             assert _shown(inline, key) == _expected(fold_attempt(key, appended[key]))
