@@ -26,7 +26,7 @@ translates. A whole-object read (``S3FileSystem.cat_file``, which the store's ``
 
 Why not s3fs for these: its calls run on its event-loop thread (aiobotocore) while the caller
 waits, and its ``cat_file`` sends a HEAD before the GET. The synchronous client spares the
-hand-off, costing a fifth to a third less CPU per put and about half the CPU and wall time per
+hand-off, costing a fifth to a third less CPU per put and less than half the CPU and wall time per
 read (``bench/s3_put.py``). Each store makes its client on first use (about 10 ms once botocore's
 models are loaded) and shares it between threads; no ``Expect: 100-continue`` is sent, which would
 cost a round trip per put.
