@@ -15,7 +15,10 @@ Usage: ``python bench/storage.py [--quick] [--json]``
   same filesystem, in the same run, operation by operation, alternating. A local put returns only
   once the blob is on disk (``storage/local.py``), so the local raw put is made as durable: the
   file and its directory are fsynced after ``pipe_file`` (``bench/durability.py`` measures what
-  the syncs cost); an S3 PUT is durable when it is answered either way. Measured on a local
+  the syncs cost); an S3 PUT is durable when it is answered either way. On S3 the raw put is
+  s3fs's ``pipe_file`` (its event-loop thread) and Grove's put one synchronous ``PutObject``, and
+  both reads are the store's filesystem's ``cat_file``, Grove's one-GET read (``storage/s3.py``),
+  so there ``get_over_raw`` measures the store's checks alone. Measured on a local
   directory and on a moto S3 server started in a subprocess; the top-level figure is the lower
   of the two (aim >= 0.8).
 """
