@@ -262,9 +262,11 @@ class _Gateway:
         """Settle the attempt (the harness returned) and record the selection of its result.
 
         When nothing is pending the selector first runs on the current state, so a result
-        whose evidence cannot select calls is refused before anything is written. An attempt
-        with no accepted generation selects no call: its result is recorded whatever its
-        evidence, so its rollout is finalized (masked) and its prompt group completes.
+        whose evidence cannot select calls is refused before anything is written; closing,
+        settling and the selection are then one append, unless another writer appended since
+        (then step by step, selecting again on the settled state). An attempt with no accepted
+        generation selects no call: its result is recorded whatever its evidence, so its
+        rollout is finalized (masked) and its prompt group completes.
         """
         self._selector()  # refused before anything is read
         state = self.opened(capture_key)
@@ -272,7 +274,9 @@ class _Gateway:
             self._refuse_second_result(state, result)
             return attempt_status(state)
         if state.settled is None and not state.pending_call_ids:
-            self._select(state, result)
+            selected = self._select(state, result)
+            if self.service.settle_selecting(capture_key, selected, at=state) is not None:
+                return attempt_status(self.opened(capture_key, read=False))
         settled = self.service.settle(capture_key, self.settle_timeout_s)
         self.service.select(capture_key, self._select(settled, result))
         return attempt_status(self.opened(capture_key, read=False))

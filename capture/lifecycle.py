@@ -257,6 +257,18 @@ class CaptureService:
         self._adopt(capture_key)
         return settled
 
+    def settle_selecting(
+        self, capture_key: str, selected: RolloutSelected, *, at: AttemptState
+    ) -> AttemptState | None:
+        """Close admissions, settle and record ``selected`` in one append, when ``at`` (the
+        state the selection was made from) is still the attempt's latest and has nothing
+        pending: the state after them; None, with nothing written, otherwise
+        (``AttemptLog.settle_selecting``)."""
+        settled = self.log.settle_selecting(capture_key, selected, at=at)
+        if settled is not None:
+            self._adopt(capture_key)
+        return settled
+
     def select(self, capture_key: str, selected: RolloutSelected) -> None:
         """Record the selection policy's result for the attempt."""
         self.log.select(capture_key, selected)

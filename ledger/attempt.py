@@ -32,7 +32,7 @@ from enum import StrEnum
 
 from ledger.admission import AdmissionIndex
 from ledger.admission import CallStatus as AdmissionStatus
-from ledger.errors import LedgerError, WrongExpectedVersion
+from ledger.errors import EventIdConflict, LedgerError, WrongExpectedVersion
 from ledger.events import (
     AdmissionsClosed,
     AttemptCleaned,
@@ -514,24 +514,50 @@ class AttemptLog:
             )
         return self.load(capture_key)
 
-    def _settle_at_once(self, capture_key: str) -> AttemptState | None:
-        """Append ``attempt.admissions_closed`` (unless recorded) and ``attempt.settled`` together
-        at the version of the state this log holds (read when it holds none), when that state
-        is opened, unsettled and has no pending call: the state after them. None when it does
-        not hold, or another writer appended since (nothing written): the caller goes step by
-        step, deciding on a state it reads. The events and their ids are those the steps
-        would record, so a retry of either way is idempotent."""
-        state = self._hold(capture_key) or self.load(capture_key)
-        if state.opened is None or state.settled is not None or state.pending_call_ids:
+    def settle_selecting(
+        self, capture_key: str, selected: RolloutSelected, *, at: AttemptState
+    ) -> AttemptState | None:
+        """Close admissions, settle and record ``selected`` in one append (one commit) at the
+        version of ``at``, the state the selection was made from, when ``at`` is opened,
+        unsettled, unselected, has nothing pending and holds every call ``selected`` names: the
+        state after them. None, with nothing written, otherwise or when another writer appended
+        since: the caller settles and selects step by step (``settle``, ``select``)."""
+        if any(call_id not in at.calls for call_id in selected.call_ids):
+            return None
+        return self._settle_at_once(capture_key, at, selected)
+
+    def _settle_at_once(
+        self,
+        capture_key: str,
+        state: AttemptState | None = None,
+        selected: RolloutSelected | None = None,
+    ) -> AttemptState | None:
+        """Append ``attempt.admissions_closed`` (unless recorded) and ``attempt.settled`` (and
+        ``selected``) together at the version of ``state`` (default: the state this log holds,
+        read when it holds none), when that state is opened, unsettled, unselected and has no
+        pending call: the state after them. None when it does not hold, or another writer
+        appended since (nothing written): the caller goes step by step, deciding on a state it
+        reads. The events and their ids are those the steps would record, so a retry of either
+        way is idempotent."""
+        state = state or self._hold(capture_key) or self.load(capture_key)
+        if (
+            state.opened is None
+            or state.settled is not None
+            or state.selection is not None
+            or state.pending_call_ids
+        ):
             return None
         events: list[Event] = [] if state.admissions_closed else [AdmissionsClosed()]
         events.append(AttemptSettled(pending_call_ids=(), timed_out=False))
+        if selected is not None:
+            events.append(selected)
         ids = {AdmissionsClosed: "admissions_closed", AttemptSettled: "settled"}
+        ids[RolloutSelected] = "selected"
         appended = [NewEvent(e, f"{capture_key}:{ids[type(e)]}") for e in events]
         try:
             result = self.store.append(capture_key, appended, state.version)
-        except WrongExpectedVersion:
-            return None
+        except (WrongExpectedVersion, EventIdConflict):
+            return None  # another writer appended since (some of these events, perhaps)
         if result.duplicate:
             return None
         return self._keep(fold_attempt(capture_key, events, state))

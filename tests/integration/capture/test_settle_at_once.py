@@ -1,7 +1,7 @@
 """Settling an attempt with nothing pending closes its admissions and settles it in one append
-(one commit, nothing read), recording the same events as the step-by-step way; when another
-writer appended since, the one append writes nothing and settling goes step by step (on both
-databases)."""
+(one commit, nothing read), recording the same events as the step-by-step way, with the
+selection too when it is given; when another writer appended since, the one append writes
+nothing and settling goes step by step (on both databases)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from sqlalchemy import event
 from capture.engine import SamplingParams
 from capture.lifecycle import CaptureService, ModelCall
 from ledger.attempt import AttemptLog
+from ledger.events import RolloutSelected
 from tests.fixtures.attempts import intended
 
 from .conftest import OPTIONS
@@ -75,6 +76,18 @@ def test_settling_after_another_writers_intent_waits_for_it_step_by_step(
     ]
 
 
+def test_settling_after_another_writer_closed_admissions_settles_step_by_step(
+    service: CaptureService,
+):
+    service.log.load("att-1")  # this log holds version 1
+    AttemptLog(service.log.store).close_admissions("att-1")  # another gateway's append
+
+    state = service.settle("att-1", timeout_s=5)
+
+    assert state.settled is not None and state.version == 3
+    assert _types(service) == ["attempt.opened", "attempt.admissions_closed", "attempt.settled"]
+
+
 def test_settling_again_reads_the_recorded_settlement(service: CaptureService):
     first = service.settle("att-1", timeout_s=5)
 
@@ -82,3 +95,46 @@ def test_settling_again_reads_the_recorded_settlement(service: CaptureService):
 
     assert again == first
     assert _types(service) == ["attempt.opened", "attempt.admissions_closed", "attempt.settled"]
+
+
+def _selected(*call_ids: str) -> RolloutSelected:
+    return RolloutSelected(policy="returned_history", call_ids=call_ids, reward=1.0)
+
+
+def test_settling_selecting_records_closed_settled_and_selected_in_one_commit(
+    service: CaptureService,
+):
+    service.generate("att-1", ModelCall(FIRST, OPTIONS, SamplingParams(4), call_id="c1"))
+    at = service.state("att-1")
+    seen = _watch(service)
+
+    state = service.settle_selecting("att-1", _selected("c1"), at=at)
+
+    assert seen.count("COMMIT") == 1
+    assert "SELECT" not in seen
+    assert state is not None and state.selection == _selected("c1")
+    assert _types(service)[-3:] == [
+        "attempt.admissions_closed",
+        "attempt.settled",
+        "rollout.selected",
+    ]
+    assert state == AttemptLog(service.log.store).load("att-1")
+
+
+def test_settling_selecting_from_a_state_another_writer_passed_writes_nothing(
+    service: CaptureService,
+):
+    at = service.state("att-1")
+    AttemptLog(service.log.store).close_admissions("att-1")  # another gateway's append
+
+    assert service.settle_selecting("att-1", _selected(), at=at) is None
+    assert _types(service) == ["attempt.opened", "attempt.admissions_closed"]
+
+
+def test_settling_selecting_a_call_the_state_does_not_hold_writes_nothing(
+    service: CaptureService,
+):
+    at = service.state("att-1")
+
+    assert service.settle_selecting("att-1", _selected("c9"), at=at) is None
+    assert _types(service) == ["attempt.opened"]

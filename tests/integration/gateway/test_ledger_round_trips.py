@@ -1,7 +1,7 @@
 """What one model call costs the ledger through the gateway: no read (the capture service's view
 of the attempt holds the gateway's own appends), one plan, two appends; and what the attempt
-requests cost: opening reads once and appends once, a result reads once and appends twice (closed
-and settled together, then the selection)."""
+requests cost: opening reads once and appends once, a result reads once and appends once (closed,
+settled and selected together)."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def test_opening_an_attempt_reads_once_and_appends_once(gateway: Gateway):
     assert (status["capture_key"], status["closed"]) == ("att-2", False)
 
 
-def test_a_result_reads_once_and_appends_settlement_and_selection(gateway: Gateway):
+def test_a_result_reads_once_and_appends_settlement_and_selection_together(gateway: Gateway):
     client = gateway.client("att-1")
     first = client.chat.completions.create(model="grove/test-tiny", messages=MESSAGES)
     output = [*MESSAGES, first.choices[0].message.model_dump(exclude_none=True)]
@@ -70,7 +70,7 @@ def test_a_result_reads_once_and_appends_settlement_and_selection(gateway: Gatew
     with statements(gateway.service.log.store) as counts:
         answer = gateway.http.post("/v1/attempts/att-1/result", json=body)
     assert answer.status_code == 200, answer.text
-    assert (counts["SELECT"], counts["INSERT"]) == (1, 2)
+    assert (counts["SELECT"], counts["INSERT"]) == (1, 1)
     status = answer.json()
     assert (status["closed"], status["settled"], status["selection"]["call_ids"]) == (
         True,
