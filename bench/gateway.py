@@ -69,7 +69,7 @@ from bench.servers.gateway import (
     moto_server,
     postgres_databases,
 )
-from bench.servers.process_cpu import ENDED, MACHINE, CpuMeter
+from bench.servers.process_cpu import ENDED, MACHINE, OTHERS, CpuMeter
 
 MODEL: Final = "grove/embedded-tiny"
 MAX_TOKENS: Final = 32  # above the engine's 18 tokens: every call ends with end of turn
@@ -246,11 +246,11 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 def cpu_figures(phase: Phase, side: str) -> dict[str, Any]:
     """CPU ms per call of each process group serving ``phase``, their sum (``serving``: not the
-    ended PostgreSQL backends, which other programs' share), the machine's busy ms per call
-    (every process, other users' too), and the calls per second that the machine's cores allow
-    at the serving CPU per call."""
+    ended PostgreSQL backends, which other programs' share, nor other databases' backends), the
+    machine's busy ms per call (every process, other users' too), and the calls per second that
+    the machine's cores allow at the serving CPU per call."""
     per_call = {g: round(1000 * s / phase.calls, 3) for g, s in sorted(phase.cpu_s.items())}
-    serving = sum(ms for group, ms in per_call.items() if group not in (MACHINE, ENDED))
+    serving = sum(ms for group, ms in per_call.items() if group not in (MACHINE, ENDED, OTHERS))
     cores = os.cpu_count() or 1
     return {
         f"{side}_cpu_ms_per_call": {**per_call, "serving": round(serving, 3)},
@@ -435,11 +435,12 @@ def print_report(report: Mapping[str, Any]) -> None:
             cells = " ".join(f"{r[c]:>9.2f}" for c in columns)
             met = "met" if all(r["aims_met"].values()) else "missed"
             print(f"{backend:<17} {clients:>7} {cells}  {met}")
-    groups = ("server", "postgres_backends", "postgres_auxiliary", "postgres_ended", "moto")
-    groups += ("client", "serving")
-    groups += (MACHINE,)
+    groups = {"server": "server", "postgres_backends": "pg own", "postgres_auxiliary": "pg shared"}
+    groups |= {"moto": "moto", "client": "client", "serving": "serving", ENDED: "pg ended"}
+    groups |= {OTHERS: "pg others", MACHINE: "machine"}
     print(f"\nCPU ms per call by process, and the calls/s {os.cpu_count()} cores allow at the sum")
-    print(f"{'backend':<17} {'clients':>7} {'side':>5} " + " ".join(f"{g[:9]:>9}" for g in groups))
+    heads = " ".join(f"{label:>9}" for label in groups.values())
+    print(f"{'backend':<17} {'clients':>7} {'side':>5} {heads}")
     for backend, per in report["backends"].items():
         for clients, r in per.items():
             for side in ("grove", "plain"):

@@ -9,8 +9,10 @@ they also work for other databases' commits). Backends of other databases (other
 on a shared server) are left out. ``CpuMeter.since(before)`` is the CPU seconds per group between
 two samples: a process that started in between counts from zero, one that ended in between is
 lost from its group, but a backend that ended is counted in ``postgres_ended`` (the CPU time of
-the postmaster's reaped children: every database's backends that ended, other programs' too; a
-pool that opens and closes connections under load shows here). ``machine`` is the whole
+the postmaster's reaped children after ``before``: every database's backends that ended, other
+programs' short-lived ones too; a pool that opens and closes connections under load shows here).
+``postgres_other_databases`` is the other databases' running backends: the shared server's
+other load. ``machine`` is the whole
 machine's busy time from ``/proc/stat`` (every process, other users' included).
 """
 
@@ -28,6 +30,7 @@ MACHINE: Final = "machine"
 BACKENDS: Final = "postgres_backends"
 AUXILIARY: Final = "postgres_auxiliary"
 ENDED: Final = "postgres_ended"
+OTHERS: Final = "postgres_other_databases"
 
 
 def process_cpu_s(pid: int, *, reaped: bool = False) -> float | None:
@@ -63,8 +66,9 @@ def postmaster_pid(postgres: Mapping[int, str]) -> int | None:
 
 
 def postgres_processes(databases: Collection[str]) -> dict[int, str]:
-    """``{pid: group}`` of the running ``postgres`` processes that serve ``databases``
-    (``BACKENDS``) or no one database (``AUXILIARY``); other databases' backends are left out."""
+    """``{pid: group}`` of the running ``postgres`` processes: backends that serve
+    ``databases`` (``BACKENDS``) or other databases (``OTHERS``), and those that serve no one
+    database (``AUXILIARY``)."""
     found: dict[int, str] = {}
     for entry in PROC.iterdir():
         if not entry.name.isdigit():
@@ -77,8 +81,7 @@ def postgres_processes(databases: Collection[str]) -> dict[int, str]:
             continue  # ended meanwhile
         client = command[4] if len(command) >= 5 and command[0] == "postgres:" else ""
         if "(" in client or client == "[local]":  # postgres: CLUSTER USER DATABASE HOST(PORT)
-            if command[3] in databases:
-                found[int(entry.name)] = BACKENDS
+            found[int(entry.name)] = BACKENDS if command[3] in databases else OTHERS
         else:
             found[int(entry.name)] = AUXILIARY
     return found
@@ -118,12 +121,18 @@ class CpuMeter:
         return CpuSample(processes, machine_busy_s())
 
     def since(self, before: CpuSample) -> dict[str, float]:
-        """CPU seconds by group from ``before`` to now, with ``MACHINE``'s."""
+        """CPU seconds by group from ``before`` to now, with ``MACHINE``'s. ``ENDED`` is the
+        postmaster's reaped children's time less what the processes that ended had already
+        spent at ``before`` (so a long-lived backend of another database that ends adds only
+        its last stretch)."""
         after = self.sample()
         spent = {group: 0.0 for group in self.watched}
         if self.databases:
-            spent |= {BACKENDS: 0.0, AUXILIARY: 0.0, ENDED: 0.0}
+            spent |= {BACKENDS: 0.0, AUXILIARY: 0.0, ENDED: 0.0, OTHERS: 0.0}
         for (group, pid), used in after.processes.items():
             spent[group] += used - before.processes.get((group, pid), 0.0)
+        for (group, pid), used in before.processes.items():
+            if group in (BACKENDS, AUXILIARY, OTHERS) and (group, pid) not in after.processes:
+                spent[ENDED] -= used  # counted in the reaped time from its start
         spent[MACHINE] = after.machine_s - before.machine_s
         return spent
