@@ -139,9 +139,7 @@ def test_gradients_reach_the_router_through_the_replayed_experts_gate_weights(mo
 
 def test_recompute_logprobs_replays_routes_in_micro_batches(model, sampled):
     whole = replayed_row_logprobs(model, sampled, slice(None)).detach()
-    recomputed = recompute_logprobs(
-        model, sampled.token_ids, sampled.routes, micro_batch_size=3
-    )
+    recomputed = recompute_logprobs(model, sampled.token_ids, sampled.routes, micro_batch_size=3)
     mask = sampled.loss_mask  # elsewhere tokens after a sentinel may route themselves
     assert torch.allclose(recomputed[mask], whole[mask], atol=1e-6, rtol=0)
 
