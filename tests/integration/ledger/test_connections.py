@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
+from sqlalchemy import event
 from sqlalchemy.engine import make_url
 
 import ledger.database
@@ -60,3 +61,13 @@ def test_a_recently_used_connection_is_not_pinged_and_fails_once_then_the_pool_r
     with pytest.raises(DatabaseUnavailable):
         store.read_stream("att-1")
     assert [e.event_type for e in store.read_stream("att-1")] == ["attempt.opened"]
+
+
+def test_sixteen_connections_at_once_are_kept_for_the_next_burst(store: EventStore):
+    opened_connections = []
+    event.listen(store.engine, "connect", lambda dbapi, record: opened_connections.append(dbapi))
+    for _ in range(2):
+        held = [store.engine.connect() for _ in range(16)]
+        for conn in held:
+            conn.close()
+    assert len(opened_connections) == 16 - 1  # the fixture's append left one in the pool
