@@ -487,7 +487,7 @@ def _fold(conn: Connection, items: Sequence[Folded], opened: bool | None = None)
     """
     contradictions: list[tuple[str, int, int, str, str | None, str]] = []
     never_opened = opened is False
-    if conn.dialect.name == "postgresql":
+    if conn.dialect.name == "postgresql" and not all(item.nul_free for item in items):
         items = [_text_safe(item) for item in items]
     for item in items:
         event = item.event
