@@ -12,7 +12,7 @@ The rows follow the attempt fold's rules (``ledger.lifecycle.lifecycle_violation
 open, intent, commit, selection and finalization stand, and an event the rules leave out is
 recorded in ``grove_proj_contradictions`` with the fold's own words, never raised. Each
 statement applies an event only when the rows allow it; when it changes nothing, the rows are
-read into ``LifecycleFacts`` and the fold's rule says why.
+read into ``LifecycleFacts`` and the fold's rule says why (``ledger/contradictions.py``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from sqlalchemy import (
     bindparam,
     case,
     func,
-    insert,
     literal,
     select,
     update,
@@ -37,6 +36,12 @@ from sqlalchemy.dialects.postgresql import insert as postgres_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.sql.dml import Insert, Update
 
+from ledger.contradictions import (
+    ContradictionRow,
+    contradiction_row,
+    lifecycle_facts,
+    record_contradictions,
+)
 from ledger.errors import InvalidEventPayload
 from ledger.events import (
     AdmissionsClosed,
@@ -54,17 +59,12 @@ from ledger.events import (
 from ledger.lifecycle import (
     ATTEMPT_EVENTS,
     NEVER_OPENED,
-    CallFacts,
-    LifecycleFacts,
-    contradiction_entry,
     lifecycle_violation,
 )
-from ledger.postgres import copy_rows
 from ledger.schema import (
     EVENTS,
     PROJ_ATTEMPTS,
     PROJ_CALLS,
-    PROJ_CONTRADICTIONS,
     PROJ_ROLLOUTS,
     PROJ_STREAMS,
 )
@@ -383,76 +383,7 @@ APPLIERS: dict[str, Applier] = {
     BatchPublished.type: _typed(BatchPublished, _published),
 }
 
-# -- contradictions ------------------------------------------------------------------------------
-
-
-def _facts(conn: Connection, item: Folded) -> LifecycleFacts:
-    """The lifecycle facts of the event's attempt, read from the projection rows."""
-    key = item.stream_id
-    opened = conn.execute(
-        select(PROJ_ATTEMPTS.c.capture_key).where(PROJ_ATTEMPTS.c.capture_key == key)
-    ).first()
-    if opened is None:
-        return LifecycleFacts(opened=False)
-    rollout = conn.execute(
-        select(PROJ_ROLLOUTS.c.status).where(PROJ_ROLLOUTS.c.capture_key == key)
-    ).first()
-    unknown: tuple[str, ...] = ()
-    if isinstance(item.event, RolloutSelected):
-        named = tuple(dict.fromkeys(item.event.call_ids))
-        known = set(
-            conn.execute(
-                select(PROJ_CALLS.c.call_id).where(
-                    PROJ_CALLS.c.capture_key == key, PROJ_CALLS.c.call_id.in_(named)
-                )
-            ).scalars()
-        )
-        unknown = tuple(c for c in named if c not in known)
-    call_id = getattr(item.event, "call_id", None)
-    call = None
-    if isinstance(call_id, str):
-        row = conn.execute(
-            select(
-                PROJ_CALLS.c.parent_call_id, PROJ_CALLS.c.status, PROJ_CALLS.c.failure_reason
-            ).where(_call_key(item, call_id))
-        ).first()
-        if row is not None:
-            call = CallFacts(
-                parent_call_id=row.parent_call_id,
-                committed=row.status == "committed",
-                failed=row.status == "failed",
-                has_failure=row.failure_reason is not None,
-            )
-    return LifecycleFacts(
-        opened=True,
-        call=call,
-        selected=rollout is not None,
-        finalized=rollout is not None and rollout.status != "selected",
-        unknown_selected=unknown,
-    )
-
-
-_CONTRADICTION_COLUMNS = (
-    "capture_key",
-    "stream_version",
-    "position",
-    "event_type",
-    "call_id",
-    "contradiction",
-)
-
-
-def _contradiction(item: Folded, why: str | None) -> tuple[str, int, int, str, str | None, str]:
-    """The contradiction row of ``item`` (values in ``_CONTRADICTION_COLUMNS`` order)."""
-    call_id = getattr(item.event, "call_id", None)
-    return (
-        item.stream_id,
-        item.stream_version,
-        item.position,
-        item.event.type,
-        call_id,
-        contradiction_entry(item.event, why or "the projection rows do not allow it"),
-    )
+# -- folding --------------------------------------------------------------------------------------
 
 
 def _text_safe(item: Folded) -> Folded:
@@ -475,9 +406,6 @@ def _text_safe(item: Folded) -> Folded:
     )
 
 
-_COPY_CONTRADICTIONS_MIN = 16
-
-
 def _fold(conn: Connection, items: Sequence[Folded], opened: bool | None = None) -> None:
     """Apply one stream's events in order; record those the rules leave out, in one insert.
 
@@ -485,31 +413,23 @@ def _fold(conn: Connection, items: Sequence[Folded], opened: bool | None = None)
     already), its attempt events are contradictions without another statement (a stream of
     other events costs at most one read, not one per event).
     """
-    contradictions: list[tuple[str, int, int, str, str | None, str]] = []
+    contradictions: list[ContradictionRow] = []
     never_opened = opened is False
     if conn.dialect.name == "postgresql" and not all(item.nul_free for item in items):
         items = [_text_safe(item) for item in items]
     for item in items:
         event = item.event
         if never_opened and isinstance(event, ATTEMPT_EVENTS):
-            contradictions.append(_contradiction(item, NEVER_OPENED))
+            contradictions.append(contradiction_row(item, NEVER_OPENED))
             continue
         apply = APPLIERS.get(event.type)
         if apply is None or apply(conn, item):
             never_opened = never_opened and not isinstance(event, AttemptOpened)
             continue
-        facts = _facts(conn, item)
+        facts = lifecycle_facts(conn, item)
         never_opened = not facts.opened
-        contradictions.append(_contradiction(item, lifecycle_violation(facts, event)))
-    if len(contradictions) >= _COPY_CONTRADICTIONS_MIN and conn.dialect.name == "postgresql":
-        # psycopg sends an executemany as one statement per row (a batched append of a stream
-        # never opened records every event): COPY writes them in one.
-        copy_rows(conn, PROJ_CONTRADICTIONS.name, _CONTRADICTION_COLUMNS, contradictions)
-    elif contradictions:
-        conn.execute(
-            insert(PROJ_CONTRADICTIONS),
-            [dict(zip(_CONTRADICTION_COLUMNS, row, strict=True)) for row in contradictions],
-        )
+        contradictions.append(contradiction_row(item, lifecycle_violation(facts, event)))
+    record_contradictions(conn, contradictions)
 
 
 # -- streams -------------------------------------------------------------------------------------
