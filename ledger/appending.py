@@ -20,10 +20,7 @@ from sqlalchemy.sql.dml import Insert
 
 from ledger.schema import EVENTS
 
-__all__ = ["APPENDED_COLUMNS", "append_statement"]
-
-APPENDED_COLUMNS = ("event_id", "ordinal", "event_type", "schema_version", "payload")
-"""The columns of an appended row as the store prepares it (besides its ``stream_id``)."""
+__all__ = ["append_statement"]
 
 
 def append_statement(rows: FromClause) -> Insert:

@@ -51,6 +51,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.sql.dml import Insert
 
 from ledger.appending import append_statement
+from ledger.batch import AppendBatch, AppendedRow
 from ledger.errors import ImportConflict
 from ledger.events import LedgerPosition
 from ledger.schema import EVENTS
@@ -67,6 +68,10 @@ __all__ = [
 COPY_APPEND_MIN = 16
 """Appends of at least this many events go by ``COPY``; smaller ones by one ``INSERT … SELECT``
 (one round trip, where ``COPY`` takes three)."""
+
+COPY_SPAN = 64
+"""A ``COPY`` append sends its rows this many at a time, each span prepared while the server
+writes the one before (``bench/ledger_append.py``)."""
 
 COPY_COLUMNS = (
     "event_id",
@@ -213,9 +218,13 @@ def _copy_lines(rows: Sequence[Sequence[object]]) -> str:
     return "".join([_copy_line(row) for row in rows])
 
 
-def copy_block(conn: Connection, table: str, columns: Sequence[str], block: str) -> None:
-    """Write ``block``, rows in ``COPY``'s text format, into ``table`` on the connection's
-    transaction."""
+@contextlib.contextmanager
+def _copy_writer(
+    conn: Connection, table: str, columns: Sequence[str]
+) -> Iterator[Callable[[str], None]]:
+    """A function that sends blocks of rows in ``COPY``'s text format into ``table`` on the
+    connection's transaction, each at once: the server writes one while the caller builds the
+    next. The ``COPY`` ends when the block ends; an exception in it cancels the ``COPY``."""
     statement = f"COPY {table} ({', '.join(columns)}) FROM STDIN"  # Grove's own names
     driver = conn.connection.driver_connection
     with (
@@ -223,7 +232,14 @@ def copy_block(conn: Connection, table: str, columns: Sequence[str], block: str)
         driver.cursor() as cursor,
         cursor.copy(statement) as copy,
     ):
-        copy.write(block)
+        yield copy.write
+
+
+def copy_block(conn: Connection, table: str, columns: Sequence[str], block: str) -> None:
+    """Write ``block``, rows in ``COPY``'s text format, into ``table`` on the connection's
+    transaction."""
+    with _copy_writer(conn, table, columns) as write:
+        write(block)
 
 
 class Landed(NamedTuple):
@@ -242,13 +258,13 @@ _SLOTS = (
 _APPEND_COPY_COLUMNS = ("position", *COPY_COLUMNS)
 
 
-def _append_document(rows: Sequence[dict[str, Any]]) -> str:
+def _append_document(rows: Sequence[AppendedRow]) -> str:
     """The rows as one JSON array for ``jsonb_to_recordset`` (payloads as they are, in JSON)."""
     items = (
-        f'{{"event_id":{json.dumps(row["event_id"])},"ordinal":{row["ordinal"]:d},'
-        f'"event_type":{json.dumps(row["event_type"])},'
-        f'"schema_version":{row["schema_version"]:d},"payload":{_jsonb_text(row["payload"])}}}'
-        for row in rows
+        f'{{"event_id":{json.dumps(event_id)},"ordinal":{ordinal:d},'
+        f'"event_type":{json.dumps(event.type)},'
+        f'"schema_version":{event.schema_version:d},"payload":{_jsonb_text(payload)}}}'
+        for ordinal, (event_id, event, payload) in enumerate(rows, start=1)
     )
     return "[" + ",".join(items) + "]"
 
@@ -272,45 +288,52 @@ class PostgresBackend:
         return conn.execute(query).all()
 
     def insert_rows(
-        self, conn: Connection, rows: Sequence[dict[str, Any]], expected_version: int | None
+        self, conn: Connection, batch: AppendBatch, expected_version: int | None
     ) -> Sequence[Row | Landed] | None:
-        """Append prepared rows (one stream, ``ordinal`` 1, 2, ..., ``payload`` as JSON text)
-        when the stream's version is ``expected_version`` (None: whatever it is): their
-        ``position``, ``event_id`` and ``stream_version``; None, with nothing written, when the
-        version differs. A racing writer of the same version, or a recorded event id:
-        IntegrityError. ``COPY_APPEND_MIN`` rows or more go by ``COPY`` (see above)."""
-        if len(rows) >= COPY_APPEND_MIN:
-            return self._copy_append(conn, rows, expected_version)
+        """Append the batch's rows when the stream's version is ``expected_version`` (None:
+        whatever it is): their ``position``, ``event_id`` and ``stream_version``; None, with
+        nothing written, when the version differs. A racing writer of the same version, or a
+        recorded event id: IntegrityError. ``COPY_APPEND_MIN`` rows or more go by ``COPY``
+        (see above)."""
+        if len(batch) >= COPY_APPEND_MIN:
+            return self._copy_append(conn, batch, expected_version)
         parameters = {
-            "rows": _append_document(rows),
-            "stream_id": rows[0]["stream_id"],
+            "rows": _append_document(batch.rows()),
+            "stream_id": batch.stream_id,
             "expected": expected_version,
         }
         return conn.execute(_APPEND, parameters).all() or None
 
     @staticmethod
     def _copy_append(
-        conn: Connection, rows: Sequence[dict[str, Any]], expected_version: int | None
+        conn: Connection, batch: AppendBatch, expected_version: int | None
     ) -> list[Landed] | None:
-        stream_id = rows[0]["stream_id"]
+        """The ``COPY`` append: each span of ``COPY_SPAN`` rows is prepared (validated and
+        serialised) while the server writes the span before it."""
+        stream_id, count = batch.stream_id, len(batch)
         driver = conn.connection.driver_connection
         with _as_sqlalchemy_errors(conn, _SLOTS), driver.cursor() as cursor:
-            current, positions = cursor.execute(_SLOTS, (stream_id, len(rows))).fetchone()
+            current, positions = cursor.execute(_SLOTS, (stream_id, count)).fetchone()
         if expected_version is not None and current != expected_version:
             return None  # the drawn positions stay unused, as after any rolled-back insert
         positions.sort()
-        landed = [
-            Landed(position, row["event_id"], current + row["ordinal"])
-            for position, row in zip(positions, rows, strict=True)
-        ]
-        # Stream ids and event types are plain names (validate_stream_id, the catalog).
-        block = "".join(
-            f"{slot.position}\t{_copy_text(row['event_id'])}\t{stream_id}\t{slot.stream_version}"
-            f"\t{row['event_type']}\t{row['schema_version']:d}"
-            f"\t{_copy_text(_jsonb_text(row['payload']))}\n"
-            for slot, row in zip(landed, rows, strict=True)
+        landed = list(
+            map(Landed, positions, batch.event_ids, range(current + 1, current + count + 1))
         )
-        copy_block(conn, "grove_events", _APPEND_COPY_COLUMNS, block)
+        with _copy_writer(conn, "grove_events", _APPEND_COPY_COLUMNS) as write:
+            for start in range(0, count, COPY_SPAN):
+                rows = batch.rows(start, start + COPY_SPAN)
+                # Stream ids and event types are plain names (validate_stream_id, the catalog).
+                write(
+                    "".join(
+                        f"{slot.position}\t{_copy_text(event_id)}\t{stream_id}"
+                        f"\t{slot.stream_version}\t{event.type}\t{event.schema_version:d}"
+                        f"\t{_copy_text(_jsonb_text(payload))}\n"
+                        for slot, (event_id, event, payload) in zip(
+                            landed[start : start + COPY_SPAN], rows, strict=True
+                        )
+                    )
+                )
         return landed
 
     def read_after(self, conn: Connection, mark: LedgerPosition, limit: int) -> Sequence[Row]:

@@ -13,7 +13,8 @@ from typing import Any
 from sqlalchemy import Connection, Integer, Row, String, bindparam, insert, select, union_all
 from sqlalchemy.sql.dml import Insert
 
-from ledger.appending import APPENDED_COLUMNS, append_statement
+from ledger.appending import append_statement
+from ledger.batch import AppendBatch
 from ledger.events import LedgerPosition
 from ledger.schema import EVENTS
 
@@ -50,17 +51,20 @@ class SqliteBackend:
         return conn.execute(query).all()
 
     def insert_rows(
-        self, conn: Connection, rows: Sequence[dict[str, Any]], expected_version: int | None
+        self, conn: Connection, batch: AppendBatch, expected_version: int | None
     ) -> Sequence[Row] | None:
-        """Append prepared rows (one stream, ``ordinal`` 1, 2, ..., ``payload`` as JSON text)
-        in one statement, when the stream's version is ``expected_version`` (None: whatever it
-        is): their ``position``, ``event_id`` and ``stream_version``; None, with nothing
-        written, when the version differs. A recorded event id: IntegrityError."""
-        parameters: dict[str, Any] = {"stream_id": rows[0]["stream_id"]}
-        parameters["expected"] = expected_version
-        for index, row in enumerate(rows):
-            parameters.update({f"{name}_{index}": row[name] for name in APPENDED_COLUMNS})
-        return conn.execute(_append(len(rows)), parameters).all() or None
+        """Append the batch's rows in one statement, when the stream's version is
+        ``expected_version`` (None: whatever it is): their ``position``, ``event_id`` and
+        ``stream_version``; None, with nothing written, when the version differs. A recorded
+        event id: IntegrityError."""
+        parameters: dict[str, Any] = {"stream_id": batch.stream_id, "expected": expected_version}
+        for index, (event_id, event, payload) in enumerate(batch.rows()):
+            parameters[f"event_id_{index}"] = event_id
+            parameters[f"ordinal_{index}"] = index + 1
+            parameters[f"event_type_{index}"] = event.type
+            parameters[f"schema_version_{index}"] = event.schema_version
+            parameters[f"payload_{index}"] = payload
+        return conn.execute(_append(len(batch)), parameters).all() or None
 
     def read_after(self, conn: Connection, mark: LedgerPosition, limit: int) -> Sequence[Row]:
         """Committed events after ``mark`` in commit order."""

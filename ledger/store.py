@@ -16,9 +16,7 @@ connections (``ledger/database.py``).
 
 from __future__ import annotations
 
-import functools
 import json
-import os
 import re
 import time
 from collections.abc import Iterable, Sequence
@@ -26,18 +24,17 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
-from pydantic import TypeAdapter, ValidationError
 from sqlalchemy import Connection, Engine, Row, Select, bindparam, exc, func, select
 
+from ledger.batch import AppendBatch, AppendedRow, new_event_id
 from ledger.database import autocommit, dialect_of, open_engine, translate_errors
 from ledger.errors import (
     EventIdConflict,
     ImportConflict,
-    InvalidEventPayload,
     StreamIdError,
     WrongExpectedVersion,
 )
-from ledger.events import Event, LedgerPosition, event_class, validate_payload
+from ledger.events import Event, LedgerPosition
 from ledger.postgres import PostgresBackend
 from ledger.projecting import Folded, project_appended
 from ledger.schema import EVENTS
@@ -59,12 +56,6 @@ __all__ = [
 ANY_VERSION: Final = -1
 STREAM_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,199}$")
 _RETRIES = 5
-
-
-def new_event_id() -> str:
-    """A fresh event id: 128 random bits as 32 hex digits (a fifth of ``uuid4().hex``'s cost,
-    which a batched append pays per event)."""
-    return os.urandom(16).hex()
 
 
 def validate_stream_id(stream_id: object) -> str:
@@ -155,10 +146,6 @@ def _stored(row: Row) -> StoredEvent:
     )
 
 
-Prepared = tuple[str, Event, str]
-"""An event ready to append: its id, the event, and its payload as compact JSON text."""
-
-
 def _version_query(stream_id: str) -> Select[tuple[int]]:
     return select(func.coalesce(func.max(EVENTS.c.stream_version), 0)).where(
         EVENTS.c.stream_id == stream_id
@@ -175,52 +162,6 @@ _READ_STREAM: Final = (
     )
     .order_by(EVENTS.c.stream_version)
 )
-
-
-@functools.cache
-def _batch_validator(cls: type[Event]) -> TypeAdapter[list[Event]]:
-    return TypeAdapter(list[cls])  # type: ignore[valid-type]
-
-
-def _validate_json(cls: type[Event], payloads: Sequence[str]) -> None:
-    """Validate payload JSON texts against ``cls`` (one call for a whole batch; a failure is
-    reported for the first invalid payload, with the field-level detail)."""
-    try:
-        if len(payloads) == 1:
-            cls.model_validate_json(payloads[0])
-        else:
-            _batch_validator(cls).validate_json("[" + ",".join(payloads) + "]")
-        return
-    except ValidationError:
-        pass
-    for payload in payloads:
-        try:
-            cls.model_validate_json(payload)
-        except ValidationError as error:
-            validate_payload(cls.type, json.loads(payload))  # raises with the field-level detail
-            raise InvalidEventPayload(cls.type, cls.schema_version, str(error)) from None
-
-
-def _prepare(items: Sequence[Event | NewEvent]) -> list[Prepared]:
-    """Each event's id and payload JSON text, validated as it will be stored: a model built with
-    ``model_construct`` cannot slip past. A batch pays one validation call per event type and
-    one draw of random bytes for its fresh ids."""
-    events = [item.event if isinstance(item, NewEvent) else item for item in items]
-    for event in events:
-        if not isinstance(event, Event):
-            raise TypeError(f"expected a ledger event model, got {type(event).__name__}")
-    fresh = os.urandom(16 * len(events)).hex()
-    ids = [
-        item.event_id if isinstance(item, NewEvent) else fresh[32 * i : 32 * i + 32]
-        for i, item in enumerate(items)
-    ]
-    payloads = [event.model_dump_json() for event in events]
-    by_type: dict[str, list[str]] = {}
-    for event, payload in zip(events, payloads, strict=True):
-        by_type.setdefault(event.type, []).append(payload)
-    for event_type, texts in by_type.items():
-        _validate_json(event_class(event_type), texts)
-    return list(zip(ids, events, payloads, strict=True))
 
 
 class EventStore:
@@ -255,35 +196,25 @@ class EventStore:
         validate_stream_id(stream_id)
         if not events:
             raise ValueError(f"append to {stream_id} needs at least one event")
-        prepared = _prepare(events)
-        ids = [event_id for event_id, _, _ in prepared]
-        if len(set(ids)) != len(ids):
-            raise EventIdConflict(
-                next(i for i in ids if ids.count(i) > 1),
-                "event in the same append (an id appears twice)",
-            )
+        batch = AppendBatch(
+            stream_id,
+            [
+                (item.event, item.event_id) if isinstance(item, NewEvent) else item
+                for item in events
+            ],
+        )
+        batch.check_ids()
         expected = None if expected_version == ANY_VERSION else expected_version
-        rows = [
-            {
-                "event_id": event_id,
-                "stream_id": stream_id,
-                "ordinal": ordinal,
-                "event_type": event.type,
-                "schema_version": event.schema_version,
-                "payload": payload,
-            }
-            for ordinal, (event_id, event, payload) in enumerate(prepared, start=1)
-        ]
         with translate_errors(self.url):
             for attempt in range(_RETRIES):
                 try:
                     with self.engine.begin() as conn:
-                        landed = self.backend.insert_rows(conn, rows, expected)
+                        landed = self.backend.insert_rows(conn, batch, expected)
                         if landed is not None:
                             by_id = {row.event_id: row for row in landed}
-                            placed = [by_id[event_id] for event_id in ids]
+                            placed = [by_id[event_id] for event_id in batch.event_ids]
                             if self.project_inline:
-                                self._project(conn, stream_id, prepared, placed)
+                                self._project(conn, batch, placed)
                 except exc.IntegrityError:
                     # A racing writer took our version or an event id is recorded: decide
                     # from the committed state (the next round succeeds or raises precisely).
@@ -296,39 +227,36 @@ class EventStore:
                         tuple(row.position for row in placed),
                         placed[-1].stream_version,  # versions follow the events' order
                     )
-                recorded = self._recorded_or_raise(stream_id, prepared, expected_version)
+                recorded = self._recorded_or_raise(batch, expected_version)
                 if recorded is not None:
                     return recorded
         raise AssertionError("unreachable")
 
     @staticmethod
-    def _project(
-        conn: Connection, stream_id: str, prepared: list[Prepared], placed: list[Row]
-    ) -> None:
+    def _project(conn: Connection, batch: AppendBatch, placed: list[Row]) -> None:
         """Fold the appended events (``placed``: where each landed, in the same order)."""
         project_appended(
             conn,
             [
                 Folded(
-                    stream_id,
+                    batch.stream_id,
                     row.stream_version,
                     row.position,
-                    event,
-                    nul_free="\\u0000" not in payload,  # json writes U+0000 as this escape
+                    prepared.event,
+                    nul_free="\\u0000" not in prepared.payload,  # json writes U+0000 as this escape
                 )
-                for (_, event, payload), row in zip(prepared, placed, strict=True)
+                for prepared, row in zip(batch.rows(), placed, strict=True)
             ],
         )
 
-    def _recorded_or_raise(
-        self, stream_id: str, prepared: list[Prepared], expected_version: int
-    ) -> AppendResult | None:
+    def _recorded_or_raise(self, batch: AppendBatch, expected_version: int) -> AppendResult | None:
         """Why an append wrote nothing: its events are recorded (an idempotent retry, or
         ``EventIdConflict``), or the stream's version is not the expected one
-        (``WrongExpectedVersion``); None when neither holds any more (append again)."""
-        ids = [event_id for event_id, _, _ in prepared]
+        (``WrongExpectedVersion``); None when neither holds any more (append again). Every
+        event is validated first: an invalid one is reported before either."""
+        stream_id, prepared = batch.stream_id, batch.rows()
         with autocommit(self.engine.connect()) as conn:
-            existing = self.backend.recorded(conn, ids)
+            existing = self.backend.recorded(conn, batch.event_ids)
             if existing:
                 return self._idempotent(stream_id, prepared, existing)
             actual = conn.execute(_version_query(stream_id)).scalar_one()
@@ -337,7 +265,7 @@ class EventStore:
         return None
 
     def _idempotent(
-        self, stream_id: str, prepared: list[Prepared], existing: Sequence[Row]
+        self, stream_id: str, prepared: list[AppendedRow], existing: Sequence[Row]
     ) -> AppendResult:
         recorded = {row.event_id: row for row in existing}
         for event_id, event, payload in prepared:

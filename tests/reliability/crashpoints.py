@@ -33,7 +33,7 @@ from typing import Any, Final
 
 import training.checkpoint
 from ledger.attempt import AttemptLog
-from ledger.events import BatchPublished
+from ledger.events import BatchPublished, CallIntended
 from ledger.postgres import PostgresBackend
 from ledger.sqlite import SqliteBackend
 from ledger.store import EventStore
@@ -95,12 +95,11 @@ def _wrap_after(owner: object, name: str, probe: Probe, reached: Callable[[Conte
 
 
 def _intent_rows(args: tuple[Any, ...], result: Any) -> Context | None:
-    rows = args[2]  # (backend, connection, rows)
-    intents = [r for r in rows if r["event_type"] == "call.intended"]
+    batch = args[2]  # (backend, connection, batch)
+    intents = [e for e in batch.events if isinstance(e, CallIntended)]
     if not intents:
         return None
-    payload = json.loads(intents[0]["payload"])  # the store's rows carry JSON text
-    return {"capture_key": intents[0]["stream_id"], "call_id": payload["call_id"]}
+    return {"capture_key": batch.stream_id, "call_id": intents[0].call_id}
 
 
 def _call_event(args: tuple[Any, ...], result: Any) -> Context:

@@ -2,6 +2,8 @@
 
 ``ledger/postgres.py`` appends ``COPY_APPEND_MIN`` events or more with ``COPY`` instead of one
 ``INSERT … SELECT``; every check of a small append must hold for them too, on both databases.
+``SPANS`` events go in several spans, each validated while the server writes the one before: an
+invalid event in the last span must still write nothing.
 """
 
 from __future__ import annotations
@@ -12,29 +14,61 @@ import pytest
 from sqlalchemy import text
 
 from ledger.attempt import fold_attempt
-from ledger.errors import EventIdConflict, WrongExpectedVersion
+from ledger.errors import EventIdConflict, InvalidEventPayload, WrongExpectedVersion
 from ledger.events import AttemptSettled, CallFailed, Event
-from ledger.postgres import COPY_APPEND_MIN
+from ledger.postgres import COPY_APPEND_MIN, COPY_SPAN
 from ledger.store import EventStore, NewEvent
 
 from .scenario import committed, intended, opened
 
 MANY = COPY_APPEND_MIN + 4
+SPANS = 2 * COPY_SPAN + 3
 
 
 def failures(count: int, detail: str = "d") -> list[CallFailed]:
     return [CallFailed(call_id=f"c{i}", reason="engine_error", detail=detail) for i in range(count)]
 
 
-def test_many_events_land_at_consecutive_versions_in_position_order(store: EventStore):
+@pytest.mark.parametrize("count", [MANY, SPANS])
+def test_many_events_land_at_consecutive_versions_in_position_order(store: EventStore, count: int):
     store.append("att-1", failures(2), expected_version=0)
-    result = store.append("att-1", failures(MANY), expected_version=2)
-    assert result.stream_version == 2 + MANY and not result.duplicate
+    result = store.append("att-1", failures(count), expected_version=2)
+    assert result.stream_version == 2 + count and not result.duplicate
     assert list(result.positions) == sorted(result.positions)
     events = store.read_stream("att-1", after_version=2)
-    assert [e.stream_version for e in events] == list(range(3, 3 + MANY))
+    assert [e.stream_version for e in events] == list(range(3, 3 + count))
     assert [e.position for e in events] == list(result.positions)
-    assert [e.decode() for e in events] == failures(MANY)
+    assert [e.decode() for e in events] == failures(count)
+
+
+def _forged_last(count: int) -> list[Event]:
+    forged = CallFailed.model_construct(call_id=7, reason=None)  # invalid, built unchecked
+    return [*failures(count - 1), forged]
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # pydantic warns while dumping the forgery
+def test_an_invalid_event_in_the_last_span_writes_nothing(store: EventStore):
+    with pytest.raises(InvalidEventPayload, match=r"Invalid payload for event 'call\.failed'"):
+        store.append("att-1", _forged_last(SPANS), expected_version=0)
+    assert store.count() == 0
+    assert _contradictions(store, "att-1") == []
+    assert store.append("att-1", failures(1), expected_version=0).stream_version == 1
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # pydantic warns while dumping the forgery
+def test_an_invalid_event_is_reported_before_a_stale_version(store: EventStore):
+    store.append("att-1", failures(3), expected_version=0)
+    with pytest.raises(InvalidEventPayload):
+        store.append("att-1", _forged_last(SPANS), expected_version=1)
+    assert store.count() == 3
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # pydantic warns while dumping the forgery
+def test_an_invalid_event_is_reported_before_a_repeated_id(store: EventStore):
+    events = [NewEvent(e, "ev-1") for e in _forged_last(SPANS)]
+    with pytest.raises(InvalidEventPayload):
+        store.append("att-1", events)
+    assert store.count() == 0
 
 
 @pytest.mark.parametrize(
