@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from pydantic import TypeAdapter, ValidationError
@@ -22,7 +22,7 @@ from pydantic import TypeAdapter, ValidationError
 from ledger.errors import EventIdConflict, InvalidEventPayload
 from ledger.events import Event, event_class, validate_payload
 
-__all__ = ["AppendBatch", "AppendedRow", "new_event_id"]
+__all__ = ["AppendBatch", "AppendedRow", "Landed", "Meanwhile", "new_event_id"]
 
 
 def new_event_id() -> str:
@@ -110,3 +110,16 @@ class AppendBatch:
             self.rows()
             twice = next(i for i in self.event_ids if self.event_ids.count(i) > 1)
             raise EventIdConflict(twice, "event in the same append (an id appears twice)")
+
+
+class Landed(NamedTuple):
+    """Where one appended event landed."""
+
+    position: int
+    event_id: str
+    stream_version: int
+
+
+Meanwhile = Callable[[Sequence[Landed]], object]
+"""Work with no statements that the store gives a ``COPY`` append to do while the server
+writes the rows (the inline fold's staging, ``ledger/projecting.py``)."""

@@ -16,7 +16,7 @@ from sqlalchemy import Connection, insert, select
 
 from ledger.events import RolloutSelected
 from ledger.lifecycle import CallFacts, LifecycleFacts, contradiction_entry
-from ledger.postgres import copy_rows
+from ledger.postgres import copy_block, copy_lines
 from ledger.schema import PROJ_ATTEMPTS, PROJ_CALLS, PROJ_CONTRADICTIONS, PROJ_ROLLOUTS
 
 if TYPE_CHECKING:
@@ -26,6 +26,7 @@ __all__ = [
     "CONTRADICTION_COLUMNS",
     "COPY_CONTRADICTIONS_MIN",
     "ContradictionRow",
+    "contradiction_lines",
     "contradiction_row",
     "lifecycle_facts",
     "record_contradictions",
@@ -108,10 +109,22 @@ def contradiction_row(item: Folded, why: str | None) -> ContradictionRow:
     )
 
 
-def record_contradictions(conn: Connection, rows: Sequence[ContradictionRow]) -> None:
-    """Insert ``rows`` into ``grove_proj_contradictions`` on the connection's transaction."""
-    if len(rows) >= COPY_CONTRADICTIONS_MIN and conn.dialect.name == "postgresql":
-        copy_rows(conn, PROJ_CONTRADICTIONS.name, CONTRADICTION_COLUMNS, rows)
+def contradiction_lines(rows: Sequence[ContradictionRow], dialect: str) -> str | None:
+    """The ``COPY`` text that ``record_contradictions`` sends for ``rows`` on ``dialect``, or
+    None where it sends none (built ahead while the server is busy, ``ledger/projecting.py``)."""
+    if len(rows) >= COPY_CONTRADICTIONS_MIN and dialect == "postgresql":
+        return copy_lines(rows)
+    return None
+
+
+def record_contradictions(
+    conn: Connection, rows: Sequence[ContradictionRow], lines: str | None = None
+) -> None:
+    """Insert ``rows`` into ``grove_proj_contradictions`` on the connection's transaction
+    (``lines``: their ``contradiction_lines``, when built already)."""
+    lines = lines or contradiction_lines(rows, conn.dialect.name)
+    if lines is not None:
+        copy_block(conn, PROJ_CONTRADICTIONS.name, CONTRADICTION_COLUMNS, lines)
     elif rows:
         conn.execute(
             insert(PROJ_CONTRADICTIONS),

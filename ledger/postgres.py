@@ -30,7 +30,7 @@ import contextlib
 import json
 import re
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import psycopg
 from sqlalchemy import (
@@ -51,7 +51,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.sql.dml import Insert
 
 from ledger.appending import append_statement
-from ledger.batch import AppendBatch, AppendedRow
+from ledger.batch import AppendBatch, AppendedRow, Landed, Meanwhile
 from ledger.errors import ImportConflict
 from ledger.events import LedgerPosition
 from ledger.schema import EVENTS
@@ -59,9 +59,9 @@ from ledger.schema import EVENTS
 __all__ = [
     "COPY_APPEND_MIN",
     "COPY_COLUMNS",
-    "Landed",
     "PostgresBackend",
     "copy_block",
+    "copy_lines",
     "copy_rows",
 ]
 
@@ -193,10 +193,10 @@ def copy_rows(
 ) -> None:
     """Write ``rows`` (values in the order of ``columns``: text, numbers, booleans or None) into
     ``table`` by ``COPY … FROM STDIN`` on the connection's transaction."""
-    copy_block(conn, table, columns, _copy_lines(rows))
+    copy_block(conn, table, columns, copy_lines(rows))
 
 
-def _copy_lines(rows: Sequence[Sequence[object]]) -> str:
+def copy_lines(rows: Sequence[Sequence[object]]) -> str:
     """``rows`` in ``COPY``'s text format. The fields are first written as they are, and kept
     when the block holds no backslash, tab or line end besides its NULLs and separators (text
     without them needs no escaping: one check of the whole block instead of one per field)."""
@@ -242,14 +242,6 @@ def copy_block(conn: Connection, table: str, columns: Sequence[str], block: str)
         write(block)
 
 
-class Landed(NamedTuple):
-    """Where one appended event landed."""
-
-    position: int
-    event_id: str
-    stream_version: int
-
-
 _SLOTS = (
     "SELECT (SELECT coalesce(max(stream_version), 0) FROM grove_events WHERE stream_id = %s), "
     "ARRAY(SELECT nextval((SELECT pg_get_serial_sequence('grove_events', 'position'))) "
@@ -288,15 +280,20 @@ class PostgresBackend:
         return conn.execute(query).all()
 
     def insert_rows(
-        self, conn: Connection, batch: AppendBatch, expected_version: int | None
+        self,
+        conn: Connection,
+        batch: AppendBatch,
+        expected_version: int | None,
+        meanwhile: Meanwhile | None = None,
     ) -> Sequence[Row | Landed] | None:
         """Append the batch's rows when the stream's version is ``expected_version`` (None:
         whatever it is): their ``position``, ``event_id`` and ``stream_version``; None, with
         nothing written, when the version differs. A racing writer of the same version, or a
         recorded event id: IntegrityError. ``COPY_APPEND_MIN`` rows or more go by ``COPY``
-        (see above)."""
+        (see above), which calls ``meanwhile`` with where they land, in the batch's order,
+        once every row is sent and while the server still writes them."""
         if len(batch) >= COPY_APPEND_MIN:
-            return self._copy_append(conn, batch, expected_version)
+            return self._copy_append(conn, batch, expected_version, meanwhile)
         parameters = {
             "rows": _append_document(batch.rows()),
             "stream_id": batch.stream_id,
@@ -306,7 +303,10 @@ class PostgresBackend:
 
     @staticmethod
     def _copy_append(
-        conn: Connection, batch: AppendBatch, expected_version: int | None
+        conn: Connection,
+        batch: AppendBatch,
+        expected_version: int | None,
+        meanwhile: Meanwhile | None,
     ) -> list[Landed] | None:
         """The ``COPY`` append: each span of ``COPY_SPAN`` rows is prepared (validated and
         serialised) while the server writes the span before it."""
@@ -334,6 +334,8 @@ class PostgresBackend:
                         )
                     )
                 )
+            if meanwhile is not None:
+                meanwhile(landed)  # the server is still writing: no statements here
         return landed
 
     def read_after(self, conn: Connection, mark: LedgerPosition, limit: int) -> Sequence[Row]:

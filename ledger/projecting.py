@@ -36,8 +36,10 @@ from sqlalchemy.dialects.postgresql import insert as postgres_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.sql.dml import Insert, Update
 
+from ledger.batch import AppendBatch, Landed
 from ledger.contradictions import (
     ContradictionRow,
+    contradiction_lines,
     contradiction_row,
     lifecycle_facts,
     record_contradictions,
@@ -70,7 +72,7 @@ from ledger.schema import (
 )
 from ledger.upcasting import decode_payload
 
-__all__ = ["Folded", "fold_stream", "project_appended"]
+__all__ = ["AppendFold", "Folded", "fold_stream"]
 
 
 class Folded(NamedTuple):
@@ -507,18 +509,61 @@ _CLAIM_NEXT = (
 )
 
 
-def project_appended(conn: Connection, items: Sequence[Folded]) -> None:
-    """Fold one append's events (one stream, in version order) in the append's transaction."""
-    stream_id = items[0].stream_id
-    first, last = items[0].stream_version, items[-1].stream_version
+def _claim(conn: Connection, stream_id: str, first: int, last: int) -> tuple[bool, bool]:
+    """Claim the fold of the stream's versions ``first`` to ``last``: whether it was claimed (the
+    stream was folded up to ``first - 1``), and whether its attempt is open."""
     parameters = {"p_stream": stream_id, "p_first": first - 1, "p_last": last}
     if first == 1:
-        claimed = conn.execute(_CLAIM_NEW[conn.dialect.name], parameters).first() is not None
-        opened = False
-    else:
-        row = conn.execute(_CLAIM_NEXT, parameters).first()
-        claimed, opened = row is not None, row is not None and bool(row.opened)
-    if claimed:
-        _fold(conn, items, opened)
-    else:
-        fold_stream(conn, stream_id, items)
+        return conn.execute(_CLAIM_NEW[conn.dialect.name], parameters).first() is not None, False
+    row = conn.execute(_CLAIM_NEXT, parameters).first()
+    return row is not None, row is not None and bool(row.opened)
+
+
+class AppendFold:
+    """The inline fold of one append (one stream's events, in version order), in the append's
+    transaction. A ``COPY`` append calls ``stage`` while the server still writes its rows: it
+    pairs each event with where it landed and, when the events are all an attempt's and open
+    none, builds their contradiction rows as if the stream were never opened (the usual case of
+    such an append), with no statement. ``apply`` then claims the stream and records those rows
+    when the claim confirms it; otherwise it folds the events one by one, as without staging."""
+
+    def __init__(self, batch: AppendBatch, dialect: str) -> None:
+        self.batch, self.stream_id, self.dialect = batch, batch.stream_id, dialect
+        self.items: list[Folded] = []
+        self.unopened: list[ContradictionRow] | None = None
+        self.unopened_lines: str | None = None
+
+    def _pair(self, landed: Sequence[Landed]) -> None:
+        self.items = [
+            Folded(
+                self.stream_id,
+                slot.stream_version,
+                slot.position,
+                row.event,
+                nul_free="\\u0000" not in row.payload,  # json writes U+0000 as this escape
+            )
+            for row, slot in zip(self.batch.rows(), landed, strict=True)
+        ]
+
+    def stage(self, landed: Sequence[Landed]) -> None:
+        """Build what needs no statement (``landed``: where each event landed, in order)."""
+        self._pair(landed)
+        if all(isinstance(item.event, ATTEMPT_EVENTS) for item in self.items):
+            safe = self.items if self.dialect != "postgresql" else map(_text_safe, self.items)
+            self.unopened = [contradiction_row(item, NEVER_OPENED) for item in safe]
+            self.unopened_lines = contradiction_lines(self.unopened, self.dialect)
+
+    def apply(self, conn: Connection, landed: Sequence[Landed]) -> None:
+        """Fold the events (``landed`` as for ``stage``, when it was not called)."""
+        if not self.items:
+            self._pair(landed)
+        items = self.items
+        claimed, opened = _claim(
+            conn, self.stream_id, items[0].stream_version, items[-1].stream_version
+        )
+        if not claimed:
+            fold_stream(conn, self.stream_id, items)
+        elif not opened and self.unopened is not None:
+            record_contradictions(conn, self.unopened, self.unopened_lines)
+        else:
+            _fold(conn, items, opened)

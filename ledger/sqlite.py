@@ -14,7 +14,7 @@ from sqlalchemy import Connection, Integer, Row, String, bindparam, insert, sele
 from sqlalchemy.sql.dml import Insert
 
 from ledger.appending import append_statement
-from ledger.batch import AppendBatch
+from ledger.batch import AppendBatch, Meanwhile
 from ledger.events import LedgerPosition
 from ledger.schema import EVENTS
 
@@ -51,12 +51,18 @@ class SqliteBackend:
         return conn.execute(query).all()
 
     def insert_rows(
-        self, conn: Connection, batch: AppendBatch, expected_version: int | None
+        self,
+        conn: Connection,
+        batch: AppendBatch,
+        expected_version: int | None,
+        meanwhile: Meanwhile | None = None,
     ) -> Sequence[Row] | None:
         """Append the batch's rows in one statement, when the stream's version is
         ``expected_version`` (None: whatever it is): their ``position``, ``event_id`` and
         ``stream_version``; None, with nothing written, when the version differs. A recorded
-        event id: IntegrityError."""
+        event id: IntegrityError. (``meanwhile`` is never called: the statement returns once
+        the rows are written, leaving nothing to overlap.)"""
+        del meanwhile
         parameters: dict[str, Any] = {"stream_id": batch.stream_id, "expected": expected_version}
         for index, (event_id, event, payload) in enumerate(batch.rows()):
             parameters[f"event_id_{index}"] = event_id

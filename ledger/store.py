@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
-from sqlalchemy import Connection, Engine, Row, Select, bindparam, exc, func, select
+from sqlalchemy import Engine, Row, Select, bindparam, exc, func, select
 
 from ledger.batch import AppendBatch, AppendedRow, new_event_id
 from ledger.database import autocommit, dialect_of, open_engine, translate_errors
@@ -36,7 +36,7 @@ from ledger.errors import (
 )
 from ledger.events import Event, LedgerPosition
 from ledger.postgres import PostgresBackend
-from ledger.projecting import Folded, project_appended
+from ledger.projecting import AppendFold
 from ledger.schema import EVENTS
 from ledger.sqlite import SqliteBackend
 from ledger.upcasting import E, decode_as, decode_payload, upcast
@@ -208,13 +208,16 @@ class EventStore:
         with translate_errors(self.url):
             for attempt in range(_RETRIES):
                 try:
+                    fold = AppendFold(batch, self.backend.name) if self.project_inline else None
                     with self.engine.begin() as conn:
-                        landed = self.backend.insert_rows(conn, batch, expected)
+                        landed = self.backend.insert_rows(
+                            conn, batch, expected, fold and fold.stage
+                        )
                         if landed is not None:
                             by_id = {row.event_id: row for row in landed}
                             placed = [by_id[event_id] for event_id in batch.event_ids]
-                            if self.project_inline:
-                                self._project(conn, batch, placed)
+                            if fold is not None:
+                                fold.apply(conn, placed)
                 except exc.IntegrityError:
                     # A racing writer took our version or an event id is recorded: decide
                     # from the committed state (the next round succeeds or raises precisely).
@@ -231,23 +234,6 @@ class EventStore:
                 if recorded is not None:
                     return recorded
         raise AssertionError("unreachable")
-
-    @staticmethod
-    def _project(conn: Connection, batch: AppendBatch, placed: list[Row]) -> None:
-        """Fold the appended events (``placed``: where each landed, in the same order)."""
-        project_appended(
-            conn,
-            [
-                Folded(
-                    batch.stream_id,
-                    row.stream_version,
-                    row.position,
-                    prepared.event,
-                    nul_free="\\u0000" not in prepared.payload,  # json writes U+0000 as this escape
-                )
-                for prepared, row in zip(batch.rows(), placed, strict=True)
-            ],
-        )
 
     def _recorded_or_raise(self, batch: AppendBatch, expected_version: int) -> AppendResult | None:
         """Why an append wrote nothing: its events are recorded (an idempotent retry, or
