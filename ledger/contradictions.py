@@ -16,7 +16,7 @@ from sqlalchemy import Connection, insert, select
 
 from ledger.events import RolloutSelected
 from ledger.lifecycle import CallFacts, LifecycleFacts, contradiction_entry
-from ledger.postgres import copy_block, copy_lines
+from ledger.pgcopy import copy_block, copy_lines
 from ledger.schema import PROJ_ATTEMPTS, PROJ_CALLS, PROJ_CONTRADICTIONS, PROJ_ROLLOUTS
 
 if TYPE_CHECKING:

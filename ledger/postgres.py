@@ -21,12 +21,13 @@ statement reads the stream's version and draws the events' positions from the ta
 the store's expected-version check runs on that version, and ``COPY`` writes the rows with their
 versions and positions. The unique indexes keep the same guarantees as the one-statement insert
 of smaller appends: a racing writer of the same versions, or an event id already recorded, fails
-the ``COPY`` (IntegrityError), and the store decides from the committed rows.
+the ``COPY`` (IntegrityError), and the store decides from the committed rows. The client's work
+overlaps the server's: the first events are validated while the server draws the positions, and
+the rows go in parts, each prepared while the server writes the one before (``ledger/pgcopy.py``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 from collections.abc import Callable, Iterator, Sequence
@@ -42,7 +43,6 @@ from sqlalchemy import (
     bindparam,
     cast,
     column,
-    exc,
     func,
     select,
     tuple_,
@@ -54,24 +54,24 @@ from ledger.appending import append_statement
 from ledger.batch import AppendBatch, AppendedRow, Landed, Meanwhile
 from ledger.errors import ImportConflict
 from ledger.events import LedgerPosition
+from ledger.pgcopy import as_sqlalchemy_errors, copy_parts, copy_text
 from ledger.schema import EVENTS
 
 __all__ = [
     "COPY_APPEND_MIN",
     "COPY_COLUMNS",
     "PostgresBackend",
-    "copy_block",
-    "copy_lines",
-    "copy_rows",
 ]
 
 COPY_APPEND_MIN = 16
 """Appends of at least this many events go by ``COPY``; smaller ones by one ``INSERT … SELECT``
 (one round trip, where ``COPY`` takes three)."""
 
-COPY_SPAN = 64
-"""A ``COPY`` append sends its rows this many at a time, each span prepared while the server
-writes the one before (``bench/ledger_append.py``)."""
+COPY_PART = 64
+"""The first part of a ``COPY`` append: its events are prepared while the server waits; each
+later part, twice the one before, is prepared while the server writes the one before (the client
+prepares an event in about half the time the server takes to write it,
+``bench/ledger_append.py``)."""
 
 COPY_COLUMNS = (
     "event_id",
@@ -156,98 +156,23 @@ def _jsonb_text(payload_json: str) -> str:
     return payload_json
 
 
-def _copy_text(value: str) -> str:
-    """``value`` as a field of ``COPY``'s text format (backslash, tab and line ends escaped)."""
-    if "\\" in value:
-        value = value.replace("\\", "\\\\")
-    if "\t" in value or "\n" in value or "\r" in value:
-        value = value.replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
-    return value
-
-
-def _copy_line(row: Sequence[object]) -> str:
-    """One row of ``COPY``'s text format: text escaped, None as ``\\N``, numbers and booleans
-    as Python writes them (PostgreSQL reads True and False)."""
-    fields = [
-        _copy_text(value) if isinstance(value, str) else "\\N" if value is None else str(value)
-        for value in row
-    ]
-    return "\t".join(fields) + "\n"
-
-
-@contextlib.contextmanager
-def _as_sqlalchemy_errors(conn: Connection, statement: str) -> Iterator[None]:
-    """Raise the driver's errors of statements sent past SQLAlchemy (``COPY``) as SQLAlchemy
-    raises them, so the store's retry and ``translate_errors`` treat both paths alike."""
-    try:
-        yield
-    except psycopg.Error as error:
-        broken = conn.connection.driver_connection.broken
-        raise exc.DBAPIError.instance(
-            statement, None, error, psycopg.Error, connection_invalidated=broken
-        ) from error
-
-
-def copy_rows(
-    conn: Connection, table: str, columns: Sequence[str], rows: Sequence[Sequence[object]]
-) -> None:
-    """Write ``rows`` (values in the order of ``columns``: text, numbers, booleans or None) into
-    ``table`` by ``COPY … FROM STDIN`` on the connection's transaction."""
-    copy_block(conn, table, columns, copy_lines(rows))
-
-
-def copy_lines(rows: Sequence[Sequence[object]]) -> str:
-    """``rows`` in ``COPY``'s text format. The fields are first written as they are, and kept
-    when the block holds no backslash, tab or line end besides its NULLs and separators (text
-    without them needs no escaping: one check of the whole block instead of one per field)."""
-    block = "".join(
-        [
-            "\t".join(["\\N" if value is None else str(value) for value in row]) + "\n"
-            for row in rows
-        ]
-    )
-    nulls = sum(row.count(None) for row in rows)
-    separators = sum(len(row) for row in rows) - len(rows)
-    if (
-        block.count("\\") == nulls
-        and block.count("\t") == separators
-        and block.count("\n") == len(rows)
-        and "\r" not in block
-    ):
-        return block
-    return "".join([_copy_line(row) for row in rows])
-
-
-@contextlib.contextmanager
-def _copy_writer(
-    conn: Connection, table: str, columns: Sequence[str]
-) -> Iterator[Callable[[str], None]]:
-    """A function that sends blocks of rows in ``COPY``'s text format into ``table`` on the
-    connection's transaction, each at once: the server writes one while the caller builds the
-    next. The ``COPY`` ends when the block ends; an exception in it cancels the ``COPY``."""
-    statement = f"COPY {table} ({', '.join(columns)}) FROM STDIN"  # Grove's own names
-    driver = conn.connection.driver_connection
-    with (
-        _as_sqlalchemy_errors(conn, statement),
-        driver.cursor() as cursor,
-        cursor.copy(statement) as copy,
-    ):
-        yield copy.write
-
-
-def copy_block(conn: Connection, table: str, columns: Sequence[str], block: str) -> None:
-    """Write ``block``, rows in ``COPY``'s text format, into ``table`` on the connection's
-    transaction."""
-    with _copy_writer(conn, table, columns) as write:
-        write(block)
-
-
 _SLOTS = (
     "SELECT (SELECT coalesce(max(stream_version), 0) FROM grove_events WHERE stream_id = %s), "
     "ARRAY(SELECT nextval((SELECT pg_get_serial_sequence('grove_events', 'position'))) "
     "FROM generate_series(1, %s))"
 )
 _APPEND_COPY_COLUMNS = ("position", *COPY_COLUMNS)
+
+
+def _parts(count: int) -> Iterator[tuple[int, int]]:
+    """The ``(start, stop)`` of each part of a ``COPY`` append of ``count`` events: the first
+    ``COPY_PART`` events, then each part twice the one before, the last taking the rest once
+    fewer than twice its size would follow it."""
+    start, size = 0, COPY_PART
+    while start < count:
+        stop = start + size if count - start - size >= 2 * size else count
+        yield start, stop
+        start, size = stop, 2 * size
 
 
 def _append_document(rows: Sequence[AppendedRow]) -> str:
@@ -308,34 +233,38 @@ class PostgresBackend:
         expected_version: int | None,
         meanwhile: Meanwhile | None,
     ) -> list[Landed] | None:
-        """The ``COPY`` append: each span of ``COPY_SPAN`` rows is prepared (validated and
-        serialised) while the server writes the span before it."""
+        """The ``COPY`` append: by parts (``_parts``), each prepared (validated and serialised)
+        while the server writes the one before (``ledger/pgcopy.py``)."""
         stream_id, count = batch.stream_id, len(batch)
         driver = conn.connection.driver_connection
-        with _as_sqlalchemy_errors(conn, _SLOTS), driver.cursor() as cursor:
-            current, positions = cursor.execute(_SLOTS, (stream_id, count)).fetchone()
+        with as_sqlalchemy_errors(conn, _SLOTS), driver.cursor() as cursor:
+            with driver.pipeline():  # sent at once, its result read after the first part
+                cursor.execute(_SLOTS, (stream_id, count))
+                batch.rows(0, COPY_PART)  # prepared while the server draws the positions
+            current, positions = cursor.fetchone()
         if expected_version is not None and current != expected_version:
             return None  # the drawn positions stay unused, as after any rolled-back insert
         positions.sort()
         landed = list(
             map(Landed, positions, batch.event_ids, range(current + 1, current + count + 1))
         )
-        with _copy_writer(conn, "grove_events", _APPEND_COPY_COLUMNS) as write:
-            for start in range(0, count, COPY_SPAN):
-                rows = batch.rows(start, start + COPY_SPAN)
+
+        def blocks() -> Iterator[str]:
+            for start, stop in _parts(count):
+                rows = batch.rows(start, stop)
                 # Stream ids and event types are plain names (validate_stream_id, the catalog).
-                write(
-                    "".join(
-                        f"{slot.position}\t{_copy_text(event_id)}\t{stream_id}"
-                        f"\t{slot.stream_version}\t{event.type}\t{event.schema_version:d}"
-                        f"\t{_copy_text(_jsonb_text(payload))}\n"
-                        for slot, (event_id, event, payload) in zip(
-                            landed[start : start + COPY_SPAN], rows, strict=True
-                        )
+                yield "".join(
+                    f"{slot.position}\t{copy_text(event_id)}\t{stream_id}"
+                    f"\t{slot.stream_version}\t{event.type}\t{event.schema_version:d}"
+                    f"\t{copy_text(_jsonb_text(payload))}\n"
+                    for slot, (event_id, event, payload) in zip(
+                        landed[start:stop], rows, strict=True
                     )
                 )
             if meanwhile is not None:
-                meanwhile(landed)  # the server is still writing: no statements here
+                meanwhile(landed)  # while the server writes the last part: no statements
+
+        copy_parts(conn, "grove_events", _APPEND_COPY_COLUMNS, blocks())
         return landed
 
     def read_after(self, conn: Connection, mark: LedgerPosition, limit: int) -> Sequence[Row]:

@@ -2,8 +2,8 @@
 
 ``ledger/postgres.py`` appends ``COPY_APPEND_MIN`` events or more with ``COPY`` instead of one
 ``INSERT … SELECT``; every check of a small append must hold for them too, on both databases.
-``SPANS`` events go in several spans, each validated while the server writes the one before: an
-invalid event in the last span must still write nothing.
+``PARTS`` events go in several parts, each validated while the server writes the one before: an
+invalid event in the last part must still write nothing.
 """
 
 from __future__ import annotations
@@ -16,20 +16,20 @@ from sqlalchemy import text
 from ledger.attempt import fold_attempt
 from ledger.errors import EventIdConflict, InvalidEventPayload, WrongExpectedVersion
 from ledger.events import AttemptSettled, CallFailed, Event
-from ledger.postgres import COPY_APPEND_MIN, COPY_SPAN
+from ledger.postgres import COPY_APPEND_MIN, COPY_PART
 from ledger.store import EventStore, NewEvent
 
 from .scenario import committed, intended, opened
 
 MANY = COPY_APPEND_MIN + 4
-SPANS = 2 * COPY_SPAN + 3
+PARTS = 7 * COPY_PART + 3  # three parts: 64, 128 and the 259 left
 
 
 def failures(count: int, detail: str = "d") -> list[CallFailed]:
     return [CallFailed(call_id=f"c{i}", reason="engine_error", detail=detail) for i in range(count)]
 
 
-@pytest.mark.parametrize("count", [MANY, SPANS])
+@pytest.mark.parametrize("count", [MANY, PARTS])
 def test_many_events_land_at_consecutive_versions_in_position_order(store: EventStore, count: int):
     store.append("att-1", failures(2), expected_version=0)
     result = store.append("att-1", failures(count), expected_version=2)
@@ -47,25 +47,29 @@ def _forged_last(count: int) -> list[Event]:
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")  # pydantic warns while dumping the forgery
-def test_an_invalid_event_in_the_last_span_writes_nothing(store: EventStore):
+def test_an_invalid_event_in_the_last_part_writes_nothing(store: EventStore):
     with pytest.raises(InvalidEventPayload, match=r"Invalid payload for event 'call\.failed'"):
-        store.append("att-1", _forged_last(SPANS), expected_version=0)
+        store.append("att-1", _forged_last(PARTS), expected_version=0)
     assert store.count() == 0
     assert _contradictions(store, "att-1") == []
     assert store.append("att-1", failures(1), expected_version=0).stream_version == 1
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")  # pydantic warns while dumping the forgery
-def test_an_invalid_event_is_reported_before_a_stale_version(store: EventStore):
+@pytest.mark.parametrize("where", ["first", "last"])
+def test_an_invalid_event_is_reported_before_a_stale_version(store: EventStore, where: str):
     store.append("att-1", failures(3), expected_version=0)
+    events = _forged_last(PARTS)
+    if where == "first":
+        events.reverse()
     with pytest.raises(InvalidEventPayload):
-        store.append("att-1", _forged_last(SPANS), expected_version=1)
+        store.append("att-1", events, expected_version=1)
     assert store.count() == 3
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")  # pydantic warns while dumping the forgery
 def test_an_invalid_event_is_reported_before_a_repeated_id(store: EventStore):
-    events = [NewEvent(e, "ev-1") for e in _forged_last(SPANS)]
+    events = [NewEvent(e, "ev-1") for e in _forged_last(PARTS)]
     with pytest.raises(InvalidEventPayload):
         store.append("att-1", events)
     assert store.count() == 0
