@@ -94,7 +94,12 @@ def _send_end(pgconn: pq.abc.PGconn) -> PQGen[None]:
 class _EndFirst(LibpqWriter):
     """A ``COPY`` writer that, at the end, sends the end, runs ``meanwhile`` while the server
     writes the rows it buffered, then reads the result (raising the server's error, if any, or
-    else ``meanwhile``'s)."""
+    else ``meanwhile``'s).
+
+    psycopg's documented way to change how a ``COPY`` is sent is a ``Writer``; this one ends the
+    ``COPY`` as ``LibpqWriter.finish`` does (its connection, libpq handle and generators), split
+    in two. ``tests/integration/ledger/test_pgcopy.py`` holds it to that on each psycopg release.
+    """
 
     def __init__(self, cursor: psycopg.Cursor, meanwhile: Callable[[], object]) -> None:
         super().__init__(cursor)

@@ -206,3 +206,40 @@ def test_contradictions_of_events_without_a_call_have_no_call_id(store: EventSto
         ).scalars()
         assert list(call_ids) == [None] * MANY
     assert _contradictions(store, "att-1") == list(fold_attempt("att-1", events).contradictions)
+
+
+def _contradiction_rows(store: EventStore, key: str) -> list[tuple]:
+    with store.engine.connect() as conn:
+        return [
+            tuple(row)
+            for row in conn.execute(
+                text(
+                    "SELECT stream_version, event_type, call_id, contradiction "
+                    "FROM grove_contradictions WHERE capture_key = :k ORDER BY stream_version"
+                ),
+                {"k": key},
+            )
+        ]
+
+
+@pytest.mark.parametrize("opened_first", [False, True], ids=["never-opened", "opened"])
+@pytest.mark.parametrize("call", ["c", "c\x00nul", "c\t\\N"], ids=repr)
+def test_a_batch_records_the_contradictions_of_its_events_appended_one_by_one(
+    store: EventStore, opened_first: bool, call: str
+):
+    # A batch of attempt events stages its contradictions as if its stream were never opened;
+    # the claim must confirm that, or the events are folded one by one as below.
+    events: list[Event] = [
+        committed("x", f"{call}{i}")
+        if i % 2
+        else CallFailed(call_id=f"{call}{i}", reason="engine_error", detail="d")
+        for i in range(MANY)
+    ]
+    for key in ("batch", "single"):
+        if opened_first:
+            store.append(key, [opened(key)], expected_version=0)
+    store.append("batch", events)
+    for event in events:
+        store.append("single", [event])
+    assert _contradiction_rows(store, "batch") == _contradiction_rows(store, "single")
+    assert len(_contradiction_rows(store, "batch")) == MANY
