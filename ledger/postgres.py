@@ -204,6 +204,12 @@ class PostgresBackend:
         )
         return conn.execute(query).all()
 
+    def prepares_while_writing(self, count: int) -> bool:
+        """Whether an append of ``count`` events prepares its rows while the server writes
+        (``COPY``, by parts); the store prepares the rows of any other append before its
+        transaction begins."""
+        return count >= COPY_APPEND_MIN
+
     def insert_rows(
         self,
         conn: Connection,

@@ -50,6 +50,12 @@ class SqliteBackend:
         query = select(EVENTS).where(EVENTS.c.event_id.in_(event_ids)).order_by(EVENTS.c.position)
         return conn.execute(query).all()
 
+    def prepares_while_writing(self, count: int) -> bool:
+        """Never: every append is one statement, its rows prepared before the transaction
+        begins (which takes SQLite's write lock)."""
+        del count
+        return False
+
     def insert_rows(
         self,
         conn: Connection,

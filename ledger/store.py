@@ -204,6 +204,8 @@ class EventStore:
             ],
         )
         batch.check_ids()
+        if not self.backend.prepares_while_writing(len(batch)):
+            batch.rows()  # an invalid event fails here, before the transaction takes a lock
         expected = None if expected_version == ANY_VERSION else expected_version
         with translate_errors(self.url):
             for attempt in range(_RETRIES):

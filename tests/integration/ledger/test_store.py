@@ -6,7 +6,15 @@ import threading
 
 import pytest
 
-from ledger.errors import EventIdConflict, ImportConflict, StreamIdError, WrongExpectedVersion
+from ledger import database
+from ledger.batch import AppendBatch
+from ledger.errors import (
+    EventIdConflict,
+    ImportConflict,
+    InvalidEventPayload,
+    StreamIdError,
+    WrongExpectedVersion,
+)
 from ledger.events import AttemptSettled, CallFailed, LedgerPosition
 from ledger.store import ANY_VERSION, EventStore, ImportEvent, NewEvent
 
@@ -190,3 +198,21 @@ def test_an_import_colliding_with_recorded_events_is_refused_whole(store: EventS
     with pytest.raises(ImportConflict, match=r"Import refused: .* nothing was imported"):
         store.import_events(rows)
     assert store.count() == 1
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # pydantic warns while dumping the forgery
+def test_an_invalid_event_is_refused_while_another_writer_holds_the_lock(
+    ledger_url: str, monkeypatch: pytest.MonkeyPatch
+):
+    # A lock wait of 1 s instead of 60: an append that took the write lock before validating
+    # would fail with the lock's error instead of the payload's.
+    monkeypatch.setattr(database, "SQLITE_BUSY_TIMEOUT_S", 1.0)
+    store, writer = EventStore.open(ledger_url), EventStore.open(ledger_url)
+    try:
+        with writer.engine.begin() as held:
+            writer.backend.insert_rows(held, AppendBatch("att-0", [failed("c0")]), None)
+            with pytest.raises(InvalidEventPayload, match=r"Invalid payload for event"):
+                store.append("att-1", [CallFailed.model_construct(call_id=7, reason=None)])
+    finally:
+        store.close()
+        writer.close()
