@@ -5,10 +5,11 @@ stream, ``ANY_VERSION`` to skip the check); a racing writer loses on the unique
 ``(stream_id, stream_version)`` index and gets ``WrongExpectedVersion``. An event id is an
 idempotency key: retrying an append whose events are all recorded with identical stream, type and
 payload returns the recorded positions; reusing an id for anything else is ``EventIdConflict``.
-Every event is validated against the catalog before anything is written.
+Every event is validated against the catalog before anything is written (``ledger/batch.py``).
 
 An append is one statement in its transaction (``ledger/appending.py``: the stream's version, the
-check and the insert together). Only when it writes nothing, or fails on a unique index, does
+check and the insert together), or on PostgreSQL, for many events, a version read and ``COPY``
+by parts (``ledger/postgres.py``). Only when it writes nothing, or fails on a unique index, does
 the store read why: the events already recorded (an idempotent retry, or a conflict), or the
 stream's actual version (``WrongExpectedVersion``). Reads are single statements on autocommit
 connections (``ledger/database.py``).
