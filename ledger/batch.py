@@ -1,9 +1,9 @@
 """One append's events, and their rows prepared as a backend writes them.
 
 An append names its events up front (their ids, types and order) but validates and serialises
-them only when the backend asks for their rows (``AppendBatch.rows``), a span at a time. A backend
-that streams its insert (``COPY`` on PostgreSQL, ``ledger/postgres.py``) prepares each span while
-the server writes the one before; the others ask for every row at once. Each span is validated as
+them only when the backend asks for their rows (``AppendBatch.rows``), a part at a time. A backend
+that streams its insert (``COPY`` on PostgreSQL, ``ledger/postgres.py``) prepares each part while
+the server writes the one before; the others ask for every row at once. Each part is validated as
 it will be stored before any of it is sent, so a model built with ``model_construct`` cannot slip
 past, and an invalid event fails the append before its transaction commits: nothing is written.
 Every error of validation comes before any other error of the append (``ledger/store.py``).
@@ -45,7 +45,7 @@ def _batch_validator(cls: type[Event]) -> TypeAdapter[list[Event]]:
 
 
 def _validate_json(cls: type[Event], payloads: Sequence[str]) -> None:
-    """Validate payload JSON texts against ``cls`` (one call for a whole span; a failure is
+    """Validate payload JSON texts against ``cls`` (one call for a whole part; a failure is
     reported for the first invalid payload, with the field-level detail)."""
     try:
         if len(payloads) == 1:
