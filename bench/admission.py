@@ -36,8 +36,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from capture.render import NormalizedRequest, admission_items, normalize_messages, replay_summary
-from ledger.admission import (
+from grove.capture.render import (
+    NormalizedRequest,
+    admission_items,
+    normalize_messages,
+    replay_summary,
+)
+from grove.ledger.admission import (
     OBSERVATION_ROLES,
     AdmissionIndex,
     CallStatus,

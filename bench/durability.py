@@ -36,9 +36,10 @@ from sqlalchemy import event
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ledger import migrate
-from ledger.store import EventStore
-from storage import BlobStore, open_blob_store, staging_key
+from grove.ledger import migrate
+from grove.ledger.store import EventStore
+from grove.storage import BlobStore, open_blob_store, staging_key
+
 from tests.integration.ledger.scenario import committed, intended, opened
 
 BLOB_BYTES = 1_600  # a delta of 100 observation and 100 generated tokens with their logprobs

@@ -47,13 +47,14 @@ from sqlalchemy.engine import make_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ledger import migrate
-from ledger.database import open_engine
-from ledger.events import CallFailed, LedgerPosition
-from ledger.lifecycle import NEVER_OPENED, contradiction_entry
-from ledger.postgres import COPY_COLUMNS
-from ledger.schema import EVENTS, PROJ_CONTRADICTIONS
-from ledger.store import EventStore
+from grove.ledger import migrate
+from grove.ledger.database import open_engine
+from grove.ledger.events import CallFailed, LedgerPosition
+from grove.ledger.lifecycle import NEVER_OPENED, contradiction_entry
+from grove.ledger.postgres import COPY_COLUMNS
+from grove.ledger.schema import EVENTS, PROJ_CONTRADICTIONS
+from grove.ledger.store import EventStore
+
 from tests.integration.ledger.scenario import committed, intended, opened
 
 BATCH = 500

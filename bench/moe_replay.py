@@ -7,8 +7,9 @@ Rollouts are captured through the real capture path (``CaptureService``: render,
 embedded engine sampling in float32, delta blobs in a local store, a SQLite ledger), three calls
 each with the context rewritten after the first, and projected into one step's batch
 (``Projector``). On that one batch the learner computes every owned token's logprob twice with
-the sampling weights: with the captured routes replayed (``training.route_replay``) and with its
-routers choosing anew (``training.trainer.row_logprobs``). Reported: max and mean TMPE of each.
+the sampling weights: with the captured routes replayed (``grove.training.route_replay``) and with
+its routers choosing anew (``grove.training.trainer.row_logprobs``). Reported: max and mean TMPE of
+each.
 
 Two models: ``near_tie`` (experts 0 and 1 of every layer one float32 ulp apart, so rounding
 decides between them, as happens at near-ties in any MoE) is the headline; ``as_drawn`` (the
@@ -34,21 +35,20 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
-
-from capture.embedded import EmbeddedEngine, build_tokenizer
-from capture.embedded_moe import build_moe_model
-from capture.engine import SamplingParams
-from capture.lifecycle import CaptureService, ModelCall
-from capture.render import Renderer, RenderOptions
-from ledger import migrate
-from ledger.attempt import AttemptLog
-from ledger.events import RolloutSelected
-from ledger.store import EventStore
-from storage import open_blob_store
-from training.projector import Projector, ProjectorSettings, captured_calls
-from training.route_replay import replayed_row_logprobs
-from training.selection import select_rollout
-from training.trainer import StepBatch, row_logprobs
+from grove.capture.embedded import EmbeddedEngine, build_tokenizer
+from grove.capture.embedded_moe import build_moe_model
+from grove.capture.engine import SamplingParams
+from grove.capture.lifecycle import CaptureService, ModelCall
+from grove.capture.render import Renderer, RenderOptions
+from grove.ledger import migrate
+from grove.ledger.attempt import AttemptLog
+from grove.ledger.events import RolloutSelected
+from grove.ledger.store import EventStore
+from grove.storage import open_blob_store
+from grove.training.projector import Projector, ProjectorSettings, captured_calls
+from grove.training.route_replay import replayed_row_logprobs
+from grove.training.selection import select_rollout
+from grove.training.trainer import StepBatch, row_logprobs
 
 OPTIONS = RenderOptions(model="grove-tiny-moe")
 

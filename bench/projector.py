@@ -48,10 +48,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from storage import BlobRef, BlobStore, CallDelta, open_blob_store, staging_key
-from training.batch import LogicalRollout, assemble_batch
-from training.forest import CallRecord, Forest, build_forest
-from training.rows import CallExtras, rollout_rows
+from grove.storage import BlobRef, BlobStore, CallDelta, open_blob_store, staging_key
+from grove.training.batch import LogicalRollout, assemble_batch
+from grove.training.forest import CallRecord, Forest, build_forest
+from grove.training.rows import CallExtras, rollout_rows
 
 ROLLOUTS_PER_GROUP = 8
 CALLS = 20

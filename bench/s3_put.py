@@ -46,9 +46,10 @@ from fsspec.asyn import sync
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from grove.storage import BlobStore, open_blob_store
+from grove.storage.s3 import S3Backend
+
 from bench.servers.gateway import moto_server
-from storage import BlobStore, open_blob_store
-from storage.s3 import S3Backend
 
 SIZES = {"4KiB": 4 << 10, "1MiB": 1 << 20}
 THREADS = 4

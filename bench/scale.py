@@ -34,7 +34,7 @@ above) between the largest and the smallest ledger of the run; the aim is <= 1.5
 ``lineage_ms_p99`` < 10 at 1M calls. ``--quick`` stops at 100k calls. Timings are wall clock on a
 shared machine: medians and percentiles over many attempts and rounds, after one warm-up pass.
 Last, the smallest ledger's bulk projection rows are checked row for row against the fold
-(``ledger.projections.rebuild``; ``projection_rows_checked``). Results: ``docs/scale.md``.
+(``grove.ledger.projections.rebuild``; ``projection_rows_checked``). Results: ``docs/scale.md``.
 """
 
 from __future__ import annotations
@@ -58,6 +58,13 @@ from sqlalchemy.engine import make_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from grove.ledger import migrate
+from grove.ledger.events import LedgerPosition
+from grove.ledger.projections import rebuild
+from grove.ledger.store import EventStore, ImportEvent
+from grove.storage import BlobStore, open_blob_store
+from grove.training.projector import Projector, ProjectorSettings
+
 from bench.scale_ledger import (
     GROUPS_PER_STEP,
     ROLLOUTS_PER_GROUP,
@@ -68,13 +75,7 @@ from bench.scale_ledger import (
 from bench.scale_rows import TABLE_COLUMNS, ProjectionRows
 from grove.tools.lineage import QUERIES, attempt_lineages
 from grove.tools.replay import replay
-from ledger import migrate
-from ledger.events import LedgerPosition
-from ledger.projections import rebuild
-from ledger.store import EventStore, ImportEvent
-from storage import BlobStore, open_blob_store
 from tests.fixtures.postgres import ThrowawayCluster
-from training.projector import Projector, ProjectorSettings
 
 SIZES = (10_000, 100_000, 1_000_000)
 CALLS_PER_ATTEMPT = 23  # the mean of 5-40 calls, plus retries: only to plan chunks
@@ -408,8 +409,8 @@ def _snapshot(store: EventStore) -> dict[str, set[tuple[Any, ...]]]:
 
 
 def check_projections(store: EventStore) -> int:
-    """Rebuild the projections with the fold (``ledger.projections.rebuild``) and check that the
-    rows written in bulk are the fold's, row for row; returns how many rows were compared."""
+    """Rebuild the projections with the fold (``grove.ledger.projections.rebuild``) and check that
+    the rows written in bulk are the fold's, row for row; returns how many rows were compared."""
     written = _snapshot(store)
     rebuild(store)
     folded = _snapshot(store)

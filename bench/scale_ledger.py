@@ -1,9 +1,9 @@
 """Synthetic ledgers of realistic shape for ``bench/scale.py``: events, blobs and projection rows.
 
 A ledger is prompt groups of 8 rollouts; an attempt makes 5-40 calls. Admission is the real one
-(``ledger.admission.decide`` on each request's boundary, with the attempt's admission index), so
-every intent carries the record ``grove replay --verify`` re-runs. Shapes, drawn per attempt from a
-seeded generator:
+(``grove.ledger.admission.decide`` on each request's boundary, with the attempt's admission index),
+so every intent carries the record ``grove replay --verify`` re-runs. Shapes, drawn per attempt from
+a seeded generator:
 
 - a first root (first_call), then continuations: each request is the previous one plus the
   call's assistant output and a tool observation;
@@ -15,11 +15,11 @@ seeded generator:
   masked (``capture_failed``): a partial history never trains.
 
 The selection is the real ``all_captured`` policy on the folded attempt; the finalization of a
-*full* attempt is the projector's own (``training.finalization.decide``, reading its blobs), of the
-others the same forest rules on the same call structure (``build_forest``) without tokens: their
-blobs are not written (a million files would measure the file system, not Grove), their recorded
-size is the encoded size of their shape and their digests are stand-ins. Every ``groups_per_step``
-groups a ``batch.published`` publishes them, as the projector would.
+*full* attempt is the projector's own (``grove.training.finalization.decide``, reading its blobs),
+of the others the same forest rules on the same call structure (``build_forest``) without tokens:
+their blobs are not written (a million files would measure the file system, not Grove), their
+recorded size is the encoded size of their shape and their digests are stand-ins. Every
+``groups_per_step`` groups a ``batch.published`` publishes them, as the projector would.
 
 Events are imported in bulk (``EventStore.import_events``: ``COPY`` on PostgreSQL), the calls of a
 group's eight attempts interleaved as concurrent rollouts write them. The projection tables are
@@ -35,16 +35,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-
-from ledger.admission import (
+from grove.ledger.admission import (
     AdmissionIndex,
     CallStatus,
     RequestBoundary,
     decide,
     extend_prefix_digest,
 )
-from ledger.attempt import fold_attempt
-from ledger.events import (
+from grove.ledger.attempt import fold_attempt
+from grove.ledger.events import (
     AdmissionsClosed,
     AttemptOpened,
     AttemptSettled,
@@ -58,15 +57,15 @@ from ledger.events import (
     RolloutFinalized,
     RolloutSelected,
 )
-from storage import BlobStore, CallDelta, chain_digest, encode_delta, staging_key
-from training.finalization import (
+from grove.storage import BlobStore, CallDelta, chain_digest, encode_delta, staging_key
+from grove.training.finalization import (
     captured_calls,
     finalization_event,
     finalization_forest,
     masked_forest,
 )
-from training.forest import CallRecord, build_forest
-from training.selection import PolicyRegistry, completion_mask_reason
+from grove.training.forest import CallRecord, build_forest
+from grove.training.selection import PolicyRegistry, completion_mask_reason
 
 ROLLOUTS_PER_GROUP = 8
 GROUPS_PER_STEP = 4

@@ -2,8 +2,8 @@
 
 ``ProjectionRows.fold`` makes the rows the fold (``ledger/projecting.py``) makes from the same
 events, for attempts that keep the lifecycle rules (every event applies; no contradiction);
-``bench/scale.py`` checks them row for row against ``ledger.projections.rebuild`` of its smallest
-ledger in every run.
+``bench/scale.py`` checks them row for row against ``grove.ledger.projections.rebuild`` of its
+smallest ledger in every run.
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.scale_ledger import Placed
-from ledger.events import (
+from grove.ledger.events import (
     AdmissionsClosed,
     AttemptOpened,
     AttemptSettled,
@@ -25,6 +24,8 @@ from ledger.events import (
     RolloutFinalized,
     RolloutSelected,
 )
+
+from bench.scale_ledger import Placed
 
 ATTEMPT_COLUMNS = (
     "capture_key",

@@ -45,8 +45,8 @@ from botocore.exceptions import EndpointConnectionError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from storage import BlobRef, BlobStore, CallDelta, encode_delta, open_blob_store, staging_key
-from storage.local import sync_directory
+from grove.storage import BlobRef, BlobStore, CallDelta, encode_delta, open_blob_store, staging_key
+from grove.storage.local import sync_directory
 
 CALL_COUNTS = (2, 20, 50)
 OBSERVATION_TOKENS = 100

@@ -2,9 +2,9 @@
 
 Usage: ``python bench/tree.py [--quick] [--json]``
 
-The embedded model (``capture.embedded.build_model``: Qwen2-style, hidden 64, 2 layers, 516-token
-vocabulary, ``sdpa`` attention) takes one training step (forward, backward, AdamW) on one logical
-rollout's forest, with ``policy.train_micro_batch_size`` 8, in four shapes:
+The embedded model (``grove.capture.embedded.build_model``: Qwen2-style, hidden 64, 2 layers,
+516-token vocabulary, ``sdpa`` attention) takes one training step (forward, backward, AdamW) on one
+logical rollout's forest, with ``policy.train_micro_batch_size`` 8, in four shapes:
 
 - ``branching``: a 1,000-token parent call (900 prompt + 100 generated) and 8 branches from it,
   each a 20-token observation and 80 generated tokens (8 rows of 1,100 tokens);
@@ -17,7 +17,7 @@ rollout's forest, with ``policy.train_micro_batch_size`` 8, in four shapes:
   shared).
 
 Per shape: ``rows_tokens`` (the rows' real tokens, without padding) and ``tree_tokens`` (the
-tokens of the trees ``training.tree_logprobs`` runs), ``rows_over_tree_tokens``; wall time per
+tokens of the trees ``grove.training.tree_logprobs`` runs), ``rows_over_tree_tokens``; wall time per
 step of ``Trainer.train_step`` with ``row_logprobs`` and with ``tree_logprobs`` (and
 ``owner_micro_batches``), the median over rounds that alternate the two, and
 ``rows_over_tree_time``. Aim: >= 3x fewer tokens and >= 2x less time on ``branching``; chains no
@@ -40,12 +40,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from capture.embedded import build_model, build_tokenizer
-from training.batch import LogicalRollout, assemble_batch
-from training.forest import CallRecord, build_forest
-from training.rows import rollout_rows
-from training.trainer import StepBatch, Trainer, row_logprobs
-from training.tree_logprobs import micro_batch_trees, owner_micro_batches, tree_logprobs
+from grove.capture.embedded import build_model, build_tokenizer
+from grove.training.batch import LogicalRollout, assemble_batch
+from grove.training.forest import CallRecord, build_forest
+from grove.training.rows import rollout_rows
+from grove.training.trainer import StepBatch, Trainer, row_logprobs
+from grove.training.tree_logprobs import micro_batch_trees, owner_micro_batches, tree_logprobs
 
 MICRO_BATCH = 8
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from capture.refusals import Refused
-from capture.wire import OpenAttemptRequest
+from grove.capture.refusals import Refused
+from grove.capture.wire import OpenAttemptRequest
 
 __all__ = ["AttemptSettings"]
 

@@ -1,9 +1,10 @@
 """Chat Completions on the wire: the request Grove accepts and the completion it answers.
 
 Producer of the request: a harness (any OpenAI-compatible client); consumer:
-``capture/conversion.py``, which turns it into a ``capture.lifecycle.ModelCall``. The answer is
-built here from the ``CallOutcome`` (``chat_completion``); ``capture/streaming.py`` sends the same
-answer as buffered chunks. Unknown request fields are refused, not ignored (``docs/gateway.md``).
+``capture/conversion.py``, which turns it into a ``grove.capture.lifecycle.ModelCall``. The answer
+is built here from the ``CallOutcome`` (``chat_completion``); ``capture/streaming.py`` sends the
+same answer as buffered chunks. Unknown request fields are refused, not ignored
+(``docs/gateway.md``).
 
 The answer's message is the committed output (``capture/toolcalls.py``): ``content`` (null when
 the model only called tools), ``reasoning_content`` when the text held reasoning, and
@@ -17,10 +18,9 @@ import time
 from collections.abc import Sequence
 from typing import Any, Literal
 
+from grove.capture.lifecycle import CallOutcome
+from grove.capture.wire import JSONObject, TokenLogprob, WireReply, WireRequest
 from pydantic import BaseModel, ConfigDict, Field
-
-from capture.lifecycle import CallOutcome
-from capture.wire import JSONObject, TokenLogprob, WireReply, WireRequest
 
 __all__ = [
     "ChatCompletion",
@@ -51,7 +51,7 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(WireRequest):
     """``POST /v1/chat/completions``. ``max_tokens`` and ``max_completion_tokens`` are synonyms.
 
-    Sampling bounds are checked by ``capture.engine.SamplingParams`` (one place); ``stop``
+    Sampling bounds are checked by ``grove.capture.engine.SamplingParams`` (one place); ``stop``
     strings must each be one token of the model's vocabulary; ``n`` must be 1 and
     ``top_logprobs`` 0 or absent (the engine reports the sampled token's logprob only);
     ``stream`` true answers with buffered chunks. ``tool_choice`` is ``auto``, ``none``,

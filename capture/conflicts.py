@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from ledger.events import AttemptOpened, RolloutSelected
+from grove.ledger.events import AttemptOpened, RolloutSelected
 
 __all__ = ["OPENED_FIELDS", "opened_differences", "selection_differences"]
 

@@ -1,8 +1,8 @@
 """Structured output requests: ``response_format``, ``text.format`` and ``tool_choice`` as one
-``capture.engine.OutputConstraint`` (``docs/gateway.md``, "Structured output").
+``grove.capture.engine.OutputConstraint`` (``docs/gateway.md``, "Structured output").
 
 Pure: request fields in, a constraint (or None: free sampling) out, every malformed or unsupported
-value refused here (``capture.refusals.Refused``), before anything is recorded.
+value refused here (``grove.capture.refusals.Refused``), before anything is recorded.
 
 1. **The content format.** Chat's ``response_format`` and the Responses ``text.format`` (the
    same object, flat): ``text`` (or none) leaves the content free; ``json_object`` makes it a JSON
@@ -24,9 +24,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from capture.engine import ContentFormat, FunctionSchema, OutputConstraint
-from capture.grammar import GrammarError, grammar_text
-from capture.refusals import Refused
+from grove.capture.engine import ContentFormat, FunctionSchema, OutputConstraint
+from grove.capture.grammar import GrammarError, grammar_text
+from grove.capture.refusals import Refused
 
 __all__ = ["ContentSpec", "chat_content_spec", "output_constraint", "responses_content_spec"]
 
@@ -90,8 +90,8 @@ def output_constraint(
     content_param: str,
 ) -> OutputConstraint | None:
     """The constraint of a request (module docstring); ``tools`` are the request's tools in
-    Grove's one form (``capture.conversion.chat_tools``); ``content_param`` names the field the
-    content format came from, for refusals."""
+    Grove's one form (``grove.capture.conversion.chat_tools``); ``content_param`` names the field
+    the content format came from, for refusals."""
     parallel = parallel_tool_calls is not False
     forced = _forced_tools(tools or (), choice)
     if forced:

@@ -1,7 +1,7 @@
 """Request conversion: a Chat Completions or Responses body turned into one model call.
 
 Pure apart from tokenizing stop strings: every refusal that depends only on the request is raised
-here (``capture.refusals.Refused``), before the lifecycle sees the call, so a refused request
+here (``grove.capture.refusals.Refused``), before the lifecycle sees the call, so a refused request
 writes nothing (``docs/gateway.md``, "Refusals").
 
 Tools. Function tools of either API become one form, ``{"type": "function", "function":
@@ -22,18 +22,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from capture.chat_api import ChatCompletionRequest
-from capture.constraints import (
+from grove.capture.chat_api import ChatCompletionRequest
+from grove.capture.constraints import (
     ContentSpec,
     chat_content_spec,
     output_constraint,
     responses_content_spec,
 )
-from capture.engine import OutputConstraint, SamplingParams
-from capture.lifecycle import ModelCall
-from capture.refusals import Refused
-from capture.render import Renderer, RenderOptions
-from capture.responses_api import LOGPROBS_INCLUDE, ResponsesRequest
+from grove.capture.engine import OutputConstraint, SamplingParams
+from grove.capture.lifecycle import ModelCall
+from grove.capture.refusals import Refused
+from grove.capture.render import Renderer, RenderOptions
+from grove.capture.responses_api import LOGPROBS_INCLUDE, ResponsesRequest
 
 __all__ = ["ConvertedCall", "RequestConverter", "chat_tools", "responses_tools", "tool_choice"]
 

@@ -26,7 +26,7 @@ diagnostics"):
   5. ``unknown``: none of these.
 
 Pure: plain data in, plain data out. The one callable taken, ``decode``, is the tokenizer's
-exact decode (``capture.render.Renderer.decode``); the texts and ids come from the splice. The
+exact decode (``grove.capture.render.Renderer.decode``); the texts and ids come from the splice. The
 cost is one comparison of the two texts, one decode of the ids both sides share, a few decodes
 around the point and a bounded ``difflib`` match, besides what the caller renders and encodes.
 """
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final
 
-from capture.toolcalls import THINK_CLOSE, THINK_OPEN
+from grove.capture.toolcalls import THINK_CLOSE, THINK_OPEN
 
 __all__ = [
     "REALIGN_RUN",
@@ -171,7 +171,7 @@ class Divergence:
 
     Producer: :func:`diagnose` (called by ``capture/splice.py``); consumers: the intent's
     admission record (``divergence``), ``grove lineage`` and ``grove show``, and the strict-mode
-    refusal (``capture.errors.UnexplainedRootError``). ``token_offset`` is the parent side's.
+    refusal (``grove.capture.errors.UnexplainedRootError``). ``token_offset`` is the parent side's.
     """
 
     message_index: int

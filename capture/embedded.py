@@ -21,22 +21,21 @@ from contextlib import contextmanager
 from typing import Final
 
 import torch
+from grove.capture.embedded_moe import RouteMemory, RouteRecorder, router_modules
+from grove.capture.engine import Generation, OutputConstraint, SamplingParams
+from grove.capture.errors import InvalidPromptError, PromptTooLongError, UnsupportedSamplingError
+from grove.capture.grammar import (
+    ConstraintUnsupportedError,
+    GrammarMask,
+    TokenizerGrammar,
+    grammar_text,
+)
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
-)
-
-from capture.embedded_moe import RouteMemory, RouteRecorder, router_modules
-from capture.engine import Generation, OutputConstraint, SamplingParams
-from capture.errors import InvalidPromptError, PromptTooLongError, UnsupportedSamplingError
-from capture.grammar import (
-    ConstraintUnsupportedError,
-    GrammarMask,
-    TokenizerGrammar,
-    grammar_text,
 )
 
 __all__ = [
@@ -184,7 +183,7 @@ def sample_token(
 
 
 class EmbeddedEngine:
-    """An :class:`capture.engine.Engine` over a local transformers causal LM.
+    """An :class:`grove.capture.engine.Engine` over a local transformers causal LM.
 
     Deterministic: a call with ``sampling.seed`` set draws from a generator seeded with it; a
     call without one draws from the engine's own stream, seeded at construction, so the same

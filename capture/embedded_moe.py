@@ -1,9 +1,9 @@
 """The embedded mixture-of-experts model, and the experts its routers choose while it generates.
 
-``build_moe_model`` is the MoE twin of ``capture.embedded.build_model``: a Qwen2-MoE-style causal
-LM sized for the embedded tokenizer, random weights from a fixed seed. Every decoder layer's MLP
-is a sparse block: a top-k router picks ``top_k`` of ``num_experts`` experts per token (Qwen2-MoE's
-shared expert runs for every token besides). It is what Grove can replay exactly
+``build_moe_model`` is the MoE twin of ``grove.capture.embedded.build_model``: a Qwen2-MoE-style
+causal LM sized for the embedded tokenizer, random weights from a fixed seed. Every decoder layer's
+MLP is a sparse block: a top-k router picks ``top_k`` of ``num_experts`` experts per token
+(Qwen2-MoE's shared expert runs for every token besides). It is what Grove can replay exactly
 (``docs/moe.md``): per-token top-k routing that never drops a token (transformers runs every
 routed token through its experts, with no capacity limit) and no auxiliary loss
 (``router_aux_loss_coef`` 0 and ``output_router_logits`` off).
@@ -110,7 +110,7 @@ class RouteRecorder:
     ``forced`` (``(n, layers, top_k)``) routes the first ``n`` positions of the first forward
     (the prefill) to those experts instead of the router's choice, with the router's own
     softmax scores at them as gate weights (renormalized when the router renormalizes): the
-    computation ``training.route_replay`` replays, bit for bit the router's own where the
+    computation ``grove.training.route_replay`` replays, bit for bit the router's own where the
     experts agree. The recorded routes are the forced ones there.
     """
 

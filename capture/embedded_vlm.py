@@ -25,17 +25,16 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 import torch
+from grove.capture.embedded import EmbeddedEngine, build_tokenizer, chat_template, sample_token
+from grove.capture.engine import Generation, SamplingParams
+from grove.capture.errors import InvalidPromptError, PromptTooLongError, UnsupportedSamplingError
+from grove.capture.media import ImageInput, MediaRenderer, VisionProcessor
 from transformers import (
     PreTrainedTokenizerFast,
     Qwen2VLConfig,
     Qwen2VLForConditionalGeneration,
 )
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
-from capture.embedded import EmbeddedEngine, build_tokenizer, chat_template, sample_token
-from capture.engine import Generation, SamplingParams
-from capture.errors import InvalidPromptError, PromptTooLongError, UnsupportedSamplingError
-from capture.media import ImageInput, MediaRenderer, VisionProcessor
 
 __all__ = [
     "EMBEDDED_VLM_NAME",
@@ -161,7 +160,7 @@ def build_vlm_model(
 
 class EmbeddedVLMEngine(EmbeddedEngine):
     """The embedded engine over a tiny Qwen2-VL: generates from exact prompt tokens and the
-    prompt's images (``capture.media.ImageInput``, in prompt order), never sampling a vision
+    prompt's images (``grove.capture.media.ImageInput``, in prompt order), never sampling a vision
     token (see the module). Deterministic and serialized like :class:`EmbeddedEngine`."""
 
     name: Final = "embedded-vl"

@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal, Protocol, get_args, runtime_checkable
 
 import torch
-
-from capture.errors import InvalidGenerationError, InvalidSamplingError
+from grove.capture.errors import InvalidGenerationError, InvalidSamplingError
 
 __all__ = [
     "FINISH_REASONS",

@@ -23,7 +23,7 @@
         └── InvalidGenerationError    an engine result whose lengths disagree
 
 Admission errors (assistant prefill, empty suffix, ambiguous parent) belong to the ledger:
-``ledger.admission.AdmissionError``. Every message states the rule, then the identifiers and
+``grove.ledger.admission.AdmissionError``. Every message states the rule, then the identifiers and
 got-versus-expected values, which are also kept as attributes.
 """
 
@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 from grove_errors import GroveError
 
 if TYPE_CHECKING:
-    from capture.divergence import Divergence
+    from grove.capture.divergence import Divergence
 
 __all__ = [
     "AttemptOptionsChangedError",

@@ -11,8 +11,8 @@ must send the same.
 The options a call may change are the ones an agent framework sends per request: ``tools``,
 ``tool_choice`` and ``reasoning_effort``. A call whose per-call options differ from the call it
 continues is a root (``render_options_changed``); a call whose fixed options differ from the
-attempt's is refused (:class:`capture.errors.AttemptOptionsChangedError`, 409) before anything is
-written, naming the first option that differs.
+attempt's is refused (:class:`grove.capture.errors.AttemptOptionsChangedError`, 409) before anything
+is written, naming the first option that differs.
 
 Pure: plain data in (options, the template text, the attempt's folded state), plain data out.
 """
@@ -24,9 +24,9 @@ import json
 from collections.abc import Mapping
 from typing import Any, Final
 
-from capture.errors import AttemptOptionsChangedError, RenderError
-from capture.render import RenderOptions
-from ledger.attempt import AttemptState
+from grove.capture.errors import AttemptOptionsChangedError, RenderError
+from grove.capture.render import RenderOptions
+from grove.ledger.attempt import AttemptState
 
 __all__ = [
     "FIXED_OPTIONS_KEY",

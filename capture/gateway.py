@@ -3,16 +3,16 @@
 A harness points any OpenAI-compatible client at the gateway and names its attempt with the
 ``X-Grove-Capture-Key`` header (the official ``openai`` client sets it through
 ``default_headers``). Each ``/v1/chat/completions`` or ``/v1/responses`` request is one model call
-through ``capture.lifecycle.CaptureService``: admitted, planned, intended, generated, stored and
-committed before the answer is sent. The attempt endpoints open an attempt, close its admissions,
-take the harness's ordinary result (which settles the attempt and records the selection through
-the injected selector), reject a completed response, measure a request and report status.
+through ``grove.capture.lifecycle.CaptureService``: admitted, planned, intended, generated, stored
+and committed before the answer is sent. The attempt endpoints open an attempt, close its
+admissions, take the harness's ordinary result (which settles the attempt and records the selection
+through the injected selector), reject a completed response, measure a request and report status.
 
 Request bodies are converted by ``capture/conversion.py``, answered by ``capture/chat_api.py``
 and ``capture/responses_api.py``, and streamed (buffered) by ``capture/streaming.py``. Refusals
 are 4xx answers with an OpenAI-style body ``{"error": {"message", "type", "code", "param"}}``,
 all translated in ``capture/refusals.py``: every Grove error class has its status in one table,
-``capture.wire.ERROR_STATUS``; refusals that only the HTTP layer knows (``n > 1``,
+``grove.capture.wire.ERROR_STATUS``; refusals that only the HTTP layer knows (``n > 1``,
 provider-managed state, an unknown attempt, ...) are raised with their own codes. Everything that
 can be refused is checked before the call's intent is recorded, so a refused request writes
 nothing. The
@@ -22,9 +22,9 @@ records those as ``call.failed`` (``engine_error``). ``docs/gateway.md`` documen
 
 ``capture`` must not import ``training``: the selection policy arrives as the ``selector``
 callable (``grove/jobs/serve.py`` builds it from ``training/selection.py``). A selector raises
-``ValueError`` (``training.errors.SelectionError`` is one) when the result cannot select calls;
-the gateway answers 422 with its message. An attempt with no accepted generation (a first-call
-failure) selects no call, so its result is always taken and its prompt group completes.
+``ValueError`` (``grove.training.errors.SelectionError`` is one) when the result cannot select
+calls; the gateway answers 422 with its message. An attempt with no accepted generation (a
+first-call failure) selects no call, so its result is always taken and its prompt group completes.
 
 The server, never an HTTP client, decides which selection policies run and the defaults of an
 attempt (``capture/attempt_settings.py``). A client that disconnects mid-call does not stop the
@@ -42,19 +42,18 @@ from typing import Annotated, Any, Final
 
 from fastapi import APIRouter, Depends, FastAPI, Header, Request, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-
-from capture import errors as capture_errors
-from capture.attempt_settings import AttemptSettings
-from capture.chat_api import ChatCompletion, ChatCompletionRequest, chat_completion
-from capture.conflicts import opened_differences, selection_differences
-from capture.conversion import ConvertedCall, RequestConverter
-from capture.delivery import CALLER_GONE, DeliveredStream, caller_disconnected
-from capture.engine import SamplingParams
-from capture.lifecycle import CallOutcome, CaptureService
-from capture.refusals import Refused, install_error_handlers
-from capture.responses_api import ResponseObject, ResponsesRequest, response_object
-from capture.streaming import chat_sse, responses_sse
-from capture.wire import (
+from grove.capture import errors as capture_errors
+from grove.capture.attempt_settings import AttemptSettings
+from grove.capture.chat_api import ChatCompletion, ChatCompletionRequest, chat_completion
+from grove.capture.conflicts import opened_differences, selection_differences
+from grove.capture.conversion import ConvertedCall, RequestConverter
+from grove.capture.delivery import CALLER_GONE, DeliveredStream, caller_disconnected
+from grove.capture.engine import SamplingParams
+from grove.capture.lifecycle import CallOutcome, CaptureService
+from grove.capture.refusals import Refused, install_error_handlers
+from grove.capture.responses_api import ResponseObject, ResponsesRequest, response_object
+from grove.capture.streaming import chat_sse, responses_sse
+from grove.capture.wire import (
     AttemptStatus,
     ErrorBody,
     HarnessResult,
@@ -67,10 +66,10 @@ from capture.wire import (
     TokenLogprob,
     attempt_status,
 )
-from ledger.attempt import AttemptState, CallStatus, StaleAttemptState
-from ledger.events import RolloutSelected
-from ledger.store import validate_stream_id
-from storage import staging_key
+from grove.ledger.attempt import AttemptState, CallStatus, StaleAttemptState
+from grove.ledger.events import RolloutSelected
+from grove.ledger.store import validate_stream_id
+from grove.storage import staging_key
 
 __all__ = [
     "CALL_ID_HEADER",

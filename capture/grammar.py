@@ -1,6 +1,6 @@
 """Grammar-constrained decoding: an output constraint as one grammar, and its per-step token mask.
 
-The grammar (:func:`grammar_text`, xgrammar's EBNF) of a ``capture.engine.OutputConstraint``:
+The grammar (:func:`grammar_text`, xgrammar's EBNF) of a ``grove.capture.engine.OutputConstraint``:
 
 - content ``json_object`` is any JSON object, ``json_schema`` a JSON value matching the schema
   (enforced whether the request said ``strict`` or not); JSON is written compactly, with no
@@ -41,6 +41,9 @@ from typing import Any, Final
 
 import torch
 import xgrammar as xgr
+from grove.capture.engine import FunctionSchema, OutputConstraint
+from grove.capture.errors import EngineError, InvalidSamplingError, UnsupportedSamplingError
+from grove.capture.toolcalls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 from transformers import PreTrainedTokenizerBase
 from xgrammar.structural_tag import (
     Format,
@@ -50,10 +53,6 @@ from xgrammar.structural_tag import (
     StructuralTag,
     TagFormat,
 )
-
-from capture.engine import FunctionSchema, OutputConstraint
-from capture.errors import EngineError, InvalidSamplingError, UnsupportedSamplingError
-from capture.toolcalls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
 __all__ = [
     "ConstraintUnsupportedError",

@@ -37,35 +37,35 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from capture.engine import Engine, Generation, SamplingParams
-from capture.media import MediaPlan, chain_media, plan_media, request_images
-from capture.render import (
+from grove.capture.engine import Engine, Generation, SamplingParams
+from grove.capture.media import MediaPlan, chain_media, plan_media, request_images
+from grove.capture.render import (
     NormalizedRequest,
     Renderer,
     RenderOptions,
     admission_items,
     normalize_messages,
 )
-from capture.splice import PromptPlan, RawOutput, plan_call
-from capture.toolcalls import assistant_message, parse_output
-from ledger.admission import AdmissionDecision, AdmissionIndex
-from ledger.attempt import (
+from grove.capture.splice import PromptPlan, RawOutput, plan_call
+from grove.capture.toolcalls import assistant_message, parse_output
+from grove.ledger.admission import AdmissionDecision, AdmissionIndex
+from grove.ledger.attempt import (
     AttemptError,
     AttemptLog,
     AttemptState,
     fold_attempt,
     index_call_event,
 )
-from ledger.attempt import CallStatus as LedgerCallStatus
-from ledger.events import (
+from grove.ledger.attempt import CallStatus as LedgerCallStatus
+from grove.ledger.events import (
     AttemptOpened,
     CallCommitted,
     CallFailed,
     CallIntended,
     RolloutSelected,
 )
-from ledger.fingerprint import fingerprint_output
-from storage import (
+from grove.ledger.fingerprint import fingerprint_output
+from grove.storage import (
     BlobRef,
     BlobStore,
     CallDelta,
@@ -116,8 +116,8 @@ class Measurement:
 class CallOutcome:
     """A committed call, as the gateway answers the harness.
 
-    ``message`` is the Chat Completions assistant message (``capture.toolcalls``); ``text`` the
-    exact generated text it was parsed from (stop token excluded); ``finish_reason`` the one
+    ``message`` is the Chat Completions assistant message (``grove.capture.toolcalls``); ``text``
+    the exact generated text it was parsed from (stop token excluded); ``finish_reason`` the one
     recorded and answered: ``tool_calls`` when the generation stopped after tool calls, else the
     engine's ``stop`` or ``length``.
     """

@@ -40,19 +40,18 @@ from typing import Any, Final
 
 import numpy as np
 import torch
-from transformers import PreTrainedTokenizerBase
-from transformers.image_utils import load_image
-
-from capture.errors import (
+from grove.capture.errors import (
     ImagesNotSupportedError,
     InvalidImageError,
     RenderError,
     RetainedMediaMismatchError,
     SpliceError,
 )
-from capture.render import Renderer, RenderOptions
-from capture.splice import PromptPlan
-from storage import MediaDescriptor, MediaTensor, describe_media, media_digest
+from grove.capture.render import Renderer, RenderOptions
+from grove.capture.splice import PromptPlan
+from grove.storage import MediaDescriptor, MediaTensor, describe_media, media_digest
+from transformers import PreTrainedTokenizerBase
+from transformers.image_utils import load_image
 
 __all__ = [
     "IMAGE_PART_TYPES",
@@ -204,7 +203,7 @@ class VisionProcessor:
 
 
 class MediaRenderer(Renderer):
-    """A :class:`capture.render.Renderer` whose renderings carry each image's placeholders.
+    """A :class:`grove.capture.render.Renderer` whose renderings carry each image's placeholders.
 
     The chat template writes one ``image_token`` per image part; :meth:`render` expands the
     ``k``-th into the placeholders of the ``k``-th image of the messages. Text that already

@@ -1,7 +1,7 @@
 """The gateway's one error boundary: every failure answered as an OpenAI error object.
 
 Every 4xx and 5xx answer is ``{"error": {"message", "type", "code", "param"}}``
-(``capture.wire.ErrorBody``): the message states the rule, the values and what to do. Sources,
+(``grove.capture.wire.ErrorBody``): the message states the rule, the values and what to do. Sources,
 each translated here and nowhere else:
 
 - ``Refused``: a refusal only the HTTP layer knows (``n > 1``, a ``tool_choice`` the engine cannot
@@ -9,11 +9,12 @@ each translated here and nowhere else:
 - request validation: a malformed JSON body (``invalid_json``, the character position in the
   message), an unknown or mistyped field (``invalid_request``, the field as ``param``);
 - routing: an unknown path (``not_found``) or method (``method_not_allowed``);
-- Grove's errors (``capture.errors``, ``ledger.errors``, ``storage.errors``), through the one
-  table ``capture.wire.ERROR_STATUS``;
+- Grove's errors (``grove.capture.errors``, ``grove.ledger.errors``, ``grove.storage.errors``),
+through the one
+  table ``grove.capture.wire.ERROR_STATUS``;
 - anything else: 500 ``internal_error``. Its text may hold what a client must not see (a
   database URL, a path, a payload), so the answer names only an incident id, and the exception
-  is logged with its traceback under that id (logger ``capture.refusals``).
+  is logged with its traceback under that id (logger ``grove.capture.refusals``).
 """
 
 from __future__ import annotations
@@ -25,12 +26,11 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from grove.capture import errors as capture_errors
+from grove.capture.wire import error_body, error_status
+from grove.ledger import errors as ledger_errors
+from grove.storage import errors as storage_errors
 from starlette.exceptions import HTTPException
-
-from capture import errors as capture_errors
-from capture.wire import error_body, error_status
-from ledger import errors as ledger_errors
-from storage import errors as storage_errors
 
 __all__ = [
     "REFUSED_FIELD_REASONS",

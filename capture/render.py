@@ -25,12 +25,11 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import jinja2
+from grove.capture.errors import NormalizationError, RenderError
+from grove.ledger.admission import ASSISTANT_ROLE, PREFIX_DIGEST_SEED, AdmissionItem
+from grove.ledger.events import ReplaySummary
 from tokenizers import decoders
 from transformers import PreTrainedTokenizerBase
-
-from capture.errors import NormalizationError, RenderError
-from ledger.admission import ASSISTANT_ROLE, PREFIX_DIGEST_SEED, AdmissionItem
-from ledger.events import ReplaySummary
 
 __all__ = [
     "NORMALIZATION_VERSION",
@@ -63,9 +62,9 @@ class NormalizedRequest:
     """A request's items after normalization, in order; treat the message dicts as read-only.
 
     Producer: :func:`normalize_messages`; consumers: :class:`Renderer`, :func:`admission_items`,
-    ``capture.splice.plan_prompt``. ``echoed_ids[i]`` are the provider ids the client sent on the
-    source items of ``messages[i]`` (dropped from the message itself); both tuples have one entry
-    per normalized message.
+    ``grove.capture.splice.plan_prompt``. ``echoed_ids[i]`` are the provider ids the client sent on
+    the source items of ``messages[i]`` (dropped from the message itself); both tuples have one
+    entry per normalized message.
     """
 
     messages: tuple[dict[str, Any], ...]

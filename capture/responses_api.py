@@ -18,10 +18,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Final, Literal
 
+from grove.capture.lifecycle import CallOutcome
+from grove.capture.wire import JSONObject, TokenLogprob, WireReply, WireRequest
 from pydantic import Field
-
-from capture.lifecycle import CallOutcome
-from capture.wire import JSONObject, TokenLogprob, WireReply, WireRequest
 
 __all__ = [
     "LOGPROBS_INCLUDE",

@@ -44,10 +44,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from capture.divergence import Divergence, Side, common_prefix_length, diagnose
-from capture.errors import RenderError, SpliceError, UnexplainedRootError
-from capture.fixed_options import FIXED_OPTIONS_KEY, check_fixed_options, fixed_options
-from capture.render import (
+from grove.capture.divergence import Divergence, Side, common_prefix_length, diagnose
+from grove.capture.errors import RenderError, SpliceError, UnexplainedRootError
+from grove.capture.fixed_options import FIXED_OPTIONS_KEY, check_fixed_options, fixed_options
+from grove.capture.render import (
     NormalizedRequest,
     Renderer,
     RenderOptions,
@@ -55,7 +55,7 @@ from capture.render import (
     admission_items,
     replay_summary,
 )
-from ledger.admission import (
+from grove.ledger.admission import (
     UNEXPLAINED_ROOT_REASONS,
     AdmissionDecision,
     AdmissionIndex,
@@ -64,7 +64,7 @@ from ledger.admission import (
     decide,
     locate_boundary,
 )
-from ledger.attempt import AttemptState
+from grove.ledger.attempt import AttemptState
 
 __all__ = ["PromptPlan", "RawOutput", "plan_call", "plan_prompt"]
 

@@ -23,8 +23,13 @@ import json
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from capture.chat_api import ChatCompletion
-from capture.responses_api import FunctionCallItem, OutputMessage, ReasoningItem, ResponseObject
+from grove.capture.chat_api import ChatCompletion
+from grove.capture.responses_api import (
+    FunctionCallItem,
+    OutputMessage,
+    ReasoningItem,
+    ResponseObject,
+)
 
 __all__ = ["DONE", "chat_chunks", "chat_sse", "response_events", "responses_sse"]
 

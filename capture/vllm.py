@@ -36,7 +36,7 @@ none straddles an update and each is sampled by the weights of one ``policy_vers
 :meth:`~VllmEngine.set_weight_version` records the version the server reports at ``GET
 /weight_info`` (a development endpoint too; without it, it returns False).
 
-Errors (under :class:`capture.errors.EngineError`)::
+Errors (under :class:`grove.capture.errors.EngineError`)::
 
     EngineError
     ├── EngineUnavailableError   the server could not be reached or did not answer in time
@@ -44,7 +44,8 @@ Errors (under :class:`capture.errors.EngineError`)::
     │   └── WeightUpdateUnavailableError   no /collective_rpc: started without dev mode
     ├── ModelNotServedError      the model is not among the server's models
     └── EngineResponseError      a success response that is not the expected shape
-    (and, from capture.errors: PromptTooLongError, InvalidPromptError, UnsupportedSamplingError)
+    (and, from grove.capture.errors: PromptTooLongError, InvalidPromptError,
+    UnsupportedSamplingError)
 """
 
 from __future__ import annotations
@@ -58,15 +59,14 @@ from types import TracebackType
 from typing import Any, Final, Literal
 
 import httpx
-
-from capture.engine import FINISH_REASONS, Generation, SamplingParams
-from capture.errors import (
+from grove.capture.engine import FINISH_REASONS, Generation, SamplingParams
+from grove.capture.errors import (
     EngineError,
     InvalidPromptError,
     PromptTooLongError,
     UnsupportedSamplingError,
 )
-from capture.grammar import grammar_text
+from grove.capture.grammar import grammar_text
 
 __all__ = [
     "EngineRejectedError",
@@ -148,7 +148,7 @@ class EngineResponseError(EngineError):
 
 
 class VllmEngine:
-    """An :class:`capture.engine.Engine` over a vLLM OpenAI-compatible server.
+    """An :class:`grove.capture.engine.Engine` over a vLLM OpenAI-compatible server.
 
     ``base_url`` is the server root (``http://host:port``; a trailing ``/v1`` is accepted);
     ``model`` the served model name; ``timeout_s`` bounds each HTTP exchange; ``api_key``, when

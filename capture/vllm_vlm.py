@@ -22,10 +22,10 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Final
 
-from capture.engine import FINISH_REASONS, Generation, SamplingParams
-from capture.errors import InvalidPromptError, UnsupportedSamplingError
-from capture.media import ImageInput
-from capture.vllm import EngineResponseError, LogprobsMode, VllmEngine
+from grove.capture.engine import FINISH_REASONS, Generation, SamplingParams
+from grove.capture.errors import InvalidPromptError, UnsupportedSamplingError
+from grove.capture.media import ImageInput
+from grove.capture.vllm import EngineResponseError, LogprobsMode, VllmEngine
 
 __all__ = ["GENERATE_PATH", "VISION_LOGIT_BIAS", "VllmVLMEngine"]
 
@@ -36,8 +36,8 @@ processed logprobs)."""
 
 
 class VllmVLMEngine(VllmEngine):
-    """A :class:`capture.vllm.VllmEngine` that also takes the prompt's images (``media``, in
-    prompt order, as :func:`capture.media.plan_media` gives them). ``image_token_id`` is the
+    """A :class:`grove.capture.vllm.VllmEngine` that also takes the prompt's images (``media``, in
+    prompt order, as :func:`grove.capture.media.plan_media` gives them). ``image_token_id`` is the
     model's image placeholder token; ``vision_token_ids`` the tokens never sampled; ``merge_size``
     the processor's patch merge (placeholders per image: ``t * h * w / merge_size**2``)."""
 

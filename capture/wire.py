@@ -17,14 +17,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from grove.capture import errors as capture_errors
+from grove.capture import vllm
+from grove.ledger import admission
+from grove.ledger import errors as ledger_errors
+from grove.ledger.attempt import AttemptError, AttemptState, CallStatus, StaleAttemptState
+from grove.storage import errors as storage_errors
 from pydantic import BaseModel, ConfigDict, Field
-
-from capture import errors as capture_errors
-from capture import vllm
-from ledger import admission
-from ledger import errors as ledger_errors
-from ledger.attempt import AttemptError, AttemptState, CallStatus, StaleAttemptState
-from storage import errors as storage_errors
 
 __all__ = [
     "ERROR_STATUS",

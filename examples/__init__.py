@@ -1,7 +1,2 @@
-"""Example harnesses and configurations; ``DEMO_CONFIG`` is what ``grove demo`` trains."""
-
-from pathlib import Path
-
-__all__ = ["DEMO_CONFIG"]
-
-DEMO_CONFIG = Path(__file__).with_name("demo.yaml")
+"""Example harnesses (``harness.target: examples.recency_agent:play`` from a checkout); they are not
+installed with Grove. The demo's own agent and configuration live in ``grove.demo``."""

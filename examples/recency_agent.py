@@ -1,7 +1,7 @@
 """A multi-turn agent with recency compaction: a Grove harness on the official ``openai`` client.
 
 ``play(client, task, seed, **options)`` is the harness ``grove train`` calls once per rollout
-(``examples/demo.yaml``: ``harness.target: examples.recency_agent:play``). The agent keeps its
+(``grove/demo/demo.yaml``: ``harness.target: examples.recency_agent:play``). The agent keeps its
 whole semantic history but sends the model only the task and the last ``keep_rounds`` rounds (an
 assistant answer and its observation); when older rounds are dropped, the task message says so.
 That rewrite starts a new root in the capture graph, so a rollout of ``turns`` calls becomes more

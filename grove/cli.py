@@ -49,7 +49,7 @@ def db_upgrade(
     blob_url: BlobOption = None,
 ) -> None:
     """Create or upgrade the ledger schema."""
-    from ledger import migrate
+    from grove.ledger import migrate
 
     ws = workspace(workdir, database_url, blob_url)
     migrate.upgrade(ws.database_url, revision)
@@ -64,7 +64,7 @@ def db_downgrade(
     blob_url: BlobOption = None,
 ) -> None:
     """Take the ledger schema down to REVISION."""
-    from ledger import migrate
+    from grove.ledger import migrate
 
     ws = workspace(workdir, database_url, blob_url)
     migrate.downgrade(ws.database_url, revision)
@@ -79,9 +79,9 @@ def db_status(
     blob_url: BlobOption = None,
 ) -> None:
     """Head revision, the database's revision, event count and projection positions."""
-    from ledger import migrate
-    from ledger.projections import projection_marks
-    from ledger.store import EventStore
+    from grove.ledger import migrate
+    from grove.ledger.projections import projection_marks
+    from grove.ledger.store import EventStore
 
     ws = workspace(workdir, database_url, blob_url)
     current = migrate.current_revision(ws.database_url)
@@ -162,9 +162,9 @@ def demo(
     database_url: DatabaseOption = None,
     blob_url: BlobOption = None,
 ) -> None:
-    """``grove train examples/demo.yaml``: a tool-using compaction agent on the warm-started
+    """``grove train grove/demo/demo.yaml``: a tool-using compaction agent on the warm-started
     embedded model."""
-    from examples import DEMO_CONFIG
+    from grove.demo import DEMO_CONFIG
 
     _train(DEMO_CONFIG, steps, resume, None, as_json, workspace(workdir, database_url, blob_url))
 

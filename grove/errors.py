@@ -3,12 +3,13 @@
 ::
 
     grove_errors.GroveError               the one root (``except GroveError`` catches them all)
-    ├── ledger.errors.LedgerError         the event ledger, admission and the attempt lifecycle
-    ├── storage.errors.StorageError       object storage: keys, codec, integrity, availability
-    ├── capture.errors.CaptureError       normalization, rendering, splice, engines
-    ├── training.errors.TrainingError     selection, forest, rows, batches, loss, checkpoints
-    ├── grove.config.ConfigurationError   a configuration refused whole, every problem listed
-    └── grove.errors.JobError             a job cannot run: model, harness, task file, run, export
+    ├── grove.ledger.errors.LedgerError         the event ledger, admission and the attempt
+    lifecycle ├── grove.storage.errors.StorageError       object storage: keys, codec, integrity,
+    availability ├── grove.capture.errors.CaptureError       normalization, rendering, splice,
+    engines ├── grove.training.errors.TrainingError     selection, forest, rows, batches, loss,
+    checkpoints ├── grove.config.ConfigurationError   a configuration refused whole, every problem
+    listed └── grove.errors.JobError             a job cannot run: model, harness, task file, run,
+    export
 
 Each layer owns its branch, so that ``ledger`` and ``storage`` stay independent of each other and
 of everything above them; the root sits below them all in ``grove_errors``, which imports
@@ -27,12 +28,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final
 
-from capture.errors import CaptureError
+from grove.capture.errors import CaptureError
 from grove.config import ConfigurationError
+from grove.ledger.errors import LedgerError
+from grove.storage.errors import StorageError
+from grove.training.errors import TrainingError
 from grove_errors import GroveError
-from ledger.errors import LedgerError
-from storage.errors import StorageError
-from training.errors import TrainingError
 
 __all__ = [
     "EXIT_ERROR",
@@ -68,9 +69,9 @@ EXIT_UNAVAILABLE: Final = 75
 
 EXIT_STATUS: Final[Mapping[str, int]] = {
     "grove_errors.GroveError": EXIT_ERROR,
-    "ledger.errors.DatabaseUnavailable": EXIT_UNAVAILABLE,
-    "storage.errors.StorageUnavailableError": EXIT_UNAVAILABLE,
-    "capture.vllm.EngineUnavailableError": EXIT_UNAVAILABLE,
+    "grove.ledger.errors.DatabaseUnavailable": EXIT_UNAVAILABLE,
+    "grove.storage.errors.StorageUnavailableError": EXIT_UNAVAILABLE,
+    "grove.capture.vllm.EngineUnavailableError": EXIT_UNAVAILABLE,
 }
 """Exit statuses by error class (``module.Class``; a class not listed takes its closest listed
 base's). Named rather than imported, so that the command line starts without loading the

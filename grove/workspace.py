@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ledger.errors import LedgerError
+from grove.ledger.errors import LedgerError
 
 __all__ = ["DEFAULT_WORKDIR", "LedgerNotFound", "Workspace"]
 

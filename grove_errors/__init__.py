@@ -18,16 +18,17 @@ class GroveError(Exception):
     ::
 
         GroveError
-        ├── ledger.errors.LedgerError         the event ledger, admission, the attempt lifecycle
-        ├── storage.errors.StorageError       object storage: keys, codec, integrity, availability
-        ├── capture.errors.CaptureError       normalization, rendering, splice, engines
-        │   └── EngineError                   (capture.vllm adds the vLLM server's errors)
-        ├── training.errors.TrainingError     selection, forest, rows, batches, loss, checkpoints
-        ├── grove.config.ConfigurationError   a configuration refused whole, every problem listed
-        └── grove.errors.JobError             a job cannot run: model, harness, task file, run,
+        ├── grove.ledger.errors.LedgerError         the event ledger, admission, the attempt
+        lifecycle ├── grove.storage.errors.StorageError       object storage: keys, codec,
+        integrity, availability ├── grove.capture.errors.CaptureError       normalization,
+        rendering, splice, engines │   └── EngineError                   (grove.capture.vllm adds
+        the vLLM server's errors) ├── grove.training.errors.TrainingError     selection, forest,
+        rows, batches, loss, checkpoints ├── grove.config.ConfigurationError   a configuration
+        refused whole, every problem listed └── grove.errors.JobError             a job cannot run:
+        model, harness, task file, run,
                                               export
 
     Each root's module draws its own branch. The command line prints any of them as one line
     and exits with the status ``grove.errors.exit_status`` gives it; the gateway answers each
-    with the HTTP status of ``capture.wire.ERROR_STATUS``.
+    with the HTTP status of ``grove.capture.wire.ERROR_STATUS``.
     """

@@ -29,7 +29,7 @@ The total cost is one hash per request item plus a constant number of dictionary
 baseline it replaces compares the request with every earlier call's message list
 (``bench/admission.py``).
 
-Errors (each also a :class:`ledger.errors.LedgerError`)::
+Errors (each also a :class:`grove.ledger.errors.LedgerError`)::
 
     AdmissionError                 a request that cannot be admitted; nothing is generated
     ├── EmptyRequestError          the request has no items
@@ -46,7 +46,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any, Final
 
-from ledger.errors import LedgerError
+from grove.ledger.errors import LedgerError
 
 __all__ = [
     "ASSISTANT_ROLE",
@@ -210,7 +210,7 @@ class AmbiguousParentError(AdmissionError):
 class AdmissionItem:
     """One normalized request item as admission sees it.
 
-    Producer: ``capture.render.admission_items``; consumer: :func:`locate_boundary`.
+    Producer: ``grove.capture.render.admission_items``; consumer: :func:`locate_boundary`.
     ``digest`` is the sha256 hex of the item's canonical JSON; ``canonical_digest`` is the same
     with null and empty assistant tool-call content identified (equal to ``digest`` for every other
     item); ``echoed_ids`` are the provider ids the client sent on this item (normalization drops
@@ -300,11 +300,11 @@ class RequestBoundary:
 class AdmissionDecision:
     """Root or continuation for one request, and why; recorded on ``call.intended``.
 
-    Producer: :func:`decide`, then possibly ``capture.splice.plan_prompt`` (which roots a candidate
-    whose boundary check fails, keeping ``candidate_call_id``). ``parent_call_id`` is set exactly
-    when ``kind`` is continuation; ``reason`` exactly when it is root. ``candidate_call_id`` is the
-    parent admission chose, kept when the splice roots it. ``matched_call_ids`` are every call whose
-    source matched the boundary (compatible or not), for diagnosis.
+    Producer: :func:`decide`, then possibly ``grove.capture.splice.plan_prompt`` (which roots a
+    candidate whose boundary check fails, keeping ``candidate_call_id``). ``parent_call_id`` is set
+    exactly when ``kind`` is continuation; ``reason`` exactly when it is root. ``candidate_call_id``
+    is the parent admission chose, kept when the splice roots it. ``matched_call_ids`` are every
+    call whose source matched the boundary (compatible or not), for diagnosis.
     """
 
     kind: DecisionKind

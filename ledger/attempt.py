@@ -30,10 +30,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from ledger.admission import AdmissionIndex
-from ledger.admission import CallStatus as AdmissionStatus
-from ledger.errors import EventIdConflict, LedgerError, WrongExpectedVersion
-from ledger.events import (
+from grove.ledger.admission import AdmissionIndex
+from grove.ledger.admission import CallStatus as AdmissionStatus
+from grove.ledger.errors import EventIdConflict, LedgerError, WrongExpectedVersion
+from grove.ledger.events import (
     AdmissionsClosed,
     AttemptCleaned,
     AttemptOpened,
@@ -45,8 +45,13 @@ from ledger.events import (
     RolloutFinalized,
     RolloutSelected,
 )
-from ledger.lifecycle import CallFacts, LifecycleFacts, contradiction_entry, lifecycle_violation
-from ledger.store import ANY_VERSION, EventStore, NewEvent, validate_stream_id
+from grove.ledger.lifecycle import (
+    CallFacts,
+    LifecycleFacts,
+    contradiction_entry,
+    lifecycle_violation,
+)
+from grove.ledger.store import ANY_VERSION, EventStore, NewEvent, validate_stream_id
 
 __all__ = [
     "AttemptError",

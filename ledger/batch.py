@@ -17,10 +17,9 @@ import os
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+from grove.ledger.errors import EventIdConflict, InvalidEventPayload
+from grove.ledger.events import Event, event_class, validate_payload
 from pydantic import TypeAdapter, ValidationError
-
-from ledger.errors import EventIdConflict, InvalidEventPayload
-from ledger.events import Event, event_class, validate_payload
 
 __all__ = ["AppendBatch", "AppendedRow", "Landed", "Meanwhile", "new_event_id"]
 

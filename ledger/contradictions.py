@@ -2,7 +2,7 @@
 
 When a projection statement changes nothing, the fold reads the attempt's rows into
 ``LifecycleFacts`` (``lifecycle_facts``) and the attempt fold's rule
-(``ledger.lifecycle.lifecycle_violation``) says why; the event is then recorded in
+(``grove.ledger.lifecycle.lifecycle_violation``) says why; the event is then recorded in
 ``grove_proj_contradictions`` with those words (``contradiction_row``, ``record_contradictions``),
 never raised (``docs/sql.md``).
 """
@@ -12,15 +12,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from grove.ledger.events import RolloutSelected
+from grove.ledger.lifecycle import CallFacts, LifecycleFacts, contradiction_entry
+from grove.ledger.pgcopy import copy_block, copy_lines
+from grove.ledger.schema import PROJ_ATTEMPTS, PROJ_CALLS, PROJ_CONTRADICTIONS, PROJ_ROLLOUTS
 from sqlalchemy import Connection, insert, select
 
-from ledger.events import RolloutSelected
-from ledger.lifecycle import CallFacts, LifecycleFacts, contradiction_entry
-from ledger.pgcopy import copy_block, copy_lines
-from ledger.schema import PROJ_ATTEMPTS, PROJ_CALLS, PROJ_CONTRADICTIONS, PROJ_ROLLOUTS
-
 if TYPE_CHECKING:
-    from ledger.projecting import Folded
+    from grove.ledger.projecting import Folded
 
 __all__ = [
     "CONTRADICTION_COLUMNS",

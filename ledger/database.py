@@ -38,19 +38,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Engine, create_engine, event, exc
-from sqlalchemy.engine import make_url
-from sqlalchemy.pool import NullPool
-
-from ledger.ddl import APPEND_ONLY_MESSAGE
-from ledger.errors import (
+from grove.ledger.ddl import APPEND_ONLY_MESSAGE
+from grove.ledger.errors import (
     AppendOnlyViolation,
     DatabaseUnavailable,
     LedgerError,
     PrivilegeRefused,
     SchemaNotReady,
 )
-from ledger.postgres import dump_payload_json, load_payload_json
+from grove.ledger.postgres import dump_payload_json, load_payload_json
+from sqlalchemy import Connection, Engine, create_engine, event, exc
+from sqlalchemy.engine import make_url
+from sqlalchemy.pool import NullPool
 
 __all__ = [
     "AUTOCOMMIT",

@@ -13,10 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
+from grove.ledger.admission import AdmissionItem, CallStatus, CandidateCall, chain_digests
+from grove.ledger.errors import InvalidEventPayload, UnknownEventType
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
-from ledger.admission import AdmissionItem, CallStatus, CandidateCall, chain_digests
-from ledger.errors import InvalidEventPayload, UnknownEventType
 
 __all__ = [
     "CATALOG",
@@ -85,7 +84,7 @@ def validate_payload(event_type: str, payload: Any) -> Event:
 class ReplaySummary(_Record):
     """What admission needs to match a later request against this call, without the messages.
 
-    Producer: ``capture.render.replay_summary`` (a request, for ``call.intended``) and
+    Producer: ``grove.capture.render.replay_summary`` (a request, for ``call.intended``) and
     :meth:`extended` (the request plus the call's normalized output, for ``call.committed``);
     consumer: the admission index (:meth:`candidate`). Both digests are prefix chains
     (``ledger/admission.py``) over ``item_count`` items.
@@ -167,7 +166,7 @@ class CallIntended(Event):
 
     ``policy_version`` is the version the engine served at admission (None: the engine does not
     say, or the event predates the field); the commit records the one that actually sampled.
-    ``constraint`` is ``capture.engine.OutputConstraint.record()`` of a call decoded under a
+    ``constraint`` is ``grove.capture.engine.OutputConstraint.record()`` of a call decoded under a
     grammar (structured output, a forced tool call; ``docs/gateway.md``), None for free sampling
     or an event that predates the field.
     """

@@ -26,10 +26,9 @@ from __future__ import annotations
 import hashlib
 from typing import Final
 
+from grove.ledger.database import dialect_of, translate_errors
+from grove.ledger.errors import LedgerError
 from sqlalchemy import BigInteger, Connection, Engine, bindparam, func, select, text
-
-from ledger.database import dialect_of, translate_errors
-from ledger.errors import LedgerError
 
 __all__ = ["LEASE_NAMESPACE", "LeaseError", "Leases", "lease_key"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ledger.events import (
+from grove.ledger.events import (
     AdmissionsClosed,
     AttemptOpened,
     AttemptSettled,

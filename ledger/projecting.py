@@ -8,7 +8,7 @@ events were never folded (a ledger upgraded from before inline projection, impor
 rebuild under way), the missing ones are read from the event table and folded first: a stream is
 always folded whole and in order, by whichever transaction gets there first.
 
-The rows follow the attempt fold's rules (``ledger.lifecycle.lifecycle_violation``): the first
+The rows follow the attempt fold's rules (``grove.ledger.lifecycle.lifecycle_violation``): the first
 open, intent, commit, selection and finalization stand, and an event the rules leave out is
 recorded in ``grove_proj_contradictions`` with the fold's own words, never raised. Each
 statement applies an event only when the rows allow it; when it changes nothing, the rows are
@@ -20,6 +20,41 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, TypeVar
 
+from grove.ledger.batch import AppendBatch, Landed
+from grove.ledger.contradictions import (
+    ContradictionRow,
+    contradiction_lines,
+    contradiction_row,
+    lifecycle_facts,
+    record_contradictions,
+)
+from grove.ledger.errors import InvalidEventPayload
+from grove.ledger.events import (
+    AdmissionsClosed,
+    AttemptCleaned,
+    AttemptOpened,
+    AttemptSettled,
+    BatchPublished,
+    CallCommitted,
+    CallFailed,
+    CallIntended,
+    Event,
+    RolloutFinalized,
+    RolloutSelected,
+)
+from grove.ledger.lifecycle import (
+    ATTEMPT_EVENTS,
+    NEVER_OPENED,
+    lifecycle_violation,
+)
+from grove.ledger.schema import (
+    EVENTS,
+    PROJ_ATTEMPTS,
+    PROJ_CALLS,
+    PROJ_ROLLOUTS,
+    PROJ_STREAMS,
+)
+from grove.ledger.upcasting import decode_payload
 from sqlalchemy import (
     BigInteger,
     Connection,
@@ -35,42 +70,6 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import insert as postgres_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.sql.dml import Insert, Update
-
-from ledger.batch import AppendBatch, Landed
-from ledger.contradictions import (
-    ContradictionRow,
-    contradiction_lines,
-    contradiction_row,
-    lifecycle_facts,
-    record_contradictions,
-)
-from ledger.errors import InvalidEventPayload
-from ledger.events import (
-    AdmissionsClosed,
-    AttemptCleaned,
-    AttemptOpened,
-    AttemptSettled,
-    BatchPublished,
-    CallCommitted,
-    CallFailed,
-    CallIntended,
-    Event,
-    RolloutFinalized,
-    RolloutSelected,
-)
-from ledger.lifecycle import (
-    ATTEMPT_EVENTS,
-    NEVER_OPENED,
-    lifecycle_violation,
-)
-from ledger.schema import (
-    EVENTS,
-    PROJ_ATTEMPTS,
-    PROJ_CALLS,
-    PROJ_ROLLOUTS,
-    PROJ_STREAMS,
-)
-from ledger.upcasting import decode_payload
 
 __all__ = ["AppendFold", "Folded", "fold_stream"]
 

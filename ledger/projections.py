@@ -14,14 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, Table, delete, select, update
-from sqlalchemy.dialects.postgresql import insert as postgres_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-
-from ledger.database import translate_errors
-from ledger.events import LedgerPosition
-from ledger.projecting import Folded, fold_stream
-from ledger.schema import (
+from grove.ledger.database import translate_errors
+from grove.ledger.events import LedgerPosition
+from grove.ledger.projecting import Folded, fold_stream
+from grove.ledger.schema import (
     PROJ_ATTEMPTS,
     PROJ_CALLS,
     PROJ_CHECKPOINTS,
@@ -29,7 +25,10 @@ from ledger.schema import (
     PROJ_ROLLOUTS,
     PROJ_STREAMS,
 )
-from ledger.store import EventStore, StoredEvent
+from grove.ledger.store import EventStore, StoredEvent
+from sqlalchemy import Connection, Table, delete, select, update
+from sqlalchemy.dialects.postgresql import insert as postgres_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 __all__ = ["PROJECTIONS", "Projection", "catch_up", "projection_marks", "rebuild"]
 

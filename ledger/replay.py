@@ -6,7 +6,7 @@ reads the stream and prints what :func:`replay_attempt` returns; ``grove replay 
 :class:`DecisionCheck` records.
 
 Admission is re-run the way capture decided it (``capture/lifecycle.py``): each intent's recorded
-boundary (``AdmissionDecision.from_payload``) goes through today's ``ledger.admission.decide``
+boundary (``AdmissionDecision.from_payload``) goes through today's ``grove.ledger.admission.decide``
 against an index rebuilt from the attempt's events before that intent (committed calls that were
 not late, and committed calls that later failed, as failed). Two parts of the live decision cannot
 be re-run from the ledger and are taken as recorded: the splice's boundary check, which needs the
@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from ledger import admission
-from ledger.admission import (
+from grove.ledger import admission
+from grove.ledger.admission import (
     AdmissionDecision,
     AdmissionError,
     AdmissionIndex,
@@ -31,8 +31,8 @@ from ledger.admission import (
     Equivalence,
     RootReason,
 )
-from ledger.attempt import AttemptState, CallStatus, fold_attempt, index_call_event
-from ledger.events import (
+from grove.ledger.attempt import AttemptState, CallStatus, fold_attempt, index_call_event
+from grove.ledger.events import (
     AdmissionsClosed,
     AttemptCleaned,
     AttemptOpened,
@@ -44,7 +44,7 @@ from ledger.events import (
     RolloutFinalized,
     RolloutSelected,
 )
-from ledger.store import StoredEvent
+from grove.ledger.store import StoredEvent
 
 __all__ = [
     "SPLICE_ROOT_REASONS",
@@ -350,7 +350,7 @@ def verify_admissions(
     capture_key: str, events: Sequence[StoredEvent], until: int | None = None
 ) -> tuple[DecisionCheck, ...]:
     """Re-run every intent's admission decision (at positions <= ``until``) with today's
-    ``ledger.admission.decide``, against the index its attempt had just before the intent."""
+    ``grove.ledger.admission.decide``, against the index its attempt had just before the intent."""
     checks = []
     state = AttemptState(capture_key)
     index = AdmissionIndex()

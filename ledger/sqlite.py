@@ -10,13 +10,12 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
+from grove.ledger.appending import append_statement
+from grove.ledger.batch import AppendBatch, Meanwhile
+from grove.ledger.events import LedgerPosition
+from grove.ledger.schema import EVENTS
 from sqlalchemy import Connection, Integer, Row, String, bindparam, insert, select, union_all
 from sqlalchemy.sql.dml import Insert
-
-from ledger.appending import append_statement
-from ledger.batch import AppendBatch, Meanwhile
-from ledger.events import LedgerPosition
-from ledger.schema import EVENTS
 
 __all__ = ["SqliteBackend"]
 

@@ -25,22 +25,21 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
-from sqlalchemy import Engine, Row, Select, bindparam, exc, func, select
-
-from ledger.batch import AppendBatch, AppendedRow, new_event_id
-from ledger.database import autocommit, dialect_of, open_engine, translate_errors
-from ledger.errors import (
+from grove.ledger.batch import AppendBatch, AppendedRow, new_event_id
+from grove.ledger.database import autocommit, dialect_of, open_engine, translate_errors
+from grove.ledger.errors import (
     EventIdConflict,
     ImportConflict,
     StreamIdError,
     WrongExpectedVersion,
 )
-from ledger.events import Event, LedgerPosition
-from ledger.postgres import PostgresBackend
-from ledger.projecting import AppendFold
-from ledger.schema import EVENTS
-from ledger.sqlite import SqliteBackend
-from ledger.upcasting import E, decode_as, decode_payload, upcast
+from grove.ledger.events import Event, LedgerPosition
+from grove.ledger.postgres import PostgresBackend
+from grove.ledger.projecting import AppendFold
+from grove.ledger.schema import EVENTS
+from grove.ledger.sqlite import SqliteBackend
+from grove.ledger.upcasting import E, decode_as, decode_payload, upcast
+from sqlalchemy import Engine, Row, Select, bindparam, exc, func, select
 
 __all__ = [
     "ANY_VERSION",

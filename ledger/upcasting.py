@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ledger.errors import InvalidEventPayload
-from ledger.events import Event, event_class, validate_payload
+from grove.ledger.errors import InvalidEventPayload
+from grove.ledger.events import Event, event_class, validate_payload
 
 __all__ = ["UPCASTERS", "Upcaster", "decode_as", "decode_payload", "upcast", "upcaster"]
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import os
 
 from alembic import context
-
-from ledger.database import open_engine
-from ledger.schema import METADATA
+from grove.ledger.database import open_engine
+from grove.ledger.schema import METADATA
 
 config = context.config
 

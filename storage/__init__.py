@@ -10,14 +10,14 @@ Typical use (capture path, then training path)::
 semantics and the cleanup rules. This package imports nothing from the rest of Grove.
 """
 
-from storage.cleanup import (
+from grove.storage.cleanup import (
     collect_orphans,
     delete_blobs,
     find_orphans,
     orphan_keys,
     teardown_partition,
 )
-from storage.codec import (
+from grove.storage.codec import (
     CallDelta,
     MediaDescriptor,
     MediaTensor,
@@ -25,7 +25,7 @@ from storage.codec import (
     describe_media,
     encode_delta,
 )
-from storage.digests import (
+from grove.storage.digests import (
     blob_sha256,
     chain_digest,
     chain_digests,
@@ -33,7 +33,7 @@ from storage.digests import (
     row_chain_digests,
     token_digest,
 )
-from storage.errors import (
+from grove.storage.errors import (
     BlobConflictError,
     BlobFormatError,
     BlobIntegrityError,
@@ -47,7 +47,7 @@ from storage.errors import (
     StorageUnavailableError,
     UnusableBlobError,
 )
-from storage.keys import (
+from grove.storage.keys import (
     capture_key_of,
     published_key,
     published_prefix,
@@ -55,9 +55,9 @@ from storage.keys import (
     staging_prefix,
     validate_key,
 )
-from storage.s3 import S3Options
-from storage.store import BlobRef, BlobStore
-from storage.urls import open_blob_store
+from grove.storage.s3 import S3Options
+from grove.storage.store import BlobRef, BlobStore
+from grove.storage.urls import open_blob_store
 
 __all__ = [
     "BlobConflictError",

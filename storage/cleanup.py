@@ -11,7 +11,7 @@ Rules (design.md "Storage", seed "Measurement and lifecycle"):
 - Every function returns the exact keys it removed, for the ledger's ``attempt.cleaned`` event.
 
 ``orphan_keys`` is the pure rule; the other functions apply it to a ``BlobStore``. Which keys of
-an attempt may go, and when, depends on its selection and publication: ``training.cleanup``
+an attempt may go, and when, depends on its selection and publication: ``grove.training.cleanup``
 decides that and calls these (``docs/storage.md``, "Cleanup").
 """
 
@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from storage.errors import PendingBlobError
-from storage.faults import backend_errors
-from storage.keys import STAGING, staging_prefix, validate_key, validate_prefix
-from storage.store import BlobStore
+from grove.storage.errors import PendingBlobError
+from grove.storage.faults import backend_errors
+from grove.storage.keys import STAGING, staging_prefix, validate_key, validate_prefix
+from grove.storage.store import BlobStore
 
 __all__ = [
     "blob_sizes",

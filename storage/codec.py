@@ -33,11 +33,10 @@ from typing import Any, Literal
 import numpy as np
 import safetensors.torch
 import torch
+from grove.storage.digests import media_digest, token_ids_array
+from grove.storage.errors import BlobFormatError, InvalidDeltaError
+from grove.storage.keys import capture_key_of
 from safetensors import SafetensorError
-
-from storage.digests import media_digest, token_ids_array
-from storage.errors import BlobFormatError, InvalidDeltaError
-from storage.keys import capture_key_of
 
 __all__ = [
     "CODEC_NAME",

@@ -29,8 +29,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 import torch
-
-from storage.errors import InvalidDeltaError
+from grove.storage.errors import InvalidDeltaError
 
 __all__ = [
     "CHAIN_DOMAIN",

@@ -19,9 +19,8 @@ from types import TracebackType
 
 import aiohttp
 from botocore.exceptions import BotoCoreError, ClientError
-
-from storage.errors import MissingBlobError, StorageError, StorageUnavailableError
-from storage.keys import capture_key_of
+from grove.storage.errors import MissingBlobError, StorageError, StorageUnavailableError
+from grove.storage.keys import capture_key_of
 
 __all__ = ["BACKEND_ERRORS", "READ", "backend_errors", "translate"]
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-from storage.errors import InvalidKeyError
+from grove.storage.errors import InvalidKeyError
 
 __all__ = [
     "MAX_KEY_BYTES",

@@ -23,18 +23,17 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from fsspec import AbstractFileSystem
-
-from storage.codec import CallDelta, decode_delta, encode_delta
-from storage.digests import blob_sha256
-from storage.errors import (
+from grove.storage.codec import CallDelta, decode_delta, encode_delta
+from grove.storage.digests import blob_sha256
+from grove.storage.errors import (
     BlobConflictError,
     BlobIntegrityError,
     InvalidBlobRefError,
     InvalidDeltaError,
     InvalidKeyError,
 )
-from storage.faults import READ, backend_errors
-from storage.keys import capture_key_of, validate_key, validate_prefix
+from grove.storage.faults import READ, backend_errors
+from grove.storage.keys import capture_key_of, validate_key, validate_prefix
 
 __all__ = ["Backend", "BlobRef", "BlobStore"]
 
@@ -192,7 +191,7 @@ class BlobStore:
     def delete(self, keys: Iterable[str]) -> list[str]:
         """Delete exactly ``keys`` (all validated first; absent keys are fine); returns them.
 
-        The raw primitive: ``storage.cleanup`` applies the lifecycle rules (pending calls).
+        The raw primitive: ``grove.storage.cleanup`` applies the lifecycle rules (pending calls).
         """
         keys = list(keys)
         paths = [self.path(key) for key in keys]

@@ -16,11 +16,11 @@ from dataclasses import fields
 from typing import Any
 from urllib.parse import urlparse
 
-from storage.errors import InvalidBlobUrlError, InvalidKeyError
-from storage.keys import validate_segment
-from storage.local import LocalBackend
-from storage.s3 import S3Backend, S3Options, s3_filesystem
-from storage.store import BlobStore
+from grove.storage.errors import InvalidBlobUrlError, InvalidKeyError
+from grove.storage.keys import validate_segment
+from grove.storage.local import LocalBackend
+from grove.storage.s3 import S3Backend, S3Options, s3_filesystem
+from grove.storage.store import BlobStore
 
 __all__ = ["open_blob_store"]
 

@@ -38,9 +38,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 import torch
-
-from training.errors import AdvantageError
-from training.forest import Forest
+from grove.training.errors import AdvantageError
+from grove.training.forest import Forest
 
 __all__ = [
     "AdvantageConfig",
@@ -173,7 +172,7 @@ class RolloutOutcome:
 class GroupDecision:
     """Whether a prompt group trains: ``reason`` is why it is dropped, else None
     (``group_decisions`` decides ``no_valid_layout`` and ``below_min_valid_fraction``;
-    ``training.groups.decide_group`` the others). ``detail`` says more where there is more to
+    ``grove.training.groups.decide_group`` the others). ``detail`` says more where there is more to
     say: the rollout, the harness's error, the policy versions."""
 
     group_id: str

@@ -23,9 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-
-from training.errors import BatchError
-from training.rows import ROUTE_MISSING_SENTINEL, RowMedia, RowTensors
+from grove.training.errors import BatchError
+from grove.training.rows import ROUTE_MISSING_SENTINEL, RowMedia, RowTensors
 
 __all__ = [
     "LogicalRollout",
@@ -148,7 +147,7 @@ def assemble_batch(
 
     ``rollouts`` lists every logical rollout of the step, each group's rollouts contiguous; a
     group with no rows at all has no valid layout and must be dropped first
-    (``training.advantages.group_decisions``). Logical order is the given order; rows follow
+    (``grove.training.advantages.group_decisions``). Logical order is the given order; rows follow
     their rollouts, padding ends each group.
     """
     if isinstance(row_multiple, bool) or not isinstance(row_multiple, int) or row_multiple < 1:

@@ -1,8 +1,8 @@
 """The captured calls of an attempt as selection sees them, and the rules a selection names.
 
 ``CapturedCall`` is the record a selection policy reads for each call of an attempt (built by the
-projector from the ledger, ``training.projector.captured_calls``); ``SelectionRule`` names the rule
-a ``SelectionError`` reports. Both the evidence matching (``training/evidence.py``) and the
+projector from the ledger, ``grove.training.projector.captured_calls``); ``SelectionRule`` names the
+rule a ``SelectionError`` reports. Both the evidence matching (``training/evidence.py``) and the
 policies and their contract (``training/selection.py``) read them; this module imports neither,
 so neither import is a cycle. The two failure reasons that do not count as failures, and the
 finish reasons of a complete generation, live here with the record they qualify
@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from training.errors import SelectionError
-from training.forest import CALL_STATUSES, LENGTH_FINISH_REASONS
+from grove.training.errors import SelectionError
+from grove.training.forest import CALL_STATUSES, LENGTH_FINISH_REASONS
 
 __all__ = [
     "COMPLETE_FINISH_REASONS",

@@ -22,7 +22,7 @@ trainable rollout: a restarted trainer rebuilds the published step from those bl
   A write after teardown is an orphan for the next collection.
 
 The I/O is ``clean_attempt``: list the partition, read the attempt's stream, apply the plan with
-``storage.cleanup``'s exact deletes (pending keys refused) or whole-partition teardown, then
+``grove.storage.cleanup``'s exact deletes (pending keys refused) or whole-partition teardown, then
 record ``attempt.cleaned`` with exactly the keys removed. ``clean_step`` runs it on the attempts
 of a step ``grove train`` just trained; ``collect_garbage`` (``grove gc``) on every partition in
 the store, orphans of attempts the ledger does not know included.
@@ -35,13 +35,13 @@ from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from ledger.attempt import AttemptLog, AttemptState, CallStatus, fold_attempt
-from ledger.events import AttemptCleaned, AttemptSettled, BatchPublished, LedgerPosition
-from ledger.store import EventStore, StoredEvent
-from storage import BlobStore, StorageUnavailableError, capture_key_of, staging_key
-from storage.cleanup import blob_sizes, delete_blobs, teardown_partition
-from storage.keys import STAGING, staging_prefix
-from training.projector import PublishedBatch
+from grove.ledger.attempt import AttemptLog, AttemptState, CallStatus, fold_attempt
+from grove.ledger.events import AttemptCleaned, AttemptSettled, BatchPublished, LedgerPosition
+from grove.ledger.store import EventStore, StoredEvent
+from grove.storage import BlobStore, StorageUnavailableError, capture_key_of, staging_key
+from grove.storage.cleanup import blob_sizes, delete_blobs, teardown_partition
+from grove.storage.keys import STAGING, staging_prefix
+from grove.training.projector import PublishedBatch
 
 __all__ = [
     "AttemptCleanup",

@@ -87,8 +87,8 @@ class SelectionPolicyError(TrainingError, ValueError):
 
 class RowError(TrainingError, ValueError):
     """Routes or media of ``call_id`` that do not fit its tokens; the projector masks the rollout
-    with ``mask_reason`` (a ``training.forest.MaskReason``: ``blob_invalid`` unless given, e.g.
-    ``route_missing``)."""
+    with ``mask_reason`` (a ``grove.training.forest.MaskReason``: ``blob_invalid`` unless given,
+    e.g. ``route_missing``)."""
 
     def __init__(
         self, rule: str, call_id: str, detail: str, *, mask_reason: str = "blob_invalid"

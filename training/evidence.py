@@ -9,8 +9,8 @@ result mapping in, records out, a ``SelectionError`` naming its rule otherwise.
 
 Matching the returned history (``_match_output``): the generated items must split, in exactly one
 way, into whole generations of committed calls, each identified by its content fingerprint
-(``ledger.fingerprint``, hashed incrementally per start position) or by the response id an item
-carries. No split is ``missing_evidence``; several are ``ambiguous_evidence``; an item naming a
+(``grove.ledger.fingerprint``, hashed incrementally per start position) or by the response id an
+item carries. No split is ``missing_evidence``; several are ``ambiguous_evidence``; an item naming a
 response whose whole generation is not the span around it is ``contradictory_evidence``. A
 response the harness rejected is indexed by id only, so returned content never matches it and
 evidence that names it is refused (``docs/forest.md``, "Where ``selected`` comes from").
@@ -22,14 +22,14 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from ledger.fingerprint import (
+from grove.ledger.fingerprint import (
     FINGERPRINT_DOMAIN,
     encode_output_item,
     fingerprint_encoded,
     fingerprint_output,
 )
-from training.captured import CapturedCall, SelectionRule
-from training.errors import SelectionError
+from grove.training.captured import CapturedCall, SelectionRule
+from grove.training.errors import SelectionError
 
 __all__ = [
     "GENERATED_ITEM_TYPES",

@@ -19,14 +19,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-
-from ledger.attempt import AttemptState, CallStatus
-from ledger.events import RolloutFinalized
-from storage import BlobRef, BlobStore, MediaTensor, UnusableBlobError, row_chain_digests
-from training.errors import RowError
-from training.forest import CallRecord, Forest, ForestRow, MaskReason, build_forest
-from training.rows import CallExtras, MediaItem, RowTensors, rollout_rows
-from training.selection import CapturedCall, completion_mask_reason
+from grove.ledger.attempt import AttemptState, CallStatus
+from grove.ledger.events import RolloutFinalized
+from grove.storage import BlobRef, BlobStore, MediaTensor, UnusableBlobError, row_chain_digests
+from grove.training.errors import RowError
+from grove.training.forest import CallRecord, Forest, ForestRow, MaskReason, build_forest
+from grove.training.rows import CallExtras, MediaItem, RowTensors, rollout_rows
+from grove.training.selection import CapturedCall, completion_mask_reason
 
 __all__ = [
     "Decision",

@@ -29,7 +29,7 @@ from dataclasses import FrozenInstanceError, dataclass
 from enum import StrEnum
 from typing import Any, Final, NamedTuple, Protocol
 
-from training.errors import ForestError
+from grove.training.errors import ForestError
 
 __all__ = [
     "CALL_STATUSES",
@@ -54,7 +54,7 @@ LENGTH_FINISH_REASONS: Final = frozenset({"length"})
 class MaskReason(StrEnum):
     """Why a logical rollout is masked (never trains): the closed set, in checking priority.
 
-    ``build_forest`` decides the first six; ``training.selection.completion_mask_reason`` the
+    ``build_forest`` decides the first six; ``grove.training.selection.completion_mask_reason`` the
     capture-completion ones (``selected_call_incomplete``, ``capture_pending``,
     ``capture_failed``, and the selected-call ones too); the projector ``blob_invalid``,
     ``route_missing``, ``ledger_contradiction`` and ``no_trainable_tokens``, and, from its
@@ -88,11 +88,11 @@ class MaskReason(StrEnum):
     a rejected response (``rejected_by_harness``), which is not a failure."""
     BLOB_INVALID = "blob_invalid"
     """A selected call's blob is missing or corrupt, or its routes or media do not fit its row
-    (``training.errors.RowError``)."""
+    (``grove.training.errors.RowError``)."""
     ROUTE_MISSING = "route_missing"
     """A row of an MoE rollout lacks a captured route before its final token (the engine did not
     observe one inside a segment): the learner could not replay the engine's routing there
-    (``training.rows``, ``docs/moe.md``)."""
+    (``grove.training.rows``, ``docs/moe.md``)."""
     LEDGER_CONTRADICTION = "ledger_contradiction"
     """The attempt's events break the lifecycle rules (``AttemptState.contradictions``: written
     around ``AttemptLog``, e.g. a call committed twice or never intended)."""
@@ -285,7 +285,7 @@ class RowSegment(NamedTuple):
 
 class ForestRow:
     """One path (physical row) from a root to an endpoint (producer: ``build_forest``; consumer:
-    ``training.rows``, metrics, the projector's ``rollout.finalized`` event).
+    ``grove.training.rows``, metrics, the projector's ``rollout.finalized`` event).
 
     ``token_ids``, ``loss_mask`` (0/1) and ``logprobs`` have equal lengths. ``logprobs`` holds the
     generation logprob where ``loss_mask`` is 1 and 0.0 elsewhere (prompts, observations, rewritten

@@ -30,8 +30,8 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any, Final
 
-from training.advantages import GroupDecision, RolloutOutcome, group_decisions
-from training.errors import AdvantageError
+from grove.training.advantages import GroupDecision, RolloutOutcome, group_decisions
+from grove.training.errors import AdvantageError
 
 __all__ = [
     "ABANDONED_POLICY_PREFIX",

@@ -27,8 +27,8 @@ tokens:
 
 TMPE is also pooled per logical rollout over its uniquely owned generated tokens (loss mask and
 owner, before any row is excluded), each token with equal weight, so splitting a rollout into more
-rows does not change its value; the pooling is ``training.advantages.pooled_logprob_error``, the
-same function that decides ``grpo.seq_logprob_error_threshold``. Tokens whose logprobs are not
+rows does not change its value; the pooling is ``grove.training.advantages.pooled_logprob_error``,
+the same function that decides ``grpo.seq_logprob_error_threshold``. Tokens whose logprobs are not
 finite are left out of the diagnostics.
 """
 
@@ -38,9 +38,8 @@ import math
 from dataclasses import dataclass
 
 import torch
-
-from training.advantages import pooled_logprob_error
-from training.errors import BatchError
+from grove.training.advantages import pooled_logprob_error
+from grove.training.errors import BatchError
 
 __all__ = [
     "DEFAULT_CLIP",

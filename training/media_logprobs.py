@@ -20,10 +20,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-
-from training.errors import BatchError
-from training.rows import RowMedia
-from training.trainer import StepBatch
+from grove.training.errors import BatchError
+from grove.training.rows import RowMedia
+from grove.training.trainer import StepBatch
 
 __all__ = ["MediaLogprobs"]
 

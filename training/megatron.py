@@ -6,7 +6,8 @@ restart at 0 in every row, so each row keeps its own attention context (no prefi
 between rows: packing never shares prefix computation). Megatron's GPT convention differs from
 Grove's row convention by one position:
 
-- Grove (``training.batch``): position ``t`` of a row holds token ``t``, its loss-mask bit and its
+- Grove (``grove.training.batch``): position ``t`` of a row holds token ``t``, its loss-mask bit and
+its
   generation logprob (the logprob of token ``t`` given the tokens before it).
 - Megatron: position ``t`` predicts ``labels[t]``, the next token; ``loss_mask[t]`` applies to that
   prediction. So ``labels[t] = token[t + 1]`` and ``loss_mask[t] = grove_mask[t + 1]`` within a
@@ -17,7 +18,7 @@ Grove's row convention by one position:
 ``2 x cp_size``; FP8 needs 16): offsets then come from ``cu_seqlens_padded`` and the real lengths
 from ``cu_seqlens``, the megatron/Transformer Engine convention. ``unpack_to_rows`` maps per
 position values (the logprob of each label) back to Grove's ``(R, L)`` row layout, so the same
-loss (``training.loss``) serves both learners.
+loss (``grove.training.loss``) serves both learners.
 
 Megatron-core is optional: only ``packed_seq_params`` imports it, and raises
 ``MegatronUnavailable`` when it is missing. On CPU, megatron-core 0.16.1 (the newest release for
@@ -38,9 +39,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-
-from training.batch import PackedBatch
-from training.errors import BatchError, TrainingError
+from grove.training.batch import PackedBatch
+from grove.training.errors import BatchError, TrainingError
 
 __all__ = [
     "MegatronPackedInputs",

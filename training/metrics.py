@@ -29,10 +29,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from training.advantages import GroupDecision, LogicalAdvantages, RolloutFilter, RolloutOutcome
-from training.batch import TrainingBatch
-from training.errors import AdvantageError
-from training.forest import Forest, MaskReason
+from grove.training.advantages import (
+    GroupDecision,
+    LogicalAdvantages,
+    RolloutFilter,
+    RolloutOutcome,
+)
+from grove.training.batch import TrainingBatch
+from grove.training.errors import AdvantageError
+from grove.training.forest import Forest, MaskReason
 
 __all__ = [
     "DROPPED_PROMPT_GROUPS",

@@ -2,10 +2,10 @@
 
 It reads the ledger with the gap-free reader and, for each attempt that is settled and has a
 selection, records ``rollout.finalized``: trainable with its paths and owned calls, or masked with
-a reason (``training.finalization``; ``docs/forest.md``, "Failures and drops").
+a reason (``grove.training.finalization``; ``docs/forest.md``, "Failures and drops").
 
 A prompt group is complete when every one of its logical rollouts is finalized. Each complete group
-is then kept or dropped by the group rules (``training.groups.decide_group``: an attempt Grove
+is then kept or dropped by the group rules (``grove.training.groups.decide_group``: an attempt Grove
 abandoned, no valid input layout, too few verified rollouts, calls too far apart in policy version
 or too far behind the step). A dropped group is never published. A step publishes
 ``groups_per_step`` kept groups in order of completion — or exactly the groups its caller names,
@@ -25,15 +25,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ledger.attempt import AttemptLog, AttemptState
-from ledger.errors import WrongExpectedVersion
-from ledger.events import AttemptOpened, BatchPublished, LedgerPosition, RolloutFinalized
-from ledger.store import EventStore, StoredEvent
-from storage import BlobStore
-from training.advantages import GroupDecision, RolloutOutcome
-from training.batch import LogicalRollout, TrainingBatch, assemble_batch
-from training.errors import BatchError
-from training.finalization import (
+from grove.ledger.attempt import AttemptLog, AttemptState
+from grove.ledger.errors import WrongExpectedVersion
+from grove.ledger.events import AttemptOpened, BatchPublished, LedgerPosition, RolloutFinalized
+from grove.ledger.store import EventStore, StoredEvent
+from grove.storage import BlobStore
+from grove.training.advantages import GroupDecision, RolloutOutcome
+from grove.training.batch import LogicalRollout, TrainingBatch, assemble_batch
+from grove.training.errors import BatchError
+from grove.training.finalization import (
     Decision,
     call_policy_versions,
     captured_calls,
@@ -43,8 +43,8 @@ from training.finalization import (
     masked_forest,
     setting_mask_reason,
 )
-from training.forest import MASK_REASONS, Forest, MaskReason
-from training.groups import (
+from grove.training.forest import MASK_REASONS, Forest, MaskReason
+from grove.training.groups import (
     DropReason,
     GroupMember,
     GroupRules,

@@ -9,7 +9,7 @@ the engine sampled from, and the importance ratio would measure that, not the po
 (``docs/moe.md``, "The value of replay").
 
 Replay, per MoE layer and token, with the row's captured routes (``StepBatch.routes``,
-``(R, T, layers, top_k)``, ``training.rows``):
+``(R, T, layers, top_k)``, ``grove.training.rows``):
 
 1. the router computes its scores as usual (softmax of its logits, in float32);
 2. a token with a captured route takes exactly those experts, in that order; a token whose
@@ -37,10 +37,9 @@ from contextlib import contextmanager
 from typing import Final
 
 import torch
-
-from training.errors import RouteReplayError
-from training.rows import ROUTE_MISSING_SENTINEL
-from training.trainer import (
+from grove.training.errors import RouteReplayError
+from grove.training.rows import ROUTE_MISSING_SENTINEL
+from grove.training.trainer import (
     LogprobFunction,
     StepBatch,
     causal_token_logprobs,
@@ -86,8 +85,8 @@ def replaying(routers: Sequence[torch.nn.Module], routes: torch.Tensor) -> Itera
 
 
 def replayed_row_logprobs(model: torch.nn.Module, batch: StepBatch, rows: slice) -> torch.Tensor:
-    """The ``LogprobFunction`` of an MoE model: ``training.trainer.row_logprobs`` with the rows'
-    captured routes replayed. Raises ``RouteReplayError`` when the batch carries no routes or
+    """The ``LogprobFunction`` of an MoE model: ``grove.training.trainer.row_logprobs`` with the
+    rows' captured routes replayed. Raises ``RouteReplayError`` when the batch carries no routes or
     routes that do not fit the model."""
     routers = moe_routers(model)
     if batch.routes is None:
@@ -115,7 +114,7 @@ def recompute_logprobs(
     *,
     micro_batch_size: int,
 ) -> torch.Tensor:
-    """``training.trainer.recompute_token_logprobs`` (``(R, T)``, eval mode, micro batches of
+    """``grove.training.trainer.recompute_token_logprobs`` (``(R, T)``, eval mode, micro batches of
     rows), with ``routes`` replayed when ``model`` is an MoE model; the model's train/eval mode
     is restored afterwards. Raises ``RouteReplayError`` for an MoE model without routes."""
     routers = moe_routers(model)

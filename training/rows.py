@@ -1,10 +1,10 @@
 """Row tensors: a forest's rows as torch tensors, with routed experts and media placed per row.
 
-The forest (``training.forest``) fixes each row's calls and token layout; this module adds what
-the blob of each call carries besides tokens, given as plain data (``CallExtras``): the projector
-reads and verifies blobs, this module never touches storage. When the projector also passes each
-call's token tensors, rows are concatenated from them rather than converted from the forest's
-Python lists (the same values, several times faster).
+The forest (``grove.training.forest``) fixes each row's calls and token layout; this module adds
+what the blob of each call carries besides tokens, given as plain data (``CallExtras``): the
+projector reads and verifies blobs, this module never touches storage. When the projector also
+passes each call's token tensors, rows are concatenated from them rather than converted from the
+forest's Python lists (the same values, several times faster).
 
 - Routed experts: a call's ``routes`` has one ``(layers, top_k)`` (or ``(top_k,)``) entry per
   delta token (its prompt delta, then its generated tokens), as the codec stores them. Within a
@@ -13,7 +13,7 @@ Python lists (the same values, several times faster).
   and the row keeps the route the call's blob stores there. Only a path's final token — a
   trace boundary: the endpoint's last token, whose route shapes no logprob of the row — gets
   ``ROUTE_MISSING_SENTINEL``, and the learner's router replay routes that token itself
-  (``training.route_replay``). A sentinel anywhere else in a row (a route the engine did not
+  (``grove.training.route_replay``). A sentinel anywhere else in a row (a route the engine did not
   observe inside a segment) is a ``RowError`` that masks the rollout ``route_missing``: replay
   cannot reproduce the engine's function there. Every other token keeps its captured route.
 - Media: every row carries the media of every call on its path, with its span moved to row
@@ -30,9 +30,8 @@ from typing import Final
 
 import numpy
 import torch
-
-from training.errors import RowError
-from training.forest import Forest, ForestRow, RowSegment
+from grove.training.errors import RowError
+from grove.training.forest import Forest, ForestRow, RowSegment
 
 __all__ = [
     "ROUTE_MISSING_SENTINEL",
@@ -99,7 +98,7 @@ class RowMedia:
 
 @dataclass(frozen=True, eq=False)
 class RowTensors:
-    """One forest row as tensors (producer: ``rollout_rows``; consumer: ``training.batch``).
+    """One forest row as tensors (producer: ``rollout_rows``; consumer: ``grove.training.batch``).
 
     ``token_ids`` int64 ``(T,)``; ``loss_mask`` bool ``(T,)``, True on owned generated tokens;
     ``generation_logprobs`` float32 ``(T,)``, 0.0 where ``loss_mask`` is False; ``routes`` int32

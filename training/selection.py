@@ -65,16 +65,16 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final, TypeAlias
 
-from ledger.fingerprint import fingerprint_output
-from training.captured import (
+from grove.ledger.fingerprint import fingerprint_output
+from grove.training.captured import (
     COMPLETE_FINISH_REASONS,
     REJECTED_BY_HARNESS,
     REQUEST_FINISHED_WITHOUT_STAGED_COORDINATES,
     CapturedCall,
     SelectionRule,
 )
-from training.errors import SelectionError, SelectionPolicyError
-from training.evidence import (
+from grove.training.errors import SelectionError, SelectionPolicyError
+from grove.training.evidence import (
     GENERATED_ITEM_TYPES,
     CaptureIndex,
     agreed_evidence,
@@ -83,7 +83,7 @@ from training.evidence import (
     is_generated_item,
     refuse_named_generations,
 )
-from training.forest import MaskReason
+from grove.training.forest import MaskReason
 
 __all__ = [
     "BUILTIN_POLICIES",

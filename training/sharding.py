@@ -3,9 +3,9 @@
 
 A step's batch lays out whole prompt groups, each padded with ownerless rows (owner -1, no loss
 token, zero advantage) to a multiple of the execution row multiple, ``policy.data_parallel_size x
-policy.train_micro_batch_size`` (``training.batch.assemble_batch``). Its ``R`` rows are therefore
-cut into ``world_size`` contiguous shards of ``R / world_size`` rows, the same count on every
-rank and a whole number of micro batches each, so a rank's micro batches are exactly the micro
+policy.train_micro_batch_size`` (``grove.training.batch.assemble_batch``). Its ``R`` rows are
+therefore cut into ``world_size`` contiguous shards of ``R / world_size`` rows, the same count on
+every rank and a whole number of micro batches each, so a rank's micro batches are exactly the micro
 batches one process would run on the same rows. Six logical rollouts of two groups with 7 and 6
 rows over four ranks (micro batch 1): each group is padded to 8 rows, 13 real rows and 3 padding
 rows in all, four rows a rank.
@@ -19,7 +19,7 @@ holds its first row. A group may span two ranks: its advantages were
 computed over the whole group before the batch was cut, so where its rows train changes nothing.
 
 ``RankGroup`` is the trainer's one seam to the other ranks; ``SINGLE_PROCESS`` is the identity,
-and ``training.data_parallel.ProcessGroupRanks`` the ``torch.distributed`` implementation.
+and ``grove.training.data_parallel.ProcessGroupRanks`` the ``torch.distributed`` implementation.
 """
 
 from __future__ import annotations
@@ -28,8 +28,7 @@ from collections.abc import Iterable, Sequence
 from typing import Final, Protocol, TypeVar
 
 import torch
-
-from training.errors import BatchError
+from grove.training.errors import BatchError
 
 __all__ = [
     "SINGLE_PROCESS",

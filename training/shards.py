@@ -5,7 +5,7 @@ attempt only what the lease rule needs: its prompt group and rollout id, and whe
 settled, selected and finalized. An attempt that is settled and selected but not finalized is
 *ready*; the shard that leases its prompt group finalizes it (``ledger/leases.py``, a PostgreSQL
 advisory lock): it reads the attempt's state again under the lease and records
-``rollout.finalized`` with the projector's own decision (``training.finalization.decide`` and
+``rollout.finalized`` with the projector's own decision (``grove.training.finalization.decide`` and
 ``finalization_event`` with the same settings, so the event is the one a single projector
 records). That decision is the expensive part of projection: it reads and verifies every selected
 call's blob and builds the forest and its rows.
@@ -34,13 +34,13 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 
-from ledger.attempt import AttemptLog
-from ledger.events import AttemptOpened, LedgerPosition
-from ledger.leases import Leases
-from ledger.store import EventStore, StoredEvent
-from storage import BlobStore
-from training.finalization import decide, finalization_event
-from training.projector import ProjectorSettings
+from grove.ledger.attempt import AttemptLog
+from grove.ledger.events import AttemptOpened, LedgerPosition
+from grove.ledger.leases import Leases
+from grove.ledger.store import EventStore, StoredEvent
+from grove.storage import BlobStore
+from grove.training.finalization import decide, finalization_event
+from grove.training.projector import ProjectorSettings
 
 __all__ = ["DEFAULT_MAX_GROUPS", "ProjectorShard"]
 

@@ -25,11 +25,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-
-from training.advantages import LogicalAdvantages, broadcast_to_rows
-from training.batch import TrainingBatch
-from training.errors import BatchError
-from training.loss import (
+from grove.training.advantages import LogicalAdvantages, broadcast_to_rows
+from grove.training.batch import TrainingBatch
+from grove.training.errors import BatchError
+from grove.training.loss import (
     DEFAULT_CLIP,
     ClipRange,
     TokenDiagnostics,
@@ -37,9 +36,9 @@ from training.loss import (
     retained_token_mask,
     token_diagnostics,
 )
-from training.metrics import OPTIMIZER_STEPS, SCHEDULER_STEP_INCREMENT
-from training.rows import RowMedia
-from training.sharding import SINGLE_PROCESS, RankGroup, shard_micro_batches
+from grove.training.metrics import OPTIMIZER_STEPS, SCHEDULER_STEP_INCREMENT
+from grove.training.rows import RowMedia
+from grove.training.sharding import SINGLE_PROCESS, RankGroup, shard_micro_batches
 
 __all__ = [
     "LogprobFunction",
@@ -57,8 +56,9 @@ __all__ = [
 
 @dataclass(frozen=True, eq=False)
 class StepBatch:
-    """One optimizer step's rows (producer: ``step_batch`` from ``training.batch.TrainingBatch``
-    and ``training.advantages.LogicalAdvantages``; consumer: ``Trainer``).
+    """One optimizer step's rows (producer: ``step_batch`` from
+    ``grove.training.batch.TrainingBatch`` and ``grove.training.advantages.LogicalAdvantages``;
+    consumer: ``Trainer``).
 
     ``token_ids`` int64 ``(R, T)``, right-padded; ``loss_mask`` bool ``(R, T)``, True on owned
     generated tokens; ``generation_logprobs`` float ``(R, T)``, the engine's logprob of token ``t``
@@ -154,7 +154,8 @@ class StepReport:
 
     def metrics(self) -> dict[str, float]:
         """Flat scalar metrics for a logger; the batch's own counters (rows, padding, advantages)
-        come from ``training.metrics.step_metrics``, under the same names where they overlap."""
+        come from ``grove.training.metrics.step_metrics``, under the same names where they
+        overlap."""
         return {
             "train/loss": self.loss,
             "train/learning_rate": self.learning_rate,
@@ -221,7 +222,7 @@ MicroBatchPlan = Callable[[StepBatch, int], list[slice]]
 """How the trainer splits a step's rows into micro batches, given the micro batch size: slices
 that tile the rows in order (default: fixed slices of that many rows). A ``LogprobFunction`` that
 shares work between rows supplies one that keeps those rows together
-(``training.tree_logprobs.owner_micro_batches``)."""
+(``grove.training.tree_logprobs.owner_micro_batches``)."""
 
 
 def _fixed_micro_batches(batch: StepBatch, micro_batch_size: int) -> list[slice]:

@@ -19,7 +19,8 @@ prefix. The tree layout keeps each distinct prefix once (``docs/forest.md``, "Tr
    ancestors; with the depth-first numbering that is ``j <= i < subtree_end[j]``.
 
 Rows are read as they are: the trainer passes each row up to its last loss token
-(``training.tree_logprobs``). Nothing here runs a model; it takes token ids and returns tensors.
+(``grove.training.tree_logprobs``). Nothing here runs a model; it takes token ids and returns
+tensors.
 """
 
 from __future__ import annotations
@@ -28,9 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-
-from training.errors import BatchError
-from training.forest import Forest
+from grove.training.errors import BatchError
+from grove.training.forest import Forest
 
 __all__ = ["TreeLayout", "forest_tree", "pack_tree"]
 
@@ -38,7 +38,7 @@ __all__ = ["TreeLayout", "forest_tree", "pack_tree"]
 @dataclass(frozen=True, eq=False)
 class TreeLayout:
     """Rows laid out as one token tree in depth-first order (producer: ``pack_tree``; consumers:
-    ``training.tree_logprobs``, ``grove show --tree``).
+    ``grove.training.tree_logprobs``, ``grove show --tree``).
 
     ``token_ids``, ``parents``, ``position_ids`` and ``subtree_end`` are int64 ``(N,)`` over the
     ``N`` distinct prefix tokens: ``parents[i]`` is the index of token ``i``'s parent (-1 for the

@@ -6,8 +6,8 @@ layout"). For the rows of a micro batch:
 1. Each row is cut after its last loss token (at least one token is kept): nothing after it can
    change a trained token's logprob in a causal model, so it is never computed.
 2. Rows are grouped by their first token (rows that begin differently share nothing) and each
-   group is laid out as one token tree (``training.tree.pack_tree``): every distinct prefix once,
-   depth-first, with position ids along each path.
+   group is laid out as one token tree (``grove.training.tree.pack_tree``): every distinct prefix
+   once, depth-first, with position ids along each path.
 3. The trees run as one batch of sequences, right-padded, each with its ancestor mask as a 4-D
    attention mask (boolean for ``sdpa`` attention; additive for ``eager``: 0 where a token may
    attend, the dtype's minimum elsewhere; a padding token sees only itself) and its position
@@ -28,10 +28,9 @@ work together: ``owner_micro_batches`` splits a step by whole logical rollouts.
 from __future__ import annotations
 
 import torch
-
-from training.errors import BatchError
-from training.trainer import StepBatch, causal_token_logprobs
-from training.tree import TreeLayout, pack_tree
+from grove.training.errors import BatchError
+from grove.training.trainer import StepBatch, causal_token_logprobs
+from grove.training.tree import TreeLayout, pack_tree
 
 __all__ = ["micro_batch_trees", "owner_micro_batches", "tree_logprobs", "tree_row_lengths"]
 

@@ -34,8 +34,7 @@ if str(ROOT) not in sys.path:
 
 if TYPE_CHECKING:  # the server side imports torch and transformers; the client side stays light
     from fastapi import FastAPI
-
-    from capture.engine import Generation, SamplingParams
+    from grove.capture.engine import Generation, SamplingParams
 
 CONTEXT: Final = 2048
 ANSWER: Final = "Noted, continuing with the next step."
@@ -45,22 +44,22 @@ CALL_TIMEOUT_S: Final = 60.0
 
 
 class InstantEngine:
-    """A ``capture.engine.Engine`` that computes nothing: every call generates ``ANSWER``'s tokens
-    and end of turn, each with logprob -0.25, cut to ``max_tokens``. Deterministic."""
+    """A ``grove.capture.engine.Engine`` that computes nothing: every call generates ``ANSWER``'s
+    tokens and end of turn, each with logprob -0.25, cut to ``max_tokens``. Deterministic."""
 
     def __init__(self, answer_token_ids: Sequence[int], stop_token_id: int) -> None:
         self.token_ids = (*answer_token_ids, stop_token_id)
 
     def check(self, prompt_token_ids: Sequence[int], sampling: SamplingParams) -> None:
         """Refuse a prompt that leaves no room for ``max_tokens`` in the context."""
-        from capture.errors import PromptTooLongError
+        from grove.capture.errors import PromptTooLongError
 
         if len(prompt_token_ids) + sampling.max_tokens > CONTEXT:
             raise PromptTooLongError(len(prompt_token_ids), sampling.max_tokens, CONTEXT)
 
     def generate(self, prompt_token_ids: Sequence[int], sampling: SamplingParams) -> Generation:
         """``ANSWER`` and end of turn (``stop``), or its first ``max_tokens`` (``length``)."""
-        from capture.engine import Generation
+        from grove.capture.engine import Generation
 
         self.check(prompt_token_ids, sampling)
         tokens = self.token_ids[: sampling.max_tokens]
@@ -167,30 +166,29 @@ class RouteTimer:
 
 def instrument_grove() -> None:
     """Time the stages of Grove's request path (``docs/benchmarks.md``)."""
+    import grove.capture.gateway
+    import grove.capture.lifecycle
+    import grove.capture.splice
     import psycopg
     import sqlalchemy
+    from grove.capture.conversion import RequestConverter
+    from grove.capture.lifecycle import CaptureService
+    from grove.capture.render import Renderer
+    from grove.ledger.attempt import AttemptLog
+    from grove.ledger.store import EventStore
+    from grove.storage import BlobStore
     from sqlalchemy.engine import Engine
     from sqlalchemy.pool import Pool
 
-    import capture.gateway
-    import capture.lifecycle
-    import capture.splice
-    from capture.conversion import RequestConverter
-    from capture.lifecycle import CaptureService
-    from capture.render import Renderer
-    from ledger.attempt import AttemptLog
-    from ledger.store import EventStore
-    from storage import BlobStore
-
     stages: list[tuple[object, str, str]] = [
         (RequestConverter, "chat_call", "conversion"),
-        (capture.gateway._Gateway, "generate", "gateway checks (own)"),
+        (grove.capture.gateway._Gateway, "generate", "gateway checks (own)"),
         (CaptureService, "generate", "lifecycle (own): events, delta, ids, fit"),
         (CaptureService, "_view", "ledger read: the attempt's view"),
-        (capture.lifecycle, "normalize_messages", "normalization"),
-        (capture.lifecycle, "output_message", "output parse"),
-        (capture.lifecycle, "fingerprint_output", "admission and digests"),
-        (capture.lifecycle, "chain_digest", "admission and digests"),
+        (grove.capture.lifecycle, "normalize_messages", "normalization"),
+        (grove.capture.lifecycle, "output_message", "output parse"),
+        (grove.capture.lifecycle, "fingerprint_output", "admission and digests"),
+        (grove.capture.lifecycle, "chain_digest", "admission and digests"),
         (Renderer, "render", "chat template render"),
         (Renderer, "encode", "tokenize and decode"),
         (Renderer, "decode", "tokenize and decode"),
@@ -199,9 +197,9 @@ def instrument_grove() -> None:
         (AttemptLog, "intend", "intent append"),
         (AttemptLog, "commit", "commit append"),
         (BlobStore, "put_delta", "blob put"),
-        (capture.gateway, "chat_completion", "answer"),
+        (grove.capture.gateway, "chat_completion", "answer"),
     ]
-    for module in (capture.lifecycle, capture.splice):
+    for module in (grove.capture.lifecycle, grove.capture.splice):
         for function in ("admission_items", "locate_boundary", "decide", "replay_summary"):
             stages.append((module, function, "admission and digests"))
     for owner, attribute, name in stages:
@@ -245,9 +243,8 @@ def plain_app(tokenizer: Any, engine: InstantEngine) -> FastAPI:
     """The baseline: render, tokenize, generate, decode, answer a ChatCompletion; no capture.
     (``instrument_grove`` has already made the engine's methods stages.)"""
     from fastapi import FastAPI
-
-    from capture.chat_api import ChatCompletion
-    from capture.engine import SamplingParams
+    from grove.capture.chat_api import ChatCompletion
+    from grove.capture.engine import SamplingParams
 
     render = CLOCK.wrap("chat template render", tokenizer.apply_chat_template)
     encode = CLOCK.wrap("tokenize and decode", tokenizer.encode)
@@ -282,7 +279,8 @@ def serve(specs: Sequence[Mapping[str, str]]) -> None:
     answers = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    from capture.embedded import build_tokenizer
+    from grove.capture.embedded import build_tokenizer
+
     from grove.jobs.serve import ServerThread, build_gateway
     from grove.workspace import Workspace
 
@@ -404,9 +402,8 @@ def postgres_databases(
     ``flushed=False`` sets ``synchronous_commit = off`` on these databases alone: no commit waits
     for its WAL flush, so the figures show Grove without the disk (not durable: measuring only)."""
     import psycopg
+    from grove.ledger import migrate
     from sqlalchemy.engine import make_url
-
-    from ledger import migrate
 
     environ = os.environ.get
     admin = make_url(

@@ -14,7 +14,7 @@ from rich.console import Console
 from grove.workspace import Workspace
 
 if TYPE_CHECKING:
-    from ledger.store import EventStore
+    from grove.ledger.store import EventStore
 
 __all__ = [
     "BlobOption",
@@ -75,8 +75,8 @@ HtmlOption = Annotated[
 def resolvable_policy(spec: str | None) -> str | None:
     """A selection policy that resolves now (a custom ``module:function`` is imported here, on
     the operator's command line, before anything is served or replayed)."""
-    from training.errors import SelectionPolicyError
-    from training.selection import resolve_selection_policy
+    from grove.training.errors import SelectionPolicyError
+    from grove.training.selection import resolve_selection_policy
 
     if spec is not None:
         try:
@@ -110,8 +110,8 @@ def exit_on_signal(signum: int, frame: object) -> None:
 def ledger_store(ws: Workspace) -> Iterator[EventStore]:
     """The workspace's event store, once its schema is this Grove's (changed by nothing but
     ``grove db upgrade``), closed when the command is done."""
-    from ledger import migrate
-    from ledger.store import EventStore
+    from grove.ledger import migrate
+    from grove.ledger.store import EventStore
 
     migrate.require_current(ws.existing_ledger())
     store = EventStore.open(ws.database_url, pool=False)

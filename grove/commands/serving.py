@@ -199,7 +199,7 @@ def project(
     groups it leases, and with --steps publish steps (docs/scale.md). Start several; a shard
     that dies releases its leases and another takes its groups over."""
     from grove.jobs.project import run_shard
-    from training.projector import ProjectorSettings
+    from grove.training.projector import ProjectorSettings
 
     ws = workspace(workdir, database_url, blob_url)
     signal.signal(signal.SIGTERM, exit_on_signal)

@@ -81,10 +81,10 @@ def replay(
     blob_url: BlobOption = None,
 ) -> None:
     """Fold an attempt's events one by one, printing the state after each (docs/debugging.md)."""
+    from grove.storage import open_blob_store
     from grove.tools.replay import render_replay
     from grove.tools.replay import replay as replay_attempt
-    from storage import open_blob_store
-    from training.selection import PolicyRegistry
+    from grove.training.selection import PolicyRegistry
 
     ws = workspace(workdir, database_url, blob_url)
     with ledger_store(ws) as store:
@@ -114,8 +114,8 @@ def show(
     blob_url: BlobOption = None,
 ) -> None:
     """Draw an attempt's capture graph and training rows as one self-contained HTML page."""
+    from grove.storage import open_blob_store
     from grove.tools.show import write_attempt_page
-    from storage import open_blob_store
 
     ws = workspace(workdir, database_url, blob_url)
     with ledger_store(ws) as store:
@@ -162,8 +162,8 @@ def gc(
 ) -> None:
     """Remove the staging blobs nothing needs: unselected calls of finished attempts, masked
     rollouts, orphans of crashed writers, pending calls after the wait (docs/storage.md)."""
-    from storage import open_blob_store
-    from training.cleanup import collect_garbage
+    from grove.storage import open_blob_store
+    from grove.training.cleanup import collect_garbage
 
     ws = workspace(workdir, database_url, blob_url)
     with ledger_store(ws) as store:

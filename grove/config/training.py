@@ -5,7 +5,7 @@ Every field has a default, bounds and a docstring, and is read by the code that 
 (``docs/train.md`` names the reader of each key). ``token_capture.context_compaction`` (the key of
 earlier experimental builds) is refused with a message that names its replacement,
 ``token_capture.forest_training``; a custom selection policy ``module:function`` is resolved by
-the training side's own resolver (``training.selection.resolve_selection_policy``) during
+the training side's own resolver (``grove.training.selection.resolve_selection_policy``) during
 validation, so an unknown module or attribute is an error now, not at the first rollout.
 """
 
@@ -18,7 +18,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from grove.config.base import Section
-from training.selection import resolve_selection_policy
+from grove.training.selection import resolve_selection_policy
 
 __all__ = [
     "AsyncRLConfig",

@@ -6,8 +6,8 @@ fails in a way that prevents a result, the training run abandons its attempt, in
 writes: it closes the attempt's admissions (every later call of the harness is refused, 409
 ``attempt_closed``, so the harness unwinds), settles it at once (calls still generating stay
 pending and are late if they commit), and records its selection as an abandonment — no call, no
-harness result, the policy ``abandoned:<reason>`` (``training.groups.abandonment_policy``). The
-projector finalizes it masked and drops its prompt group with that reason; a result posted later
+harness result, the policy ``abandoned:<reason>`` (``grove.training.groups.abandonment_policy``).
+The projector finalizes it masked and drops its prompt group with that reason; a result posted later
 is refused (the attempt's selection is recorded once), and a resumed run does not play it again.
 """
 
@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import contextlib
 
-from ledger.attempt import AttemptLog
-from ledger.errors import EventIdConflict
-from ledger.events import RolloutSelected
-from training.groups import DropReason, abandonment_policy, abandonment_reason
+from grove.ledger.attempt import AttemptLog
+from grove.ledger.errors import EventIdConflict
+from grove.ledger.events import RolloutSelected
+from grove.training.groups import DropReason, abandonment_policy, abandonment_reason
 
 __all__ = ["abandon_attempt"]
 

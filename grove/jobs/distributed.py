@@ -8,11 +8,12 @@ only: it builds the same model and trainer and trains its shard of every step
 (``training/sharding.py``). Nothing but rank 0 touches the workdir, the ledger or the blob store.
 
 Rank 0 sends the other ranks three kinds of message, each pickled over a gloo group
-(``training.data_parallel.ProcessGroupRanks.broadcast``), in this order:
+(``grove.training.data_parallel.ProcessGroupRanks.broadcast``), in this order:
 
 1. ``TrainingState`` once, before the first step: the weights, optimizer and scheduler state and
    step count (fresh or restored by ``--resume``), so every rank starts from rank 0's state;
-2. one ``training.trainer.StepBatch`` per step: the whole step (every rank needs its logical side:
+2. one ``grove.training.trainer.StepBatch`` per step: the whole step (every rank needs its logical
+side:
    owners, advantages and the retained token count); each rank takes its rows from it;
 3. ``RunEnded`` once: the run's summary, or the error that stopped rank 0, which the other ranks
    raise as ``RankStopped``.
@@ -38,9 +39,9 @@ from grove.config import GroveConfig
 from grove.errors import JobError
 from grove.jobs.models import load_model
 from grove.jobs.training_run import build_trainer
-from training.data_parallel import ProcessGroupRanks
-from training.sharding import RankGroup, SingleProcess
-from training.trainer import StepBatch, Trainer
+from grove.training.data_parallel import ProcessGroupRanks
+from grove.training.sharding import RankGroup, SingleProcess
+from grove.training.trainer import StepBatch, Trainer
 
 __all__ = [
     "DataParallelMismatch",

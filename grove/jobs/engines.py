@@ -9,7 +9,7 @@ rollouts must sample the new weights, so ``publish`` returns only once they are 
 - **vllm**: a vLLM server, launched by Grove (``engine.vllm_launch``, :mod:`grove.jobs.
   vllm_process`) or running at ``engine.vllm_url``. Each publish writes the trainer's weights as
   a Hugging Face directory (:func:`write_serving_directory`) under the weights directory, has
-  the server reload them in place (:meth:`capture.vllm.VllmEngine.reload_weights`: vLLM's
+  the server reload them in place (:meth:`grove.capture.vllm.VllmEngine.reload_weights`: vLLM's
   ``reload_weights`` through its development endpoint ``/collective_rpc``) while the gateway's
   generations are held off, records the step as the server's weight version, and then checks
   that the server samples the trainer's distribution: one seeded probe generation whose
@@ -42,10 +42,10 @@ from typing import Final, Protocol
 import torch
 from safetensors.torch import save_file
 
-from capture.embedded import EmbeddedEngine
-from capture.embedded_vlm import EmbeddedVLMEngine, vision_token_ids
-from capture.engine import Engine, SamplingParams
-from capture.vllm import VllmEngine
+from grove.capture.embedded import EmbeddedEngine
+from grove.capture.embedded_vlm import EmbeddedVLMEngine, vision_token_ids
+from grove.capture.engine import Engine, SamplingParams
+from grove.capture.vllm import VllmEngine
 from grove.config import GroveConfig
 from grove.errors import JobError
 from grove.jobs.models import LoadedModel, context_length, load_model, quiet_transformers

@@ -15,7 +15,7 @@ of another shape) are refused, since training from them would not be training th
 checkpoint the same way.
 
 ``model.warm_start`` fits the embedded model briefly before it is used
-(``grove/jobs/warm_start.py``, cached under the workdir); it starts from the same seeded weights
+(``grove/demo/warm_start.py``, cached under the workdir); it starts from the same seeded weights
 and applies to the embedded model only, since a directory brings its own trained weights.
 """
 
@@ -40,16 +40,16 @@ from transformers import (
 )
 from transformers.utils import logging as transformers_logging
 
-from capture.embedded import EMBEDDED_MODEL_NAME, build_model, build_tokenizer
-from capture.embedded_moe import EMBEDDED_MOE_MODEL_NAME, build_moe_model
-from capture.embedded_vlm import (
+from grove.capture.embedded import EMBEDDED_MODEL_NAME, build_model, build_tokenizer
+from grove.capture.embedded_moe import EMBEDDED_MOE_MODEL_NAME, build_moe_model
+from grove.capture.embedded_vlm import (
     EMBEDDED_VLM_NAME,
     build_image_processor,
     build_vlm_model,
     build_vlm_tokenizer,
 )
+from grove.demo.warm_start import warm_start
 from grove.errors import JobError
-from grove.jobs.warm_start import warm_start
 
 __all__ = [
     "ARCHITECTURES",

@@ -21,7 +21,7 @@ from grove.errors import JobError
 from grove.jobs.harness import Harness, HarnessError, resolve_harness
 from grove.jobs.models import check_model_directory
 from grove.jobs.tasks import TaskFileError, load_tasks
-from training.route_replay import REPLAYABLE_ROUTERS, moe_routers
+from grove.training.route_replay import REPLAYABLE_ROUTERS, moe_routers
 
 __all__ = ["ModelCheckError", "Preflight", "check_policy_model", "moe_problems", "preflight"]
 

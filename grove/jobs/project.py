@@ -20,12 +20,12 @@ import socket
 import time
 from dataclasses import dataclass
 
+from grove.ledger.leases import Leases
+from grove.ledger.store import EventStore
+from grove.storage import open_blob_store
+from grove.training.projector import Projector, ProjectorSettings
+from grove.training.shards import ProjectorShard
 from grove.workspace import Workspace
-from ledger.leases import Leases
-from ledger.store import EventStore
-from storage import open_blob_store
-from training.projector import Projector, ProjectorSettings
-from training.shards import ProjectorShard
 
 __all__ = ["ShardReport", "holder_name", "run_shard"]
 

@@ -45,9 +45,9 @@ from grove.jobs.harness import (
     run_harness,
 )
 from grove.jobs.tasks import step_tasks, task_order
-from ledger.attempt import AttemptLog
-from ledger.store import EventStore
-from training.groups import DropReason
+from grove.ledger.attempt import AttemptLog
+from grove.ledger.store import EventStore
+from grove.training.groups import DropReason
 
 __all__ = ["RolloutFailure", "StepPlayer", "fresh_key", "replacement_task"]
 

@@ -2,7 +2,7 @@
 
 Every call of the step's attempts counts once, selected or not. A root is counted under the reason
 its intent records. A root is *unexplained* when it is not its attempt's first call and its reason
-is one of ``ledger.admission.UNEXPLAINED_ROOT_REASONS`` (``template_not_append_compatible``,
+is one of ``grove.ledger.admission.UNEXPLAINED_ROOT_REASONS`` (``template_not_append_compatible``,
 ``rendered_history_differs``): admission found the call it continues, and the template could not
 extend that call's exact tokens, so nothing the harness did explains the new root. When more than
 half of a step's calls are unexplained roots, the run warns: the template (or the client) makes
@@ -19,10 +19,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from ledger.admission import UNEXPLAINED_ROOT_REASONS
-from ledger.attempt import AttemptLog, AttemptState
-from ledger.store import EventStore
-from training.projector import PublishedBatch
+from grove.ledger.admission import UNEXPLAINED_ROOT_REASONS
+from grove.ledger.attempt import AttemptLog, AttemptState
+from grove.ledger.store import EventStore
+from grove.training.projector import PublishedBatch
 
 __all__ = ["ROOTS_PREFIX", "UNEXPLAINED_ROOTS", "RootCounts", "count_roots", "root_metrics"]
 

@@ -1,16 +1,16 @@
 """``grove serve``: the capture gateway wired to a workspace's ledger, blob store and engine.
 
-``build_gateway`` checks the ledger's schema revision (``ledger.migrate.require_current``: it
+``build_gateway`` checks the ledger's schema revision (``grove.ledger.migrate.require_current``: it
 never changes a PostgreSQL schema; a SQLite ledger is created on first use) and opens it, opens
 the blob store, builds the embedded tokenizer and engine unless an engine is given, and hands
-``capture.gateway.create_app`` a selector built from ``training/selection.py`` — the application
-layer is the one place that may join capture and training. ``run_server`` serves an application
-with uvicorn until interrupted; ``ServerThread`` serves one in a background thread (tests, and the
-demo's in-process gateway).
+``grove.capture.gateway.create_app`` a selector built from ``training/selection.py`` — the
+application layer is the one place that may join capture and training. ``run_server`` serves an
+application with uvicorn until interrupted; ``ServerThread`` serves one in a background thread
+(tests, and the demo's in-process gateway).
 
 The selector (``LedgerSelector``) reads the attempt's calls as the projector does
-(``training.projector.captured_calls``: late commits count as pending, calls the harness rejected
-stay committed and are marked rejected; fingerprints are the ones capture recorded,
+(``grove.training.projector.captured_calls``: late commits count as pending, calls the harness
+rejected stay committed and are marked rejected; fingerprints are the ones capture recorded,
 ``ledger/fingerprint.py``), and:
 
 - the result's returned items (``output`` and ``responses[].output``) are normalized the way
@@ -33,32 +33,32 @@ import uvicorn
 from fastapi import FastAPI
 from transformers import PreTrainedTokenizerBase
 
-from capture.attempt_settings import AttemptSettings
-from capture.embedded import EMBEDDED_MODEL_NAME, EmbeddedEngine, build_tokenizer
-from capture.embedded_vlm import EmbeddedVLMEngine, build_vlm_renderer
-from capture.engine import Engine
-from capture.errors import NormalizationError
-from capture.gateway import create_app
-from capture.lifecycle import CaptureService
-from capture.render import Renderer, normalize_messages
-from capture.vllm import VllmEngine
+from grove.capture.attempt_settings import AttemptSettings
+from grove.capture.embedded import EMBEDDED_MODEL_NAME, EmbeddedEngine, build_tokenizer
+from grove.capture.embedded_vlm import EmbeddedVLMEngine, build_vlm_renderer
+from grove.capture.engine import Engine
+from grove.capture.errors import NormalizationError
+from grove.capture.gateway import create_app
+from grove.capture.lifecycle import CaptureService
+from grove.capture.render import Renderer, normalize_messages
+from grove.capture.vllm import VllmEngine
 from grove.jobs.models import context_length
+from grove.ledger import migrate
+from grove.ledger.attempt import AttemptLog, AttemptState
+from grove.ledger.events import RolloutSelected
+from grove.ledger.store import EventStore
+from grove.storage import open_blob_store
+from grove.training.projector import captured_calls
+from grove.training.selection import PolicyRegistry
 from grove.workspace import Workspace
-from ledger import migrate
-from ledger.attempt import AttemptLog, AttemptState
-from ledger.events import RolloutSelected
-from ledger.store import EventStore
-from storage import open_blob_store
-from training.projector import captured_calls
-from training.selection import PolicyRegistry
 
 __all__ = ["LedgerSelector", "ServerThread", "build_gateway", "run_server"]
 
 
 class LedgerSelector:
     """A gateway selector: the attempt's calls as ``CapturedCall`` records, the result normalized,
-    then ``training.selection.select_rollout`` with the attempt's own selection policy, looked up
-    in ``policies`` (default: the built-ins only).
+    then ``grove.training.selection.select_rollout`` with the attempt's own selection policy, looked
+    up in ``policies`` (default: the built-ins only).
 
     Raises ``ValueError`` (``SelectionError``, ``SelectionPolicyError``) when the result cannot
     select calls, or the attempt names a policy ``policies`` does not hold; the gateway answers

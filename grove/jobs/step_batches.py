@@ -29,10 +29,10 @@ from grove.jobs.abandonment import abandon_attempt
 from grove.jobs.progress import StepProgress
 from grove.jobs.rollouts import StepPlayer
 from grove.jobs.training_run import TrainingRun
-from ledger.attempt import AttemptLog
-from training.advantages import GroupDecision
-from training.groups import DropReason
-from training.projector import PublishedBatch
+from grove.ledger.attempt import AttemptLog
+from grove.training.advantages import GroupDecision
+from grove.training.groups import DropReason
+from grove.training.projector import PublishedBatch
 
 __all__ = ["OverdueAttempts", "awaited_batch", "played_batch"]
 

@@ -53,13 +53,13 @@ from grove.jobs.runs import RunDirectory, find_run, new_run
 from grove.jobs.serve import ServerThread, build_gateway
 from grove.jobs.step_batches import OverdueAttempts, awaited_batch, played_batch
 from grove.jobs.training_run import StepSummary, TrainingRun
+from grove.ledger import migrate
+from grove.ledger.store import EventStore
+from grove.storage import open_blob_store
+from grove.training.cleanup import clean_step
+from grove.training.projector import PublishedBatch
+from grove.training.sharding import RankGroup
 from grove.workspace import Workspace
-from ledger import migrate
-from ledger.store import EventStore
-from storage import open_blob_store
-from training.cleanup import clean_step
-from training.projector import PublishedBatch
-from training.sharding import RankGroup
 
 __all__ = ["TrainSummary", "run_training"]
 

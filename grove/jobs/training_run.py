@@ -1,9 +1,9 @@
 """One training run: the projector's batches through GRPO into optimizer steps and checkpoints.
 
 For each step the projector hands over a published batch (or rebuilds it after a restart) from
-the prompt groups its group rules keep (``training.groups``); a group of the batch that the rules
-drop after all (a batch published by an earlier Grove, or laid out by hand) is taken out of it,
-never trained with advantage 0. The drop budget (``async_rl.rollout_failure.
+the prompt groups its group rules keep (``grove.training.groups``); a group of the batch that the
+rules drop after all (a batch published by an earlier Grove, or laid out by hand) is taken out of
+it, never trained with advantage 0. The drop budget (``async_rl.rollout_failure.
 min_step_batch_fraction``) is checked before a step is published and again before it trains: a
 step that retains too few logical rollouts — or none — stops training before the optimizer.
 Then the trainer's recomputed logprobs give each rollout's pooled token multiplicative probability
@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 
 from grove.config import GroveConfig
-from ledger.store import EventStore
-from storage import BlobStore
-from training.advantages import (
+from grove.ledger.store import EventStore
+from grove.storage import BlobStore
+from grove.training.advantages import (
     AdvantageConfig,
     GroupDecision,
     MaskedRewardPolicy,
@@ -34,22 +34,22 @@ from training.advantages import (
     group_decisions,
     pooled_logprob_error,
 )
-from training.batch import TrainingBatch
-from training.checkpoint import (
+from grove.training.batch import TrainingBatch
+from grove.training.checkpoint import (
     CheckpointMetadata,
     ResumeExpectation,
     latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
 )
-from training.errors import BatchError
-from training.loss import ClipRange
-from training.media_logprobs import MediaLogprobs
-from training.metrics import length_metrics, rollout_lengths, step_metrics
-from training.projector import Projector, ProjectorSettings, PublishedBatch
-from training.route_replay import logprob_function, recompute_logprobs
-from training.sharding import RankGroup, SingleProcess
-from training.trainer import (
+from grove.training.errors import BatchError
+from grove.training.loss import ClipRange
+from grove.training.media_logprobs import MediaLogprobs
+from grove.training.metrics import length_metrics, rollout_lengths, step_metrics
+from grove.training.projector import Projector, ProjectorSettings, PublishedBatch
+from grove.training.route_replay import logprob_function, recompute_logprobs
+from grove.training.sharding import RankGroup, SingleProcess
+from grove.training.trainer import (
     LogprobFunction,
     StepBatch,
     StepReport,
@@ -57,7 +57,7 @@ from training.trainer import (
     rollout_warmup_scheduler,
     step_batch,
 )
-from training.tree_logprobs import owner_micro_batches, tree_logprobs
+from grove.training.tree_logprobs import owner_micro_batches, tree_logprobs
 
 __all__ = [
     "StepSummary",

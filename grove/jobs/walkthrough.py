@@ -14,17 +14,17 @@ from rich.console import Console
 from rich.table import Table
 from sqlalchemy import text
 
-from capture.embedded import EmbeddedEngine, build_tokenizer
-from capture.engine import SamplingParams
-from capture.lifecycle import CaptureService, ModelCall
-from capture.render import Renderer, RenderOptions
+from grove.capture.embedded import EmbeddedEngine, build_tokenizer
+from grove.capture.engine import SamplingParams
+from grove.capture.lifecycle import CaptureService, ModelCall
+from grove.capture.render import Renderer, RenderOptions
+from grove.ledger import migrate
+from grove.ledger.attempt import AttemptLog
+from grove.ledger.events import RolloutSelected
+from grove.ledger.projections import catch_up
+from grove.ledger.store import EventStore
+from grove.storage import open_blob_store
 from grove.workspace import Workspace
-from ledger import migrate
-from ledger.attempt import AttemptLog
-from ledger.events import RolloutSelected
-from ledger.projections import catch_up
-from ledger.store import EventStore
-from storage import open_blob_store
 
 __all__ = ["run_walkthrough"]
 

@@ -32,7 +32,7 @@ from safetensors.torch import load_file
 
 from grove.errors import JobError
 from grove.jobs.models import DTYPES, LoadedModel, load_model, quiet_transformers
-from training.checkpoint import verify_checkpoint
+from grove.training.checkpoint import verify_checkpoint
 
 __all__ = [
     "EXPORT_RECORD",

@@ -1,9 +1,9 @@
 """``grove lineage``: an attempt's call tree, read with SQL from the lineage views.
 
-The projections are brought up to date first (``ledger.projections.catch_up``), then the queries
-in :data:`QUERIES` (also in ``docs/sql.md``, where they run verbatim) read the attempt, its calls
-with their root and depth (``grove_call_lineage``), its rollout and its recorded finalization. Each
-call is marked with its status, decision or root reason, selection index, whether it is an
+The projections are brought up to date first (``grove.ledger.projections.catch_up``), then the
+queries in :data:`QUERIES` (also in ``docs/sql.md``, where they run verbatim) read the attempt, its
+calls with their root and depth (``grove_call_lineage``), its rollout and its recorded finalization.
+Each call is marked with its status, decision or root reason, selection index, whether it is an
 endpoint (a selected call with no selected child) or the scored terminal, the rows (paths of
 ``rollout.finalized``) that contain it and the one that owns its generated tokens, and the
 rollout's masked reason when a selected call is masked with it. A root the splice's boundary check
@@ -24,13 +24,13 @@ from rich.text import Text
 from rich.tree import Tree
 from sqlalchemy import Connection, text
 
-from capture.divergence import Divergence
-from ledger.errors import LedgerError
-from ledger.events import AttemptOpened, CallIntended, RolloutFinalized
-from ledger.projections import catch_up
-from ledger.schema import JsonType
-from ledger.store import EventStore, StoredEvent
-from ledger.upcasting import decode_as
+from grove.capture.divergence import Divergence
+from grove.ledger.errors import LedgerError
+from grove.ledger.events import AttemptOpened, CallIntended, RolloutFinalized
+from grove.ledger.projections import catch_up
+from grove.ledger.schema import JsonType
+from grove.ledger.store import EventStore, StoredEvent
+from grove.ledger.upcasting import decode_as
 
 __all__ = [
     "QUERIES",
@@ -112,7 +112,7 @@ class CallLineage:
     that owns its generated tokens (None when no row does); ``masked_reason`` is the rollout's
     when the call is selected and the rollout is masked. Lengths are None until the call commits.
     ``divergence`` is the recorded divergence diagnostic of a root the boundary check made
-    (``capture.divergence.Divergence.as_payload``), None for every other call.
+    (``grove.capture.divergence.Divergence.as_payload``), None for every other call.
     """
 
     call_id: str

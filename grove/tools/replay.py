@@ -1,18 +1,19 @@
 """``grove replay``: step through an attempt's events, and re-run its recorded decisions.
 
-The steps are ``ledger.replay.replay_attempt`` (the state after each event). ``--verify`` re-runs
-every decision the ledger recorded for the attempt with today's code and reports each difference:
+The steps are ``grove.ledger.replay.replay_attempt`` (the state after each event). ``--verify``
+re-runs every decision the ledger recorded for the attempt with today's code and reports each
+difference:
 
-- admission: ``ledger.replay.verify_admissions`` (``ledger.admission.decide`` on each intent's
-  recorded boundary);
-- selection: ``training.selection.select_rollout`` with the recorded policy on the recorded
+- admission: ``grove.ledger.replay.verify_admissions`` (``grove.ledger.admission.decide`` on
+  each intent's recorded boundary);
+- selection: ``grove.training.selection.select_rollout`` with the recorded policy on the recorded
   harness result, against the calls as they stood when the selection was recorded
-  (``training.projector.captured_calls``); call ids, terminal and reward must agree. The policy
-  is looked up in a ``PolicyRegistry`` (the built-ins, plus the custom policies the command line
-  registers): a ledger's policy name is never imported, and one the registry lacks is reported
-  as skipped, naming it;
-- finalization: ``training.projector.finalization_forest`` (the projector's own code, reading the
-  blobs) on the state the projector saw, turned into its ``rollout.finalized`` event;
+  (``grove.training.projector.captured_calls``); call ids, terminal and reward must agree. The
+  policy is looked up in a ``PolicyRegistry`` (the built-ins, plus the custom policies the command
+  line registers): a ledger's policy name is never imported, and one the registry lacks is
+  reported as skipped, naming it;
+- finalization: ``grove.training.projector.finalization_forest`` (the projector's own code,
+  reading the blobs) on the state the projector saw, turned into its ``rollout.finalized`` event;
 - publication: the step that published the rollout (read with :data:`QUERIES`): its number is its
   training stream's version, each of its rollouts was finalized before it and is published once,
   its groups are complete (every rollout of each group finalized by then, and equal sizes), and its
@@ -33,11 +34,10 @@ from rich.table import Table
 from rich.text import Text
 from sqlalchemy import Connection, text
 
-from grove.tools.lineage import attempt_events
-from ledger.attempt import fold_attempt
-from ledger.events import AttemptOpened, BatchPublished, RolloutFinalized, RolloutSelected
-from ledger.projections import catch_up
-from ledger.replay import (
+from grove.ledger.attempt import fold_attempt
+from grove.ledger.events import AttemptOpened, BatchPublished, RolloutFinalized, RolloutSelected
+from grove.ledger.projections import catch_up
+from grove.ledger.replay import (
     CheckOutcome,
     DecisionCheck,
     ReplayStep,
@@ -46,13 +46,14 @@ from ledger.replay import (
     state_before,
     verify_admissions,
 )
-from ledger.schema import JsonType
-from ledger.store import EventStore, StoredEvent
-from ledger.upcasting import decode_as, upcast
-from storage import BlobStore
-from training.errors import TrainingError
-from training.projector import captured_calls, finalization_event, finalization_forest
-from training.selection import PolicyRegistry
+from grove.ledger.schema import JsonType
+from grove.ledger.store import EventStore, StoredEvent
+from grove.ledger.upcasting import decode_as, upcast
+from grove.storage import BlobStore
+from grove.tools.lineage import attempt_events
+from grove.training.errors import TrainingError
+from grove.training.projector import captured_calls, finalization_event, finalization_forest
+from grove.training.selection import PolicyRegistry
 
 __all__ = [
     "QUERIES",

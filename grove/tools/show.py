@@ -13,7 +13,7 @@ Below the calls table, each root the splice's boundary check made shows its dive
 node's tooltip.
 
 The graph comes from ``grove.tools.lineage`` (the lineage views); the rows are rebuilt from the
-blobs with the projector's own code (``training.projector.finalization_forest``) on the state
+blobs with the projector's own code (``grove.training.projector.finalization_forest``) on the state
 the projector saw when it recorded ``rollout.finalized`` (or the current state, before that). Tokens
 are decoded with the embedded tokenizer when the attempt was recorded with the embedded model;
 for another model the page shows token ids. Inline CSS and JavaScript, nothing fetched.
@@ -28,19 +28,19 @@ from pathlib import Path
 from string import Template
 from typing import Any
 
-from capture.divergence import Divergence
-from capture.embedded import EMBEDDED_MODEL_NAME, build_tokenizer
-from capture.embedded_moe import EMBEDDED_MOE_MODEL_NAME
+from grove.capture.divergence import Divergence
+from grove.capture.embedded import EMBEDDED_MODEL_NAME, build_tokenizer
+from grove.capture.embedded_moe import EMBEDDED_MOE_MODEL_NAME
+from grove.ledger.events import AttemptOpened, RolloutFinalized
+from grove.ledger.replay import state_before
+from grove.ledger.store import EventStore, StoredEvent
+from grove.storage import BlobStore
 from grove.tools.lineage import AttemptLineage, CallLineage, attempt_events, attempt_lineages
 from grove.tools.tree_view import tree_section
-from ledger.events import AttemptOpened, RolloutFinalized
-from ledger.replay import state_before
-from ledger.store import EventStore, StoredEvent
-from storage import BlobStore
-from training.errors import TrainingError
-from training.forest import Forest, ForestRow
-from training.projector import finalization_forest
-from training.rows import MediaItem
+from grove.training.errors import TrainingError
+from grove.training.forest import Forest, ForestRow
+from grove.training.projector import finalization_forest
+from grove.training.rows import MediaItem
 
 __all__ = ["AttemptPage", "render_page", "write_attempt_page"]
 

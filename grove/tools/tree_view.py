@@ -1,6 +1,6 @@
 """The tree layout of a forest drawn as text: what ``policy.tree_packing`` computes.
 
-``draw_tree`` draws a ``training.tree.TreeLayout`` (``docs/forest.md``, "Tree layout") one
+``draw_tree`` draws a ``grove.training.tree.TreeLayout`` (``docs/forest.md``, "Tree layout") one
 branch per line, in the packed (depth-first) order: a branch is a run of tokens in which each
 token is the only child of the one before it, so a new line starts at a root and after every
 branch point. Each line gives the branch's first packed index, its place in the tree, its tokens
@@ -14,8 +14,8 @@ import html
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from training.forest import Forest
-from training.tree import TreeLayout, forest_tree
+from grove.training.forest import Forest
+from grove.training.tree import TreeLayout, forest_tree
 
 __all__ = ["draw_tree", "tree_section"]
 

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 from alembic import op
-
-from ledger.ddl import append_only_statements, drop_append_only_statements
+from grove.ledger.ddl import append_only_statements, drop_append_only_statements
 
 revision = "0002"
 down_revision = "0001"

@@ -10,7 +10,7 @@ before it read as NULL, and no event is rewritten.
 - ``grove_proj_calls`` gains ``policy_version`` (nullable): the committed call's version, else the
   intended one. On SQLite this is an ``ALTER TABLE … ADD COLUMN``: no table is rebuilt, and
   ``grove_events`` (with its append-only triggers) is not touched. Rows folded before this
-  revision hold NULL until the projections are rebuilt (``ledger.projections.rebuild``).
+  revision hold NULL until the projections are rebuilt (``grove.ledger.projections.rebuild``).
 - The views are dropped and re-created (``VIEWS`` below, frozen when 0004 changed them):
   ``grove_calls`` gains the column ``policy_version`` (last); the other views are unchanged.
 - Downgrade drops the views, the column (SQLite rebuilds ``grove_proj_calls``, a projection
@@ -30,7 +30,7 @@ branch_labels = None
 depends_on = None
 
 # 0002 keeps the SQL of the views it created; a migration module's name is not an identifier.
-_0002 = importlib.import_module("migrations.versions.0002_projections_and_views")
+_0002 = importlib.import_module("grove.migrations.versions.0002_projections_and_views")
 
 # The views of this revision, frozen when 0004 changed them (0004 re-creates them from
 # ledger/views.py): upgrading runs these on this revision's tables.

@@ -27,8 +27,7 @@ import importlib
 
 import sqlalchemy as sa
 from alembic import op
-
-from ledger.views import create_view_statements, drop_view_statements
+from grove.ledger.views import create_view_statements, drop_view_statements
 
 revision = "0004"
 down_revision = "0003"
@@ -36,7 +35,7 @@ branch_labels = None
 depends_on = None
 
 # 0003 keeps the SQL of the views it created; a migration module's name is not an identifier.
-_0003 = importlib.import_module("migrations.versions.0003_call_policy_version")
+_0003 = importlib.import_module("grove.migrations.versions.0003_call_policy_version")
 
 _DERIVED = (
     "grove_proj_rollouts",

@@ -15,6 +15,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from grove.ledger.attempt import AttemptLog, AttemptState
+from grove.ledger.replay import CheckOutcome
+from grove.ledger.store import EventStore
+from grove.storage import BlobRef, open_blob_store
+from grove.training.cleanup import CleanupReport, clean_step
+from grove.training.projector import Projector, ProjectorSettings
 
 import grove.jobs.train
 from grove.config import load_config
@@ -22,12 +28,6 @@ from grove.jobs.train import run_training
 from grove.tools.replay import replay
 from grove.tools.show import write_attempt_page
 from grove.workspace import Workspace
-from ledger.attempt import AttemptLog, AttemptState
-from ledger.replay import CheckOutcome
-from ledger.store import EventStore
-from storage import BlobRef, open_blob_store
-from training.cleanup import CleanupReport, clean_step
-from training.projector import Projector, ProjectorSettings
 
 pytestmark = pytest.mark.slow
 

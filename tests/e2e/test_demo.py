@@ -1,5 +1,5 @@
 """The main job end to end: ``grove demo`` warm-starts the embedded model, trains the tool-using
-compaction agent (``examples/tool_agent.py``) on it, and resumes exactly."""
+compaction agent (``grove/demo/tool_agent.py``) on it, and resumes exactly."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from grove.ledger.attempt import AttemptLog, AttemptState
+from grove.ledger.store import EventStore
 from safetensors.torch import load_file
 
 from grove.workspace import Workspace
-from ledger.attempt import AttemptLog, AttemptState
-from ledger.store import EventStore
 
 GROVE = str(Path(sys.executable).parent / "grove")
 

@@ -10,10 +10,9 @@ import sys
 from pathlib import Path
 
 import yaml
+from grove.ledger.projections import catch_up
+from grove.ledger.store import EventStore
 from sqlalchemy import text
-
-from ledger.projections import catch_up
-from ledger.store import EventStore
 
 GROVE = str(Path(sys.executable).parent / "grove")
 RUN = "pv1"

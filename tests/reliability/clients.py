@@ -11,8 +11,7 @@ from multiprocessing.synchronize import Barrier
 from pathlib import Path
 
 import httpx
-
-from capture.gateway import CALL_ID_HEADER, CAPTURE_KEY_HEADER
+from grove.capture.gateway import CALL_ID_HEADER, CAPTURE_KEY_HEADER
 
 from .conftest import MODEL
 from .harness import Ack, Harness

@@ -14,15 +14,14 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+from grove.capture.embedded import EmbeddedEngine, build_tokenizer
+from grove.capture.lifecycle import CaptureService
+from grove.capture.render import Renderer
+from grove.ledger import migrate
+from grove.ledger.attempt import AttemptLog
+from grove.ledger.store import EventStore
+from grove.storage import open_blob_store
 from transformers import PreTrainedTokenizerBase
-
-from capture.embedded import EmbeddedEngine, build_tokenizer
-from capture.lifecycle import CaptureService
-from capture.render import Renderer
-from ledger import migrate
-from ledger.attempt import AttemptLog
-from ledger.store import EventStore
-from storage import open_blob_store
 
 from .figures import FiguresFile, figures_path
 

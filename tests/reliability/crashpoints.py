@@ -31,13 +31,13 @@ import signal
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-import training.checkpoint
-from ledger.attempt import AttemptLog
-from ledger.events import BatchPublished, CallIntended
-from ledger.postgres import PostgresBackend
-from ledger.sqlite import SqliteBackend
-from ledger.store import EventStore
-from storage import BlobStore
+import grove.training.checkpoint
+from grove.ledger.attempt import AttemptLog
+from grove.ledger.events import BatchPublished, CallIntended
+from grove.ledger.postgres import PostgresBackend
+from grove.ledger.sqlite import SqliteBackend
+from grove.ledger.store import EventStore
+from grove.storage import BlobStore
 
 __all__ = [
     "CRASH_AT_ENV",
@@ -123,7 +123,7 @@ _POINTS: Final[dict[str, list[tuple[object, str, Probe]]]] = {
     "after_finalize": [(AttemptLog, "finalize", lambda args, result: {"capture_key": args[1]})],
     "after_publish": [(EventStore, "append", _published)],
     "checkpoint_write": [
-        (training.checkpoint, "_fsync", lambda args, result: {"path": str(args[0])}),
+        (grove.training.checkpoint, "_fsync", lambda args, result: {"path": str(args[0])}),
     ],
 }
 

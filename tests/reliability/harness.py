@@ -19,8 +19,8 @@ from typing import Any
 
 import httpx
 import openai
+from grove.capture.gateway import CALL_ID_HEADER, CAPTURE_KEY_HEADER
 
-from capture.gateway import CALL_ID_HEADER, CAPTURE_KEY_HEADER
 from examples.recency_agent import compact, plain_word_fraction
 
 from .conftest import MODEL

@@ -22,10 +22,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ledger.attempt import AttemptState, fold_attempt
-from ledger.events import BatchPublished, LedgerPosition
-from ledger.store import EventStore, StoredEvent
-from training.checkpoint import latest_checkpoint, verify_checkpoint
+from grove.ledger.attempt import AttemptState, fold_attempt
+from grove.ledger.events import BatchPublished, LedgerPosition
+from grove.ledger.store import EventStore, StoredEvent
+from grove.training.checkpoint import latest_checkpoint, verify_checkpoint
 
 from .harness import Ack
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from capture.engine import SamplingParams
-from capture.lifecycle import CaptureService, ModelCall
-from capture.render import RenderOptions
+from grove.capture.engine import SamplingParams
+from grove.capture.lifecycle import CaptureService, ModelCall
+from grove.capture.render import RenderOptions
+
 from examples.recency_agent import compact, plain_word_fraction
 from grove.jobs.serve import LedgerSelector
 

@@ -30,16 +30,16 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+from grove.capture.gateway import CALL_ID_HEADER, CAPTURE_KEY_HEADER
+from grove.capture.lifecycle import CaptureService, ModelCall
+from grove.ledger import migrate
+from grove.ledger.attempt import AttemptError
+from grove.ledger.errors import PrivilegeRefused
+from grove.ledger.store import EventStore
+from grove.storage import open_blob_store
 from sqlalchemy.engine import make_url
 
-from capture.gateway import CALL_ID_HEADER, CAPTURE_KEY_HEADER
-from capture.lifecycle import CaptureService, ModelCall
 from grove.workspace import Workspace
-from ledger import migrate
-from ledger.attempt import AttemptError
-from ledger.errors import PrivilegeRefused
-from ledger.store import EventStore
-from storage import open_blob_store
 from tests.integration.tools.grove_cli import run_grove
 
 from .figures import FiguresFile

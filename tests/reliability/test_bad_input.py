@@ -7,7 +7,8 @@ way, and a refusal writes nothing.
   appended (``EventStore.append`` of a ``model_construct`` model) and imported
   (``EventStore.import_events``) on SQLite and PostgreSQL: recorded whole, or a ``LedgerError``
   with nothing written.
-- Admission: random requests against random indexes of candidate calls (``ledger.admission.admit``):
+- Admission: random requests against random indexes of candidate calls
+(``grove.ledger.admission.admit``):
   an ``AdmissionError``, or a decision that keeps every admission rule.
 """
 
@@ -19,10 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
-from ledger.admission import (
+from grove.ledger.admission import (
     AdmissionError,
     AdmissionIndex,
     AdmissionItem,
@@ -32,9 +30,11 @@ from ledger.admission import (
     admit,
     chain_digests,
 )
-from ledger.errors import LedgerError
-from ledger.events import CATALOG, CallFailed, event_class, validate_payload
-from ledger.store import EventStore, ImportEvent
+from grove.ledger.errors import LedgerError
+from grove.ledger.events import CATALOG, CallFailed, event_class, validate_payload
+from grove.ledger.store import EventStore, ImportEvent
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from .conftest import capture_service
 from .figures import FiguresFile
@@ -105,7 +105,7 @@ def payloads(draw: st.DrawFn, real: dict[str, dict[str, Any]]) -> tuple[str, Any
 
 @pytest.fixture
 def ledger(database_url: str) -> Iterator[EventStore]:
-    from ledger import migrate
+    from grove.ledger import migrate
 
     migrate.upgrade(database_url)
     store = EventStore.open(database_url)

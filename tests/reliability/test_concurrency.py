@@ -15,15 +15,15 @@ from pathlib import Path
 
 import httpx
 import pytest
+from grove.capture.engine import Engine, Generation, SamplingParams
+from grove.capture.lifecycle import CaptureService, ModelCall
+from grove.capture.render import RenderOptions
+from grove.ledger import migrate
+from grove.ledger.attempt import AttemptError
+from grove.ledger.store import EventStore
+from grove.storage import BlobRef, open_blob_store
 
-from capture.engine import Engine, Generation, SamplingParams
-from capture.lifecycle import CaptureService, ModelCall
-from capture.render import RenderOptions
 from grove.workspace import Workspace
-from ledger import migrate
-from ledger.attempt import AttemptError
-from ledger.store import EventStore
-from storage import BlobRef, open_blob_store
 from tests.fixtures.s3 import S3Server
 
 from .clients import RACE_ATTEMPT, RACED_CALL, SHARED_ATTEMPT, run_client

@@ -28,20 +28,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
-from grove.workspace import Workspace
-from ledger import migrate
-from ledger.attempt import AttemptLog
-from ledger.store import EventStore
-from storage import BlobRef, collect_orphans, find_orphans, open_blob_store, staging_key
-from tests.fixtures.s3 import S3Server
-from training.checkpoint import (
+from grove.ledger import migrate
+from grove.ledger.attempt import AttemptLog
+from grove.ledger.store import EventStore
+from grove.storage import BlobRef, collect_orphans, find_orphans, open_blob_store, staging_key
+from grove.training.checkpoint import (
     CheckpointMetadata,
     latest_checkpoint,
     save_checkpoint,
     verify_checkpoint,
 )
+from safetensors.torch import load_file
+
+from grove.workspace import Workspace
+from tests.fixtures.s3 import S3Server
 
 from .crashpoints import GATEWAY_POINTS, WORKER_POINTS, install
 from .figures import FiguresFile

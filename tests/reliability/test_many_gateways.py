@@ -22,13 +22,13 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+from grove.capture.gateway import CALL_ID_HEADER, CAPTURE_KEY_HEADER
+from grove.ledger import migrate
+from grove.ledger.store import EventStore
 from sqlalchemy.engine import make_url
 
-from capture.gateway import CALL_ID_HEADER, CAPTURE_KEY_HEADER
 from grove.tools.lineage import attempt_lineages
 from grove.workspace import Workspace
-from ledger import migrate
-from ledger.store import EventStore
 from tests.fixtures.postgres import PostgresServer
 from tests.fixtures.s3 import S3Server
 

@@ -16,11 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
-
-from capture.lifecycle import CaptureService
-from ledger.attempt import AttemptError, AttemptLog, fold_attempt
-from ledger.errors import EventIdConflict, LedgerError
-from ledger.events import (
+from grove.capture.lifecycle import CaptureService
+from grove.ledger.attempt import AttemptError, AttemptLog, fold_attempt
+from grove.ledger.errors import EventIdConflict, LedgerError
+from grove.ledger.events import (
     CallCommitted,
     CallFailed,
     CallIntended,
@@ -28,8 +27,8 @@ from ledger.events import (
     RolloutFinalized,
     RolloutSelected,
 )
-from ledger.store import EventStore
-from training.projector import FinalizedRollout, Projector, ProjectorSettings, PublishedBatch
+from grove.ledger.store import EventStore
+from grove.training.projector import FinalizedRollout, Projector, ProjectorSettings, PublishedBatch
 
 from .conftest import capture_service
 from .figures import FiguresFile

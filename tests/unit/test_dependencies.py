@@ -79,7 +79,7 @@ def test_every_module_imported_on_demand_is_declared_at_least_as_an_extra():
 
 @pytest.mark.parametrize(
     ("package", "forbidden"),
-    [("ledger", "migrations"), ("migrations", "ledger.migrate")],
+    [("ledger", "migrations"), ("migrations", "grove.ledger.migrate")],
 )
 def test_the_ledger_and_its_migrations_do_not_import_each_other(package: str, forbidden: str):
     importers = sorted(

@@ -8,21 +8,28 @@ import inspect
 import pkgutil
 
 import pytest
+from grove.capture.errors import InvalidSamplingError
+from grove.capture.vllm import EngineRejectedError, EngineUnavailableError
+from grove.ledger.errors import DatabaseUnavailable, SchemaNotReady
+from grove.storage.errors import InvalidKeyError, StorageUnavailableError
+from grove.training.errors import SelectionError
 
-from capture.errors import InvalidSamplingError
-from capture.vllm import EngineRejectedError, EngineUnavailableError
 from grove.config import ConfigurationError
 from grove.errors import EXIT_STATUS, GROVE_ERRORS, JobError, exit_status
 from grove_errors import GroveError
-from ledger.errors import DatabaseUnavailable, SchemaNotReady
-from storage.errors import InvalidKeyError, StorageUnavailableError
-from training.errors import SelectionError
 
-PACKAGES = ("grove_errors", "ledger", "storage", "capture", "training", "grove")
+PACKAGES = (
+    "grove_errors",
+    "grove.ledger",
+    "grove.storage",
+    "grove.capture",
+    "grove.training",
+    "grove",
+)
 
 OUTSIDE_THE_TREE = {
     # answered as an error body inside the gateway, never raised out of it
-    "capture.refusals.Refused",
+    "grove.capture.refusals.Refused",
     # raised to the harness that calls the gateway; grove train reports a harness's failure as
     # grove.jobs.harness.HarnessError, a JobError
     "grove.client.GroveClientError",

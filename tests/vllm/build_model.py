@@ -3,8 +3,9 @@
 Built offline from ``capture/embedded.py`` (nothing is downloaded): ``config.json``
 (``Qwen2ForCausalLM``, float32), ``model.safetensors``, the tokenizer files with the ChatML
 template, and ``generation_config.json`` whose only end-of-sequence token is end of turn, as in
-:class:`capture.embedded.EmbeddedEngine`. The width departs from the embedded default (64): vLLM's
-CPU attention supports head sizes from 32 up, so the model has 4 heads of 32 (hidden size 128).
+:class:`grove.capture.embedded.EmbeddedEngine`. The width departs from the embedded default (64):
+vLLM's CPU attention supports head sizes from 32 up, so the model has 4 heads of 32 (hidden size
+128).
 
 Usage: ``python -m tests.vllm.build_model DIR``.
 """
@@ -16,9 +17,8 @@ from pathlib import Path
 from typing import Final
 
 import torch
+from grove.capture.embedded import build_model, build_tokenizer
 from transformers import GenerationConfig
-
-from capture.embedded import build_model, build_tokenizer
 
 __all__ = ["HIDDEN_SIZE", "save_tiny_model"]
 

@@ -2,7 +2,7 @@
 
 Built offline from ``capture/embedded_vlm.py`` (nothing is downloaded): ``config.json``
 (``Qwen2VLForConditionalGeneration``, float32), ``model.safetensors``, the tokenizer with the
-vision tokens and :data:`capture.embedded_vlm.VLM_TEMPLATE`, ``preprocessor_config.json`` (the
+vision tokens and :data:`grove.capture.embedded_vlm.VLM_TEMPLATE`, ``preprocessor_config.json`` (the
 Qwen2-VL image processor with the embedded pixel budget) and ``generation_config.json`` whose only
 end-of-sequence token is end of turn. The width departs from the embedded default (64): vLLM's
 CPU attention supports head sizes from 32 up, so the language model has 4 heads of 32.
@@ -17,13 +17,12 @@ from pathlib import Path
 from typing import Final
 
 import torch
-from transformers import GenerationConfig
-
-from capture.embedded_vlm import (
+from grove.capture.embedded_vlm import (
     build_image_processor,
     build_vlm_model,
     build_vlm_tokenizer,
 )
+from transformers import GenerationConfig
 
 __all__ = ["VLM_HIDDEN_SIZE", "save_tiny_vlm"]
 

@@ -5,8 +5,8 @@
 Run by ``make test-vllm`` (skipped without ``GROVE_VLLM=1``), on the session's server
 (``--logprobs-mode processed_logprobs``, equal to the raw log-softmax at temperature 1). The
 reference is the embedded model teacher-forced over prompt plus generation, its logits masked by
-Grove's own grammar (``capture.grammar.TokenizerGrammar``) token by token. The schema has no free
-strings, where the server's vocabulary (special tokens spelled as text) and Grove's differ.
+Grove's own grammar (``grove.capture.grammar.TokenizerGrammar``) token by token. The schema has no
+free strings, where the server's vocabulary (special tokens spelled as text) and Grove's differ.
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from collections.abc import Iterator
 import jsonschema
 import pytest
 import torch
+from grove.capture.embedded import build_model, build_tokenizer
+from grove.capture.engine import Generation, SamplingParams
+from grove.capture.grammar import TokenizerGrammar
+from grove.capture.toolcalls import parse_output
+from grove.capture.vllm import VllmEngine
 from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
-from capture.embedded import build_model, build_tokenizer
-from capture.engine import Generation, SamplingParams
-from capture.grammar import TokenizerGrammar
-from capture.toolcalls import parse_output
-from capture.vllm import VllmEngine
 from tests.unit.capture.test_grammar import FORCED_LOOKUP, JSON_WEATHER, WEATHER
 from tests.vllm.build_model import HIDDEN_SIZE
 from tests.vllm.server import VllmServer

@@ -35,6 +35,8 @@ import httpx
 import pytest
 import torch
 import yaml
+from grove.ledger.events import LedgerPosition
+from grove.ledger.store import EventStore
 from safetensors.torch import load_file
 
 import grove.jobs.train as train_job
@@ -44,8 +46,6 @@ from grove.jobs.engines import VllmPolicy
 from grove.jobs.models import LoadedModel, load_model
 from grove.jobs.train import TrainSummary, run_training
 from grove.workspace import Workspace
-from ledger.events import LedgerPosition
-from ledger.store import EventStore
 from tests.vllm.server import LAUNCH_ARGS, LAUNCH_ENVIRONMENT, VENV
 
 pytestmark = pytest.mark.vllm

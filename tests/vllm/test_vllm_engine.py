@@ -3,7 +3,7 @@
 Run by ``make test-vllm`` (``tests/vllm/conftest.py``: skipped without ``GROVE_VLLM=1``). The
 server is the session's (``dev_server``), started with ``--logprobs-mode processed_logprobs``
 (equal to the raw log-softmax at temperature 1) on the tiny model. The reference is the embedded
-model, built in this process by ``capture.embedded.build_model`` exactly as
+model, built in this process by ``grove.capture.embedded.build_model`` exactly as
 ``tests/vllm/build_model.py`` saved it, teacher-forced over prompt plus generation.
 """
 
@@ -16,12 +16,12 @@ from typing import Final
 import httpx
 import pytest
 import torch
+from grove.capture.embedded import build_model, build_tokenizer
+from grove.capture.engine import Engine, Generation, SamplingParams
+from grove.capture.errors import PromptTooLongError
+from grove.capture.vllm import EngineRejectedError, ModelNotServedError, VllmEngine
 from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
-from capture.embedded import build_model, build_tokenizer
-from capture.engine import Engine, Generation, SamplingParams
-from capture.errors import PromptTooLongError
-from capture.vllm import EngineRejectedError, ModelNotServedError, VllmEngine
 from tests.vllm.build_model import HIDDEN_SIZE
 from tests.vllm.conftest import CONTEXT
 from tests.vllm.server import VllmServer

@@ -22,23 +22,23 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from PIL import Image
-
-from capture.embedded_vlm import (
+from grove.capture.embedded_vlm import (
     IMAGE_TOKEN,
     build_vlm_model,
     build_vlm_renderer,
     build_vlm_tokenizer,
     vision_token_ids,
 )
-from capture.gateway import CALL_ID_HEADER, create_app
-from capture.lifecycle import CaptureService
-from capture.vllm_vlm import VllmVLMEngine
+from grove.capture.gateway import CALL_ID_HEADER, create_app
+from grove.capture.lifecycle import CaptureService
+from grove.capture.vllm_vlm import VllmVLMEngine
+from grove.ledger import migrate
+from grove.ledger.attempt import AttemptLog
+from grove.ledger.store import EventStore
+from grove.storage import BlobRef, open_blob_store
+from PIL import Image
+
 from grove.jobs.serve import LedgerSelector, ServerThread
-from ledger import migrate
-from ledger.attempt import AttemptLog
-from ledger.store import EventStore
-from storage import BlobRef, open_blob_store
 from tests.integration.gateway.support import Gateway
 from tests.vllm.build_vlm_model import VLM_HIDDEN_SIZE, save_tiny_vlm
 from tests.vllm.server import VENV, VllmServer, vllm_server

@@ -6,14 +6,13 @@ from collections.abc import Iterator
 from functools import cache
 
 import pytest
-
-from capture.embedded import EmbeddedEngine, build_tokenizer
-from capture.lifecycle import CaptureService
-from capture.render import Renderer, RenderOptions
-from ledger import migrate
-from ledger.attempt import AttemptLog
-from ledger.store import EventStore
-from storage import open_blob_store
+from grove.capture.embedded import EmbeddedEngine, build_tokenizer
+from grove.capture.lifecycle import CaptureService
+from grove.capture.render import Renderer, RenderOptions
+from grove.ledger import migrate
+from grove.ledger.attempt import AttemptLog
+from grove.ledger.store import EventStore
+from grove.storage import open_blob_store
 
 OPTIONS = RenderOptions(model="grove-tiny")
 

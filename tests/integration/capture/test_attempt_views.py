@@ -7,15 +7,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from capture.embedded import EmbeddedEngine
-from capture.engine import SamplingParams
-from capture.lifecycle import CaptureService, ModelCall
-from capture.render import Renderer
-from ledger import migrate
-from ledger.attempt import AttemptLog
-from ledger.store import EventStore, StoredEvent
-from storage import open_blob_store
+from grove.capture.embedded import EmbeddedEngine
+from grove.capture.engine import SamplingParams
+from grove.capture.lifecycle import CaptureService, ModelCall
+from grove.capture.render import Renderer
+from grove.ledger import migrate
+from grove.ledger.attempt import AttemptLog
+from grove.ledger.store import EventStore, StoredEvent
+from grove.storage import open_blob_store
 
 from .conftest import OPTIONS, tokenizer
 

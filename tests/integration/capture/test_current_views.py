@@ -5,11 +5,10 @@ stale fails before anything is written (on both databases)."""
 from __future__ import annotations
 
 import pytest
+from grove.capture.engine import SamplingParams
+from grove.capture.lifecycle import CaptureService, ModelCall
+from grove.ledger.attempt import AttemptLog, StaleAttemptState
 from sqlalchemy import event
-
-from capture.engine import SamplingParams
-from capture.lifecycle import CaptureService, ModelCall
-from ledger.attempt import AttemptLog, StaleAttemptState
 
 from .conftest import OPTIONS
 

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import pytest
-
-from capture.engine import Generation, SamplingParams
-from capture.errors import EngineError
-from capture.lifecycle import CaptureService, ModelCall
-from ledger.admission import DecisionKind
-from ledger.attempt import AttemptError, CallStatus
-from storage import BlobRef, row_chain_digests, staging_key
+from grove.capture.engine import Generation, SamplingParams
+from grove.capture.errors import EngineError
+from grove.capture.lifecycle import CaptureService, ModelCall
+from grove.ledger.admission import DecisionKind
+from grove.ledger.attempt import AttemptError, CallStatus
+from grove.storage import BlobRef, row_chain_digests, staging_key
 
 from .conftest import OPTIONS
 

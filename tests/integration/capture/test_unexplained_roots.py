@@ -14,17 +14,17 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+from grove.capture.embedded import EmbeddedEngine, build_tokenizer
+from grove.capture.engine import SamplingParams
+from grove.capture.errors import AttemptOptionsChangedError, UnexplainedRootError
+from grove.capture.lifecycle import CallOutcome, CaptureService, ModelCall
+from grove.capture.render import Renderer, RenderOptions
+from grove.ledger import migrate
+from grove.ledger.admission import DecisionKind, RootReason
+from grove.ledger.attempt import AttemptLog
+from grove.ledger.store import EventStore
+from grove.storage import open_blob_store
 
-from capture.embedded import EmbeddedEngine, build_tokenizer
-from capture.engine import SamplingParams
-from capture.errors import AttemptOptionsChangedError, UnexplainedRootError
-from capture.lifecycle import CallOutcome, CaptureService, ModelCall
-from capture.render import Renderer, RenderOptions
-from ledger import migrate
-from ledger.admission import DecisionKind, RootReason
-from ledger.attempt import AttemptLog
-from ledger.store import EventStore
-from storage import open_blob_store
 from tests.fixtures.templates import turn_marking_tokenizer
 
 OPTIONS = RenderOptions(model="grove-tiny")

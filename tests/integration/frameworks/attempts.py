@@ -13,8 +13,9 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
+from grove.ledger.events import CallCommitted
+
 from grove.tools.replay import replay
-from ledger.events import CallCommitted
 from tests.integration.gateway.support import Gateway
 
 _numbers = itertools.count()

@@ -6,8 +6,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from capture.gateway import CALL_ID_HEADER
-from ledger.events import CallFailed
+from grove.capture.gateway import CALL_ID_HEADER
+from grove.ledger.events import CallFailed
 
 from .conftest import MODEL, Gateway, HeldEngine
 from .test_completions import USER, ask, observe, reply

@@ -10,10 +10,9 @@ from typing import Any
 
 import openai
 import pytest
-
-from capture.delivery import CALLER_GONE
-from ledger.attempt import CallState
-from training.projector import Projector, ProjectorSettings
+from grove.capture.delivery import CALLER_GONE
+from grove.ledger.attempt import CallState
+from grove.training.projector import Projector, ProjectorSettings
 
 from .conftest import Gateway, HeldEngine
 from .test_completions import USER, ask, reply

@@ -6,13 +6,12 @@ import inspect
 from types import ModuleType
 
 import pytest
-
-from capture import errors as capture_errors
-from capture import vllm
-from capture.wire import ERROR_STATUS, ErrorStatus, error_status
-from ledger import admission, attempt
-from ledger import errors as ledger_errors
-from storage import errors as storage_errors
+from grove.capture import errors as capture_errors
+from grove.capture import vllm
+from grove.capture.wire import ERROR_STATUS, ErrorStatus, error_status
+from grove.ledger import admission, attempt
+from grove.ledger import errors as ledger_errors
+from grove.storage import errors as storage_errors
 
 MODULES = (capture_errors, vllm, ledger_errors, admission, attempt, storage_errors)
 

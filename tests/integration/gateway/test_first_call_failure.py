@@ -8,12 +8,12 @@ from collections.abc import Callable
 
 import openai
 import pytest
+from grove.capture.engine import Generation, SamplingParams
+from grove.capture.errors import EngineError
+from grove.ledger.replay import CheckOutcome
+from grove.training.projector import Projector, ProjectorSettings
 
-from capture.engine import Generation, SamplingParams
-from capture.errors import EngineError
 from grove.tools.replay import replay
-from ledger.replay import CheckOutcome
-from training.projector import Projector, ProjectorSettings
 
 from .conftest import Gateway, engine
 from .test_completions import USER, ask, reply

@@ -21,10 +21,7 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from openai import BadRequestError, ConflictError, OpenAI
-from PIL import Image
-
-from capture.embedded_vlm import (
+from grove.capture.embedded_vlm import (
     IMAGE_TOKEN,
     EmbeddedVLMEngine,
     build_image_processor,
@@ -32,19 +29,22 @@ from capture.embedded_vlm import (
     build_vlm_tokenizer,
     vision_token_ids,
 )
-from capture.gateway import CALL_ID_HEADER, create_app
-from capture.lifecycle import CaptureService
+from grove.capture.gateway import CALL_ID_HEADER, create_app
+from grove.capture.lifecycle import CaptureService
+from grove.ledger import migrate
+from grove.ledger.attempt import AttemptLog
+from grove.ledger.store import EventStore
+from grove.storage import BlobRef, CallDelta, open_blob_store
+from grove.training.batch import LogicalRollout, assemble_batch
+from grove.training.finalization import decide
+from grove.training.loss import DEFAULT_CLIP, token_diagnostics
+from grove.training.media_logprobs import MediaLogprobs
+from grove.training.trainer import StepBatch, Trainer
+from openai import BadRequestError, ConflictError, OpenAI
+from PIL import Image
+
 from grove.jobs.serve import LedgerSelector, ServerThread
 from grove.tools.show import write_attempt_page
-from ledger import migrate
-from ledger.attempt import AttemptLog
-from ledger.store import EventStore
-from storage import BlobRef, CallDelta, open_blob_store
-from training.batch import LogicalRollout, assemble_batch
-from training.finalization import decide
-from training.loss import DEFAULT_CLIP, token_diagnostics
-from training.media_logprobs import MediaLogprobs
-from training.trainer import StepBatch, Trainer
 
 from .support import Gateway
 

@@ -10,8 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-
-from ledger.attempt import AttemptState
+from grove.ledger.attempt import AttemptState
 
 from .conftest import Gateway
 
@@ -49,10 +48,10 @@ def test_an_unexpected_failure_is_answered_500_without_its_text(failing: Gateway
 def test_an_unexpected_failure_is_logged_with_its_traceback_under_the_answered_id(
     failing: Gateway, caplog: pytest.LogCaptureFixture
 ):
-    with caplog.at_level(logging.ERROR, logger="capture.refusals"):
+    with caplog.at_level(logging.ERROR, logger="grove.capture.refusals"):
         answer = failing.http.post("/v1/attempts/att-1/result", json={"reward": 1.0})
     incident = answer.json()["error"]["message"].split()[2].rstrip(":")
-    (record,) = [r for r in caplog.records if r.name == "capture.refusals"]
+    (record,) = [r for r in caplog.records if r.name == "grove.capture.refusals"]
     assert record.getMessage() == (
         f"internal error {incident} answering POST /v1/attempts/att-1/result"
     )

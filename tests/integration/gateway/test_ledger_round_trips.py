@@ -9,9 +9,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import grove.capture.lifecycle
 import pytest
 
-import capture.lifecycle
 from tests.integration.ledger.statements import statements
 
 from .support import Gateway, serve
@@ -43,8 +43,8 @@ def test_a_continuation_reads_nothing_plans_once_and_appends_intent_and_commit(
     history = [*MESSAGES, first.choices[0].message.model_dump(exclude_none=True)]
     history.append({"role": "user", "content": "And the pears?"})
     plans: list[int] = []
-    planner = counting(capture.lifecycle.plan_call, plans)
-    monkeypatch.setattr(capture.lifecycle, "plan_call", planner)
+    planner = counting(grove.capture.lifecycle.plan_call, plans)
+    monkeypatch.setattr(grove.capture.lifecycle, "plan_call", planner)
     with statements(gateway.service.log.store) as counts:
         raw = client.chat.completions.with_raw_response.create(
             model="grove/test-tiny", messages=history

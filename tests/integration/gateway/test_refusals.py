@@ -12,8 +12,7 @@ from typing import Any
 
 import openai
 import pytest
-
-from capture.gateway import CALL_ID_HEADER
+from grove.capture.gateway import CALL_ID_HEADER
 
 from .conftest import CONTEXT, MODEL, Gateway
 from .test_completions import USER, ask, observe, reply

@@ -9,14 +9,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from grove.capture.attempt_settings import AttemptSettings
+from grove.ledger.attempt import AttemptLog
+from grove.ledger.store import EventStore
+from grove.training.errors import SelectionPolicyError
 
-from capture.attempt_settings import AttemptSettings
 from grove.client import GroveClient
 from grove.jobs.serve import ServerThread, build_gateway
 from grove.workspace import Workspace
-from ledger.attempt import AttemptLog
-from ledger.store import EventStore
-from training.errors import SelectionPolicyError
 
 from .conftest import Gateway
 from .test_completions import USER, ask, reply

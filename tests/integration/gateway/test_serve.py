@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from grove.capture.embedded import EMBEDDED_MODEL_NAME
+from grove.capture.gateway import CAPTURE_KEY_HEADER
+from grove.ledger.store import EventStore
 from openai import OpenAI
 
-from capture.embedded import EMBEDDED_MODEL_NAME
-from capture.gateway import CAPTURE_KEY_HEADER
 from grove.jobs.serve import ServerThread, build_gateway
 from grove.workspace import Workspace
-from ledger.store import EventStore
 
 
 def test_build_gateway_serves_a_workspace_on_the_embedded_defaults(tmp_path: Path):

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import openai
 import pytest
+from grove.capture.embedded import EMBEDDED_MODEL_NAME
+from grove.capture.gateway import CAPTURE_KEY_HEADER
+from grove.ledger.store import EventStore
 from openai import OpenAI
 
-from capture.embedded import EMBEDDED_MODEL_NAME
-from capture.gateway import CAPTURE_KEY_HEADER
 from grove.jobs.serve import ServerThread, build_gateway
 from grove.workspace import Workspace
-from ledger.store import EventStore
 from tests.fixtures.templates import turn_marking_tokenizer
 
 SYSTEM = {"role": "system", "content": "You count apples."}

@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-
-from ledger import migrate
-from ledger.store import EventStore
+from grove.ledger import migrate
+from grove.ledger.store import EventStore
 
 
 @pytest.fixture

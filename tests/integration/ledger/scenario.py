@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import hashlib
 
-from ledger.database import translate_errors
-from ledger.events import (
+from grove.ledger.database import translate_errors
+from grove.ledger.events import (
     AdmissionsClosed,
     AttemptOpened,
     AttemptSettled,
@@ -16,7 +16,7 @@ from ledger.events import (
     RolloutFinalized,
     RolloutSelected,
 )
-from ledger.store import EventStore
+from grove.ledger.store import EventStore
 
 SUMMARY = ReplaySummary(
     normalization_version=1,

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import psycopg
 import pytest
+from grove.ledger.errors import AppendOnlyViolation
+from grove.ledger.store import EventStore
 from sqlalchemy.engine import make_url
-
-from ledger.errors import AppendOnlyViolation
-from ledger.store import EventStore
 
 from .scenario import execute_raw, opened
 

@@ -6,11 +6,10 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-
-from ledger.attempt import AttemptError, AttemptLog, CallStatus
-from ledger.errors import EventIdConflict
-from ledger.events import CallFailed, RolloutSelected
-from ledger.store import EventStore
+from grove.ledger.attempt import AttemptError, AttemptLog, CallStatus
+from grove.ledger.errors import EventIdConflict
+from grove.ledger.events import CallFailed, RolloutSelected
+from grove.ledger.store import EventStore
 
 from .scenario import committed, intended, opened
 

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import grove.ledger.database
 import psycopg
 import pytest
+from grove.ledger import migrate
+from grove.ledger.errors import DatabaseUnavailable
+from grove.ledger.store import EventStore
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
-
-import ledger.database
-from ledger import migrate
-from ledger.errors import DatabaseUnavailable
-from ledger.store import EventStore
 
 from .scenario import opened
 
@@ -49,7 +48,9 @@ def end_sessions(url: str) -> None:
 def test_an_idle_pooled_connection_whose_session_ended_is_replaced_at_checkout(
     store: EventStore, postgres_url: str, monkeypatch: pytest.MonkeyPatch
 ):
-    monkeypatch.setattr(ledger.database, "IDLE_PING_S", 0.0)  # every pooled connection is idle
+    monkeypatch.setattr(
+        grove.ledger.database, "IDLE_PING_S", 0.0
+    )  # every pooled connection is idle
     end_sessions(postgres_url)
     assert [e.event_type for e in store.read_stream("att-1")] == ["attempt.opened"]
 

@@ -13,11 +13,10 @@ import threading
 import time
 
 import pytest
+from grove.ledger.events import CallFailed, LedgerPosition
+from grove.ledger.schema import EVENTS
+from grove.ledger.store import EventStore
 from sqlalchemy import insert
-
-from ledger.events import CallFailed, LedgerPosition
-from ledger.schema import EVENTS
-from ledger.store import EventStore
 
 WRITERS = 8
 EVENTS_PER_WRITER = 5_000

@@ -4,10 +4,9 @@ a read only after another writer got in first, and refusals that never rest on a
 from __future__ import annotations
 
 import pytest
-
-from ledger.attempt import AttemptError, AttemptLog, CallStatus
-from ledger.events import CallFailed
-from ledger.store import EventStore
+from grove.ledger.attempt import AttemptError, AttemptLog, CallStatus
+from grove.ledger.events import CallFailed
+from grove.ledger.store import EventStore
 
 from .scenario import committed, intended, opened
 from .statements import statements

@@ -8,10 +8,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-
-from ledger import migrate
-from ledger.attempt import AttemptError, AttemptLog
-from ledger.store import EventStore
+from grove.ledger import migrate
+from grove.ledger.attempt import AttemptError, AttemptLog
+from grove.ledger.store import EventStore
 
 from .scenario import committed, intended, opened
 

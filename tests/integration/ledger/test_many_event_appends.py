@@ -11,13 +11,12 @@ from __future__ import annotations
 import threading
 
 import pytest
+from grove.ledger.attempt import fold_attempt
+from grove.ledger.errors import EventIdConflict, InvalidEventPayload, WrongExpectedVersion
+from grove.ledger.events import AttemptSettled, CallFailed, Event
+from grove.ledger.postgres import COPY_APPEND_MIN, COPY_PART
+from grove.ledger.store import EventStore, NewEvent
 from sqlalchemy import text
-
-from ledger.attempt import fold_attempt
-from ledger.errors import EventIdConflict, InvalidEventPayload, WrongExpectedVersion
-from ledger.events import AttemptSettled, CallFailed, Event
-from ledger.postgres import COPY_APPEND_MIN, COPY_PART
-from ledger.store import EventStore, NewEvent
 
 from .scenario import committed, intended, opened
 

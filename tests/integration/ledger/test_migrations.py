@@ -9,12 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from grove.ledger import migrate
+from grove.ledger.database import open_engine
+from grove.ledger.errors import AppendOnlyViolation, SchemaNotReady
+from grove.ledger.store import EventStore
 from sqlalchemy import create_engine, inspect, text
-
-from ledger import migrate
-from ledger.database import open_engine
-from ledger.errors import AppendOnlyViolation, SchemaNotReady
-from ledger.store import EventStore
 
 from .scenario import execute_raw, opened
 

@@ -4,9 +4,8 @@ on both databases: a plan made on a state another writer has moved past fails, w
 from __future__ import annotations
 
 import pytest
-
-from ledger.attempt import AttemptLog, StaleAttemptState
-from ledger.store import EventStore
+from grove.ledger.attempt import AttemptLog, StaleAttemptState
+from grove.ledger.store import EventStore
 
 from .scenario import committed, intended, opened
 

@@ -3,11 +3,10 @@ events written before the field existed read as NULL (no upcaster, nothing rewri
 
 from __future__ import annotations
 
+from grove.ledger.events import CallCommitted, CallIntended
+from grove.ledger.projections import catch_up, rebuild
+from grove.ledger.store import EventStore, ImportEvent
 from sqlalchemy import text
-
-from ledger.events import CallCommitted, CallIntended
-from ledger.projections import catch_up, rebuild
-from ledger.store import EventStore, ImportEvent
 
 from .scenario import committed, intended, opened
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from grove.ledger.events import BatchPublished, LedgerPosition
+from grove.ledger.projections import PROJECTIONS, catch_up, projection_marks, rebuild
+from grove.ledger.schema import PROJ_ATTEMPTS, PROJ_CALLS, PROJ_ROLLOUTS
+from grove.ledger.store import EventStore
 from sqlalchemy import select, text
-
-from ledger.events import BatchPublished, LedgerPosition
-from ledger.projections import PROJECTIONS, catch_up, projection_marks, rebuild
-from ledger.schema import PROJ_ATTEMPTS, PROJ_CALLS, PROJ_ROLLOUTS
-from ledger.store import EventStore
 
 from .scenario import compaction_rollout
 

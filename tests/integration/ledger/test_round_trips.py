@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
-
-from ledger.errors import WrongExpectedVersion
-from ledger.events import CallFailed
-from ledger.store import ANY_VERSION, EventStore, NewEvent
+from grove.ledger.errors import WrongExpectedVersion
+from grove.ledger.events import CallFailed
+from grove.ledger.store import ANY_VERSION, EventStore, NewEvent
 
 from .scenario import opened
 from .statements import statements

@@ -1,7 +1,7 @@
 """Only ``grove db upgrade`` changes a ledger schema: serving, training and the debugging tools
 check its revision and refuse, with the upgrade command, one that is absent, behind or ahead
-(``ledger.migrate.require_current``). The embedded default's first use creates a SQLite ledger;
-a PostgreSQL schema is never created or changed on open. Reading commands create nothing."""
+(``grove.ledger.migrate.require_current``). The embedded default's first use creates a SQLite
+ledger; a PostgreSQL schema is never created or changed on open. Reading commands create nothing."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import json
 from pathlib import Path
 
 import pytest
+from grove.ledger import migrate
+from grove.ledger.errors import SchemaNotReady, SchemaOutOfDate
 from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.engine import make_url
 
 from grove.jobs.serve import build_gateway
 from grove.workspace import Workspace
-from ledger import migrate
-from ledger.errors import SchemaNotReady, SchemaOutOfDate
 from tests.integration.tools.grove_cli import run_grove
 
 HEAD = migrate.head_revision()

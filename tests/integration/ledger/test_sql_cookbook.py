@@ -7,11 +7,10 @@ import re
 from pathlib import Path
 
 import pytest
+from grove.ledger.events import BatchPublished, LedgerPosition
+from grove.ledger.projections import catch_up
+from grove.ledger.store import EventStore
 from sqlalchemy import text
-
-from ledger.events import BatchPublished, LedgerPosition
-from ledger.projections import catch_up
-from ledger.store import EventStore
 
 from .scenario import compaction_rollout
 

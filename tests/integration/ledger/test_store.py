@@ -5,18 +5,17 @@ from __future__ import annotations
 import threading
 
 import pytest
-
-from ledger import database
-from ledger.batch import AppendBatch
-from ledger.errors import (
+from grove.ledger import database
+from grove.ledger.batch import AppendBatch
+from grove.ledger.errors import (
     EventIdConflict,
     ImportConflict,
     InvalidEventPayload,
     StreamIdError,
     WrongExpectedVersion,
 )
-from ledger.events import AttemptSettled, CallFailed, LedgerPosition
-from ledger.store import ANY_VERSION, EventStore, ImportEvent, NewEvent
+from grove.ledger.events import AttemptSettled, CallFailed, LedgerPosition
+from grove.ledger.store import ANY_VERSION, EventStore, ImportEvent, NewEvent
 
 from .scenario import opened
 

@@ -11,13 +11,9 @@ from __future__ import annotations
 
 import uuid
 
-from hypothesis import HealthCheck, Phase, given, settings
-from hypothesis import strategies as st
-from sqlalchemy import text
-
-from ledger.attempt import AttemptState, CallState, CallStatus, fold_attempt
-from ledger.database import open_engine
-from ledger.events import (
+from grove.ledger.attempt import AttemptState, CallState, CallStatus, fold_attempt
+from grove.ledger.database import open_engine
+from grove.ledger.events import (
     AdmissionsClosed,
     AttemptCleaned,
     AttemptSettled,
@@ -26,8 +22,11 @@ from ledger.events import (
     RolloutFinalized,
     RolloutSelected,
 )
-from ledger.projections import catch_up
-from ledger.store import EventStore
+from grove.ledger.projections import catch_up
+from grove.ledger.store import EventStore
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import text
 
 from .scenario import committed, intended, opened
 

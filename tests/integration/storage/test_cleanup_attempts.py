@@ -14,10 +14,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-
-from ledger import migrate
-from ledger.attempt import AttemptLog
-from ledger.events import (
+from grove.ledger import migrate
+from grove.ledger.attempt import AttemptLog
+from grove.ledger.events import (
     AttemptOpened,
     BatchPublished,
     CallCommitted,
@@ -28,10 +27,11 @@ from ledger.events import (
     RolloutFinalized,
     RolloutSelected,
 )
-from ledger.store import EventStore
-from storage import BlobRef, BlobStore, open_blob_store, staging_key
+from grove.ledger.store import EventStore
+from grove.storage import BlobRef, BlobStore, open_blob_store, staging_key
+from grove.training.cleanup import clean_attempt, collect_garbage
+
 from tests.integration.tools.grove_cli import run_grove
-from training.cleanup import clean_attempt, collect_garbage
 
 SUMMARY = ReplaySummary(
     normalization_version=1,

@@ -15,17 +15,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from grove.capture.embedded import EmbeddedEngine, build_tokenizer
+from grove.capture.engine import SamplingParams
+from grove.capture.lifecycle import CaptureService, ModelCall
+from grove.capture.render import Renderer, RenderOptions
+from grove.ledger import migrate
+from grove.ledger.attempt import AttemptLog
+from grove.ledger.database import SQLITE_SYNCHRONOUS
+from grove.ledger.store import EventStore
+from grove.storage import BlobStore, open_blob_store, staging_key
 from sqlalchemy import text
-
-from capture.embedded import EmbeddedEngine, build_tokenizer
-from capture.engine import SamplingParams
-from capture.lifecycle import CaptureService, ModelCall
-from capture.render import Renderer, RenderOptions
-from ledger import migrate
-from ledger.attempt import AttemptLog
-from ledger.database import SQLITE_SYNCHRONOUS
-from ledger.store import EventStore
-from storage import BlobStore, open_blob_store, staging_key
 
 TEMPORARY_SUFFIX = re.compile(r"\.[0-9a-f]{16}\.tmp$")
 FULL = 2  # PRAGMA synchronous reads back as a number: 0 OFF, 1 NORMAL, 2 FULL, 3 EXTRA

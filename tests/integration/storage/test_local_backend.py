@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from storage import BlobStore, open_blob_store, staging_key, teardown_partition
+from grove.storage import BlobStore, open_blob_store, staging_key, teardown_partition
 
 
 @pytest.fixture

@@ -7,8 +7,7 @@ import threading
 
 import pytest
 import torch
-
-from storage import (
+from grove.storage import (
     BlobConflictError,
     BlobFormatError,
     BlobIntegrityError,

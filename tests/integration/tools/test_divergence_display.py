@@ -14,17 +14,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from grove.capture.divergence import Divergence
+from grove.capture.embedded import EMBEDDED_MODEL_NAME, EmbeddedEngine
+from grove.capture.engine import SamplingParams
+from grove.capture.lifecycle import CaptureService, ModelCall
+from grove.capture.render import Renderer, RenderOptions
+from grove.ledger import migrate
+from grove.ledger.attempt import AttemptLog
+from grove.ledger.store import EventStore
+from grove.storage import open_blob_store
 
-from capture.divergence import Divergence
-from capture.embedded import EMBEDDED_MODEL_NAME, EmbeddedEngine
-from capture.engine import SamplingParams
-from capture.lifecycle import CaptureService, ModelCall
-from capture.render import Renderer, RenderOptions
 from grove.workspace import Workspace
-from ledger import migrate
-from ledger.attempt import AttemptLog
-from ledger.store import EventStore
-from storage import open_blob_store
 from tests.fixtures.templates import turn_marking_tokenizer
 
 from .grove_cli import run_grove

@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
-from grove.jobs.models import ModelLoadError, load_model, save_embedded_model
-from grove.tools.export import ExportError, export_checkpoint, export_from_run
-from training.checkpoint import (
+from grove.training.checkpoint import (
     CheckpointDigestMismatch,
     CheckpointMetadata,
     save_checkpoint,
 )
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from grove.jobs.models import ModelLoadError, load_model, save_embedded_model
+from grove.tools.export import ExportError, export_checkpoint, export_from_run
 
 GROVE = Path(sys.executable).parent / "grove"
 CONVERSATION = [
@@ -227,7 +227,7 @@ def test_export_in_another_dtype_than_the_checkpoints_is_refused(
 def test_export_onto_another_architecture_is_refused(
     trained: tuple[Path, torch.Tensor], tmp_path: Path
 ) -> None:
-    from capture.embedded import build_model, build_tokenizer
+    from grove.capture.embedded import build_model, build_tokenizer
 
     tokenizer = build_tokenizer()
     build_model(tokenizer, hidden_size=32).save_pretrained(tmp_path / "narrow")

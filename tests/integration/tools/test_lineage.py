@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from ledger.attempt import CallStatus
+from grove.ledger.attempt import CallStatus
 
 from .grove_cli import run_grove
 from .ledgers import DemoLedger, run_json

@@ -10,13 +10,12 @@ from itertools import pairwise
 from pathlib import Path
 
 import pytest
-
-from ledger import admission
-from ledger.admission import DecisionKind, RootReason
-from ledger.events import BatchPublished
-from ledger.store import EventStore
-from training import finalization
-from training.selection import BUILTIN_POLICIES, returned_history
+from grove.ledger import admission
+from grove.ledger.admission import DecisionKind, RootReason
+from grove.ledger.events import BatchPublished
+from grove.ledger.store import EventStore
+from grove.training import finalization
+from grove.training.selection import BUILTIN_POLICIES, returned_history
 
 from .grove_cli import Outcome, run_grove
 from .ledgers import DemoLedger, copy_ledger, run_json

@@ -11,18 +11,17 @@ from typing import Any
 
 import pytest
 import torch
-
-from capture.embedded import EmbeddedEngine, build_tokenizer
-from capture.engine import SamplingParams
-from capture.lifecycle import CaptureService, ModelCall
-from capture.render import Renderer, RenderOptions
-from ledger import migrate
-from ledger.attempt import AttemptLog
-from ledger.events import CallCommitted, CallIntended, ReplaySummary, RolloutSelected
-from ledger.store import EventStore
-from storage import CallDelta, chain_digest, open_blob_store, staging_key
-from training.projector import Projector, ProjectorSettings, captured_calls
-from training.selection import select_rollout
+from grove.capture.embedded import EmbeddedEngine, build_tokenizer
+from grove.capture.engine import SamplingParams
+from grove.capture.lifecycle import CaptureService, ModelCall
+from grove.capture.render import Renderer, RenderOptions
+from grove.ledger import migrate
+from grove.ledger.attempt import AttemptLog
+from grove.ledger.events import CallCommitted, CallIntended, ReplaySummary, RolloutSelected
+from grove.ledger.store import EventStore
+from grove.storage import CallDelta, chain_digest, open_blob_store, staging_key
+from grove.training.projector import Projector, ProjectorSettings, captured_calls
+from grove.training.selection import select_rollout
 
 OPTIONS = RenderOptions(model="grove-tiny")
 SAMPLING = SamplingParams(max_tokens=5)

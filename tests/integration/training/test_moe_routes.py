@@ -8,19 +8,18 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-
-from capture.embedded import EmbeddedEngine
-from capture.embedded_moe import build_moe_model
-from capture.lifecycle import CaptureService
-from capture.render import Renderer
-from ledger import migrate
-from ledger.attempt import AttemptLog
-from ledger.store import EventStore
-from storage import open_blob_store
-from training.loss import token_diagnostics
-from training.route_replay import replayed_row_logprobs
-from training.rows import ROUTE_MISSING_SENTINEL
-from training.trainer import StepBatch, row_logprobs
+from grove.capture.embedded import EmbeddedEngine
+from grove.capture.embedded_moe import build_moe_model
+from grove.capture.lifecycle import CaptureService
+from grove.capture.render import Renderer
+from grove.ledger import migrate
+from grove.ledger.attempt import AttemptLog
+from grove.ledger.store import EventStore
+from grove.storage import open_blob_store
+from grove.training.loss import token_diagnostics
+from grove.training.route_replay import replayed_row_logprobs
+from grove.training.rows import ROUTE_MISSING_SENTINEL
+from grove.training.trainer import StepBatch, row_logprobs
 
 from .conftest import Lab, tokenizer
 

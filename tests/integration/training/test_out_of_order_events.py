@@ -3,9 +3,8 @@ its rollout, never an error of the projector."""
 
 from __future__ import annotations
 
+from grove.ledger.events import RolloutFinalized, RolloutSelected
 from sqlalchemy import text
-
-from ledger.events import RolloutFinalized, RolloutSelected
 
 from .conftest import Lab
 

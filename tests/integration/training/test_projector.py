@@ -6,12 +6,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
-
-from capture.lifecycle import ModelCall
-from ledger.events import CallFailed, CallIntended, RolloutSelected
-from storage import BlobRef
-from training.projector import Projector, finalization_event, finalization_forest
-from training.rows import ROUTE_MISSING_SENTINEL, rollout_rows
+from grove.capture.lifecycle import ModelCall
+from grove.ledger.events import CallFailed, CallIntended, RolloutSelected
+from grove.storage import BlobRef
+from grove.training.projector import Projector, finalization_event, finalization_forest
+from grove.training.rows import ROUTE_MISSING_SENTINEL, rollout_rows
 
 from .conftest import HAND_SUMMARY, OPTIONS, SAMPLING, Lab
 

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from storage import BlobRef
-from training.errors import BatchError
+from grove.storage import BlobRef
+from grove.training.errors import BatchError
 
 from .conftest import Lab
 

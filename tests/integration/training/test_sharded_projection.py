@@ -24,15 +24,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from grove.ledger.leases import Leases, lease_key
+from grove.ledger.store import EventStore, ImportEvent
+from grove.storage import open_blob_store
+from grove.training.projector import Projector, ProjectorSettings
+from grove.training.shards import ProjectorShard
 from sqlalchemy import text
 
-from ledger.leases import Leases, lease_key
-from ledger.store import EventStore, ImportEvent
-from storage import open_blob_store
 from tests.reliability.conftest import capture_service
 from tests.reliability.rollouts import play, record_result
-from training.projector import Projector, ProjectorSettings
-from training.shards import ProjectorShard
 
 pytestmark = pytest.mark.postgres
 
@@ -143,7 +143,7 @@ def test_shards_take_over_a_killed_shards_groups_and_publish_what_one_projector_
 def _one_projector(store: EventStore, tmp_path: Path, blob_url: str) -> Projector:
     """One projector on a copy of the attempts' events before any finalization (a SQLite
     ledger), having finalized every attempt itself."""
-    from ledger import migrate
+    from grove.ledger import migrate
 
     url = f"sqlite:///{tmp_path / 'reference.db'}"
     migrate.upgrade(url)
@@ -234,7 +234,7 @@ def test_a_shard_at_its_lease_limit_gives_back_an_idle_group_for_a_ready_one(
 
 
 def test_leases_refuse_a_sqlite_ledger(tmp_path: Path):
-    from ledger.leases import LeaseError
+    from grove.ledger.leases import LeaseError
 
     store = EventStore.open(f"sqlite:///{tmp_path / 'ledger.db'}")
     try:

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import pytest
-from transformers import PreTrainedTokenizerFast
-
-from capture.embedded import (
+from grove.capture.embedded import (
     CHATML_TEMPLATE,
     EMBEDDED_MODEL_NAME,
     REASONING_STRIPPING_TEMPLATE,
     EmbeddedEngine,
     build_tokenizer,
 )
-from capture.render import Renderer, RenderOptions
+from grove.capture.render import Renderer, RenderOptions
+from transformers import PreTrainedTokenizerFast
 
 
 @pytest.fixture(scope="session")

@@ -9,9 +9,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
-
-from capture.render import admission_items, normalize_messages, replay_summary
-from ledger.admission import (
+from grove.capture.render import admission_items, normalize_messages, replay_summary
+from grove.ledger.admission import (
     AdmissionDecision,
     AdmissionError,
     AdmissionIndex,
@@ -28,7 +27,7 @@ from ledger.admission import (
     decide,
     locate_boundary,
 )
-from ledger.errors import LedgerError
+from grove.ledger.errors import LedgerError
 
 Message = Mapping[str, Any]
 OPTIONS = "options-a"

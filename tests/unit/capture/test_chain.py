@@ -10,16 +10,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from capture.embedded import EmbeddedEngine
-from capture.engine import SamplingParams
-from capture.render import (
+from grove.capture.embedded import EmbeddedEngine
+from grove.capture.engine import SamplingParams
+from grove.capture.render import (
     Renderer,
     RenderOptions,
     admission_items,
     normalize_messages,
 )
-from capture.splice import PromptPlan, plan_call
-from ledger.admission import AdmissionIndex, CallStatus, DecisionKind, RootReason
+from grove.capture.splice import PromptPlan, plan_call
+from grove.ledger.admission import AdmissionIndex, CallStatus, DecisionKind, RootReason
 
 Message = Mapping[str, Any]
 SYSTEM = {"role": "system", "content": "You are a terse agent."}

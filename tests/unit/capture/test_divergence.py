@@ -7,8 +7,7 @@ tokenizer's exact decode.
 from __future__ import annotations
 
 import pytest
-
-from capture.divergence import (
+from grove.capture.divergence import (
     TOKEN_TEXT_LIMIT,
     WINDOW,
     Cause,
@@ -20,7 +19,7 @@ from capture.divergence import (
     diagnose,
     token_at,
 )
-from capture.render import Renderer
+from grove.capture.render import Renderer
 
 HISTORY = "<|im_start|>system\nToday is 2025-01-01.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
 

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import PreTrainedTokenizerFast
-
-from capture.embedded import EmbeddedEngine, build_model, build_tokenizer
-from capture.engine import Engine, Generation, SamplingParams
-from capture.errors import (
+from grove.capture.embedded import EmbeddedEngine, build_model, build_tokenizer
+from grove.capture.engine import Engine, Generation, SamplingParams
+from grove.capture.errors import (
     InvalidGenerationError,
     InvalidPromptError,
     InvalidSamplingError,
     PromptTooLongError,
     UnsupportedSamplingError,
 )
+from transformers import PreTrainedTokenizerFast
 
 PROMPT_TEXT = "<|im_start|>user\nWhat is the weather?<|im_end|>\n<|im_start|>assistant\n"
 

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from capture.embedded import EmbeddedEngine, build_model, build_tokenizer
-from capture.embedded_moe import RouteMemory, RouteRecorder, build_moe_model, router_modules
-from capture.engine import Generation, SamplingParams
-from capture.errors import InvalidGenerationError
+from grove.capture.embedded import EmbeddedEngine, build_model, build_tokenizer
+from grove.capture.embedded_moe import RouteMemory, RouteRecorder, build_moe_model, router_modules
+from grove.capture.engine import Generation, SamplingParams
+from grove.capture.errors import InvalidGenerationError
 
 
 @pytest.fixture(scope="module")

@@ -9,14 +9,13 @@ import json
 import jsonschema
 import pytest
 import torch
+from grove.capture.embedded import EmbeddedEngine
+from grove.capture.engine import FunctionSchema, Generation, OutputConstraint, SamplingParams
+from grove.capture.errors import InvalidSamplingError, UnsupportedSamplingError
+from grove.capture.grammar import GrammarError, GrammarMask, TokenizerGrammar, grammar_text
+from grove.capture.toolcalls import parse_output
+from grove.training.advantages import pooled_logprob_error
 from transformers import PreTrainedTokenizerFast
-
-from capture.embedded import EmbeddedEngine
-from capture.engine import FunctionSchema, Generation, OutputConstraint, SamplingParams
-from capture.errors import InvalidSamplingError, UnsupportedSamplingError
-from capture.grammar import GrammarError, GrammarMask, TokenizerGrammar, grammar_text
-from capture.toolcalls import parse_output
-from training.advantages import pooled_logprob_error
 
 PROMPT_TEXT = "<|im_start|>user\nThe weather, as JSON?<|im_end|>\n<|im_start|>assistant\n"
 WEATHER = {

@@ -6,13 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
-from capture.chat_api import ChatCompletionRequest
-from capture.conversion import RequestConverter
-from capture.engine import FunctionSchema, OutputConstraint
-from capture.refusals import Refused
-from capture.render import Renderer
-from capture.responses_api import ResponsesRequest
+from grove.capture.chat_api import ChatCompletionRequest
+from grove.capture.conversion import RequestConverter
+from grove.capture.engine import FunctionSchema, OutputConstraint
+from grove.capture.refusals import Refused
+from grove.capture.render import Renderer
+from grove.capture.responses_api import ResponsesRequest
 
 MODEL = "grove/test-tiny"
 SCHEMA = {

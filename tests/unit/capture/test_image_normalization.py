@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from capture.render import admission_items, normalize_messages
+from grove.capture.render import admission_items, normalize_messages
 
 URL = "data:image/png;base64,iVBORw0KGgo="
 

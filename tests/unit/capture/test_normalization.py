@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
-from capture.errors import NormalizationError
-from capture.render import NORMALIZATION_VERSION, admission_items, normalize_messages
+from grove.capture.errors import NormalizationError
+from grove.capture.render import NORMALIZATION_VERSION, admission_items, normalize_messages
 
 TOOL_CALL = {
     "id": "call_1",

@@ -6,11 +6,10 @@ from __future__ import annotations
 import threading
 
 import pytest
+from grove.capture.embedded import EmbeddedEngine
+from grove.capture.engine import Generation, SamplingParams
+from grove.capture.errors import InvalidGenerationError
 from transformers import PreTrainedTokenizerFast
-
-from capture.embedded import EmbeddedEngine
-from capture.engine import Generation, SamplingParams
-from capture.errors import InvalidGenerationError
 
 SAMPLING = SamplingParams(max_tokens=3, seed=5)
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-
-from capture.embedded import CHATML_TEMPLATE, build_tokenizer
-from capture.errors import RenderError
-from capture.render import (
+from grove.capture.embedded import CHATML_TEMPLATE, build_tokenizer
+from grove.capture.errors import RenderError
+from grove.capture.render import (
     NORMALIZATION_VERSION,
     Renderer,
     RenderOptions,
@@ -18,7 +17,7 @@ from capture.render import (
     render_options_digest,
     replay_summary,
 )
-from ledger.admission import PREFIX_DIGEST_SEED, CallStatus, extend_prefix_digest
+from grove.ledger.admission import PREFIX_DIGEST_SEED, CallStatus, extend_prefix_digest
 
 TOOL_CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
 

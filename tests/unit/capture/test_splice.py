@@ -7,9 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-
-from capture.errors import SpliceError
-from capture.render import (
+from grove.capture.errors import SpliceError
+from grove.capture.render import (
     NormalizedRequest,
     Renderer,
     RenderOptions,
@@ -17,8 +16,8 @@ from capture.render import (
     normalize_messages,
     replay_summary,
 )
-from capture.splice import PromptPlan, RawOutput, plan_call, plan_prompt
-from ledger.admission import (
+from grove.capture.splice import PromptPlan, RawOutput, plan_call, plan_prompt
+from grove.ledger.admission import (
     AdmissionDecision,
     AdmissionIndex,
     AmbiguousParentError,

@@ -10,9 +10,8 @@ import json
 from typing import Any
 
 import pytest
-
-from capture.render import Renderer, RenderOptions, normalize_messages
-from capture.toolcalls import ParsedOutput, ToolCall, assistant_message, parse_output
+from grove.capture.render import Renderer, RenderOptions, normalize_messages
+from grove.capture.toolcalls import ParsedOutput, ToolCall, assistant_message, parse_output
 
 USER = {"role": "user", "content": "What is the weather in Paris?"}
 SEARCH = {"name": "search", "arguments": {"query": "weather in Paris", "limit": 3}}

@@ -16,15 +16,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import grove.capture.vllm
 import pytest
 import uvicorn
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
-
-import capture.vllm
-from capture.engine import Engine, Generation, SamplingParams
-from capture.errors import InvalidPromptError, PromptTooLongError, UnsupportedSamplingError
-from capture.vllm import (
+from grove.capture.engine import Engine, Generation, SamplingParams
+from grove.capture.errors import InvalidPromptError, PromptTooLongError, UnsupportedSamplingError
+from grove.capture.vllm import (
     EngineRejectedError,
     EngineResponseError,
     EngineUnavailableError,
@@ -261,7 +260,7 @@ def engine(url: str, fake: FakeVllm) -> Iterator[VllmEngine]:
 
 
 def test_public_surface_is_pinned() -> None:
-    assert capture.vllm.__all__ == [
+    assert grove.capture.vllm.__all__ == [
         "EngineRejectedError",
         "EngineResponseError",
         "EngineUnavailableError",

@@ -17,12 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from grove.ledger.attempt import AttemptLog, AttemptState
+from grove.ledger.store import EventStore
+from grove.storage import BlobStore, open_blob_store
+
 from grove.config import GroveConfig, load_config
 from grove.jobs.train import TrainSummary, run_training
 from grove.workspace import Workspace
-from ledger.attempt import AttemptLog, AttemptState
-from ledger.store import EventStore
-from storage import BlobStore, open_blob_store
 
 HARNESSES = "tests.unit.config.harnesses"
 RUN_ID = "keys"

@@ -20,19 +20,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from grove.ledger.events import LedgerPosition
+from grove.ledger.store import EventStore
+from grove.storage import open_blob_store
+from grove.training.batch import LogicalRollout, assemble_batch
+from grove.training.forest import CallRecord, build_forest
+from grove.training.projector import FinalizedRollout, PublishedBatch
+from grove.training.rows import rollout_rows
+from grove.training.trainer import StepBatch, causal_token_logprobs
 
 from grove.config import load_config
 from grove.jobs.models import EMBEDDED, load_model
 from grove.jobs.training_run import TrainingRun
-from ledger.events import LedgerPosition
-from ledger.store import EventStore
-from storage import open_blob_store
 from tests.unit.config.runs import merged
-from training.batch import LogicalRollout, assemble_batch
-from training.forest import CallRecord, build_forest
-from training.projector import FinalizedRollout, PublishedBatch
-from training.rows import rollout_rows
-from training.trainer import StepBatch, causal_token_logprobs
 
 PROMPT = [5, 6, 7]
 GENERATED = [8, 9, 10]

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from grove.training.advantages import RolloutOutcome, compute_advantages
+from grove.training.errors import BatchError
 
 from grove.config import ConfigurationError, load_config
 from tests.unit.config.steps import (
@@ -24,8 +26,6 @@ from tests.unit.config.steps import (
     rows_batch,
     training_run,
 )
-from training.advantages import RolloutOutcome, compute_advantages
-from training.errors import BatchError
 
 ONE_WINNER = (1.0, 0.0, 0.0, 0.0)
 """Rewards of a group of four: mean 0.25, unbiased std sqrt((0.75² + 3 x 0.25²) / 3) = 0.5."""

@@ -7,14 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from grove.capture.embedded_vlm import EMBEDDED_VLM_NAME
+from grove.storage import BlobRef, MediaDescriptor
 from safetensors.torch import load_file
 
-from capture.embedded_vlm import EMBEDDED_VLM_NAME
 from examples.image_agent import image_data_url
 from grove.config import ConfigurationError, load_config
 from grove.jobs.train import run_training
 from grove.workspace import Workspace
-from storage import BlobRef, MediaDescriptor
 from tests.unit.config.runs import RUN_ID, Run, merged, tiny_configuration, write_tasks
 
 IMAGES = (image_data_url(1, 56, 56), image_data_url(2, 28, 84))  # 4 and 3 placeholder tokens

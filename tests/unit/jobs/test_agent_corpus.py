@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from grove.capture.embedded import build_tokenizer
+from grove.capture.toolcalls import parse_output
 
-from capture.embedded import build_tokenizer
-from capture.toolcalls import parse_output
-from grove.jobs.agent_corpus import (
+from grove.demo.agent_corpus import (
     COLOURS,
     SUMMARY_REQUEST,
     CorpusSpec,

@@ -12,12 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from grove.capture.embedded import build_model, build_tokenizer
 
-from capture.embedded import build_model, build_tokenizer
 from grove.config import ConfigurationError, load_config
-from grove.jobs.agent_corpus import CorpusSpec, corpus_examples
-from grove.jobs.models import ModelLoadError, load_model, save_embedded_model
-from grove.jobs.warm_start import (
+from grove.demo.agent_corpus import CorpusSpec, corpus_examples
+from grove.demo.warm_start import (
     CACHE_DIRECTORY,
     FitSettings,
     WarmStart,
@@ -26,6 +25,7 @@ from grove.jobs.warm_start import (
     warm_start,
     warm_start_key,
 )
+from grove.jobs.models import ModelLoadError, load_model, save_embedded_model
 
 CORPUS = CorpusSpec(conversations=8)
 SETTINGS = FitSettings(steps=6, batch_size=2, warmup_steps=2)

@@ -1,5 +1,5 @@
 """The embedded model after the default warm start (``model.warm_start``): what ``load_model``
-gives, and that it acts as the lookup agent of ``examples/tool_agent.py`` from the first step.
+gives, and that it acts as the lookup agent of ``grove/demo/tool_agent.py`` from the first step.
 
 The fit runs once per test process (``tests/unit/jobs/warm_cache.py``). Generations are sampled at
 temperature 1 with fixed seeds, on prompts rendered as the gateway renders the agent's requests,
@@ -14,14 +14,14 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from grove.capture.conversion import chat_tools
+from grove.capture.embedded import EmbeddedEngine
+from grove.capture.engine import SamplingParams
+from grove.capture.render import Renderer, RenderOptions, normalize_messages
+from grove.capture.toolcalls import parse_output
 from safetensors.torch import load_file
 
-from capture.conversion import chat_tools
-from capture.embedded import EmbeddedEngine
-from capture.engine import SamplingParams
-from capture.render import Renderer, RenderOptions, normalize_messages
-from capture.toolcalls import parse_output
-from grove.jobs.agent_corpus import (
+from grove.demo.agent_corpus import (
     COLOURS,
     ITEMS,
     LOOKUP_TOOL,
@@ -29,8 +29,8 @@ from grove.jobs.agent_corpus import (
     lookup_result,
     question,
 )
+from grove.demo.warm_start import CACHE_DIRECTORY
 from grove.jobs.models import LoadedModel, load_model
-from grove.jobs.warm_start import CACHE_DIRECTORY
 from tests.unit.jobs.warm_cache import seed_workdir, warm_model
 
 QUESTIONS = 16

@@ -11,8 +11,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from grove.demo.warm_start import CACHE_DIRECTORY
 from grove.jobs.models import EMBEDDED, LoadedModel, load_model
-from grove.jobs.warm_start import CACHE_DIRECTORY
 
 __all__ = ["seed_workdir", "warm_model"]
 

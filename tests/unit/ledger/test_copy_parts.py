@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from ledger.postgres import COPY_PART, _parts
+from grove.ledger.postgres import COPY_PART, _parts
 
 
 @pytest.mark.parametrize("count", [1, COPY_PART, 3 * COPY_PART - 1])

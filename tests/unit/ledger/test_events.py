@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
-
-from ledger.errors import InvalidEventPayload, StreamIdError, UnknownEventType
-from ledger.events import CATALOG, AttemptOpened, validate_payload
-from ledger.store import validate_stream_id
-from ledger.upcasting import UPCASTERS, decode_payload
+from grove.ledger.errors import InvalidEventPayload, StreamIdError, UnknownEventType
+from grove.ledger.events import CATALOG, AttemptOpened, validate_payload
+from grove.ledger.store import validate_stream_id
+from grove.ledger.upcasting import UPCASTERS, decode_payload
 
 DESIGN_CATALOG = {
     "attempt.opened",

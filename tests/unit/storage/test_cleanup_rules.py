@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from storage import orphan_keys
+from grove.storage import orphan_keys
 
 
 def test_stored_keys_no_event_names_are_orphans():

@@ -8,8 +8,7 @@ import json
 import pytest
 import safetensors.torch
 import torch
-
-from storage import (
+from grove.storage import (
     BlobFormatError,
     CallDelta,
     InvalidDeltaError,

@@ -8,8 +8,7 @@ import struct
 import numpy as np
 import pytest
 import torch
-
-from storage import (
+from grove.storage import (
     InvalidDeltaError,
     blob_sha256,
     chain_digest,

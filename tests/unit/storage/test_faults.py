@@ -10,9 +10,8 @@ import fsspec.exceptions
 import pytest
 import s3fs.errors
 from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeoutError
-
-from storage import MissingBlobError, StorageError, StorageUnavailableError
-from storage.faults import BACKEND_ERRORS, READ, backend_errors, translate
+from grove.storage import MissingBlobError, StorageError, StorageUnavailableError
+from grove.storage.faults import BACKEND_ERRORS, READ, backend_errors, translate
 
 URL = "s3://bucket/prefix"
 KEY = "staging/cap-1/call-1"
@@ -113,7 +112,7 @@ def test_programming_errors_are_not_translated():
 
 
 def test_every_storage_error_derives_from_the_root():
-    import storage.errors as errors
+    import grove.storage.errors as errors
 
     classes = [getattr(errors, name) for name in errors.__all__]
     assert all(issubclass(cls, StorageError) for cls in classes)

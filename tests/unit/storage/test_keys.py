@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from storage import (
+from grove.storage import (
     InvalidKeyError,
     capture_key_of,
     published_key,
@@ -13,7 +12,7 @@ from storage import (
     staging_prefix,
     validate_key,
 )
-from storage.keys import validate_prefix
+from grove.storage.keys import validate_prefix
 
 
 def test_staging_key_is_staging_capture_key_call_id():

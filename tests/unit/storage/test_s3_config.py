@@ -4,9 +4,8 @@ credentials come from. Building the filesystem does not connect, so no server is
 from __future__ import annotations
 
 import pytest
-
-from storage import InvalidBlobUrlError, S3Options
-from storage.s3 import CLIENT_CONNECTIONS, botocore_config, s3_client, s3_filesystem
+from grove.storage import InvalidBlobUrlError, S3Options
+from grove.storage.s3 import CLIENT_CONNECTIONS, botocore_config, s3_client, s3_filesystem
 
 
 def test_botocore_config_computes_and_validates_checksums_only_when_required():

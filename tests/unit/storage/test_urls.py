@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from storage import InvalidBlobUrlError, open_blob_store
+from grove.storage import InvalidBlobUrlError, open_blob_store
 
 
 def test_plain_path_opens_a_local_store_and_creates_the_directory(tmp_path):

@@ -5,11 +5,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from grove.training.tree import forest_tree, pack_tree
+
 from grove.tools.lineage import AttemptLineage
 from grove.tools.show import render_page
 from grove.tools.tree_view import draw_tree, tree_section
 from tests.unit.training.tree_shapes import shape_forest, walkthrough_forest
-from training.tree import forest_tree, pack_tree
 
 FOREST_DOC = Path(__file__).resolve().parents[3] / "docs" / "forest.md"
 

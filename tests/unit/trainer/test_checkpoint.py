@@ -10,9 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
-from tests.unit.trainer.tiny_lm import synthetic_step_batch, tiny_causal_lm
-from training.checkpoint import (
+from grove.training.checkpoint import (
     CHECKPOINT_FILES,
     CheckpointDigestMismatch,
     CheckpointError,
@@ -26,7 +24,9 @@ from training.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from training.trainer import Trainer, rollout_warmup_scheduler
+from grove.training.trainer import Trainer, rollout_warmup_scheduler
+
+from tests.unit.trainer.tiny_lm import synthetic_step_batch, tiny_causal_lm
 
 DIGEST = "c0ffee" * 10 + "abcd"
 FOREST = ResumeExpectation(forest_mode=True, execution_row_multiple=2, config_digest=DIGEST)

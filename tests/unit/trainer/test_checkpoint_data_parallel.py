@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
+from grove.training.checkpoint import CheckpointIncompatible, ResumeExpectation, verify_checkpoint
 
 from tests.unit.trainer.test_checkpoint import DIGEST, _load, _run, _save
-from training.checkpoint import CheckpointIncompatible, ResumeExpectation, verify_checkpoint
 
 
 def _expect(data_parallel_size: int | None) -> ResumeExpectation:

@@ -6,9 +6,8 @@ import math
 
 import pytest
 import torch
-
-from training.errors import BatchError
-from training.loss import (
+from grove.training.errors import BatchError
+from grove.training.loss import (
     ClipRange,
     clipped_policy_gradient_loss,
     retained_token_mask,

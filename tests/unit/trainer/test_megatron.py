@@ -7,11 +7,9 @@ import sys
 
 import pytest
 import torch
-
-from tests.unit.trainer.tiny_lm import forest_rollout, tiny_absolute_position_lm, tiny_causal_lm
-from training.batch import assemble_batch
-from training.errors import BatchError
-from training.megatron import (
+from grove.training.batch import assemble_batch
+from grove.training.errors import BatchError
+from grove.training.megatron import (
     MegatronPackedInputs,
     MegatronUnavailable,
     label_logprobs,
@@ -19,7 +17,9 @@ from training.megatron import (
     packed_seq_params,
     unpack_to_rows,
 )
-from training.trainer import causal_token_logprobs
+from grove.training.trainer import causal_token_logprobs
+
+from tests.unit.trainer.tiny_lm import forest_rollout, tiny_absolute_position_lm, tiny_causal_lm
 
 
 def _require_megatron_core() -> None:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import importlib
 
 import pytest
-
-from training.checkpoint import (
+from grove.training.checkpoint import (
     CheckpointDigestMismatch,
     CheckpointError,
     CheckpointExists,
@@ -14,8 +13,8 @@ from training.checkpoint import (
     CheckpointIncompatible,
     CheckpointSchemaError,
 )
-from training.errors import TrainingError
-from training.megatron import MegatronUnavailable
+from grove.training.errors import TrainingError
+from grove.training.megatron import MegatronUnavailable
 
 PUBLIC = {
     "grove.config": {
@@ -39,7 +38,7 @@ PUBLIC = {
         "load_config",
         "unsupported_combinations",
     },
-    "training.loss": {
+    "grove.training.loss": {
         "DEFAULT_CLIP",
         "ClipRange",
         "LossResult",
@@ -48,7 +47,7 @@ PUBLIC = {
         "retained_token_mask",
         "token_diagnostics",
     },
-    "training.trainer": {
+    "grove.training.trainer": {
         "LogprobFunction",
         "MicroBatchPlan",
         "StepBatch",
@@ -60,7 +59,7 @@ PUBLIC = {
         "row_logprobs",
         "step_batch",
     },
-    "training.checkpoint": {
+    "grove.training.checkpoint": {
         "CHECKPOINT_FILES",
         "CHECKPOINT_SCHEMA",
         "CheckpointDigestMismatch",
@@ -77,7 +76,7 @@ PUBLIC = {
         "save_checkpoint",
         "verify_checkpoint",
     },
-    "training.megatron": {
+    "grove.training.megatron": {
         "MegatronPackedInputs",
         "MegatronUnavailable",
         "label_logprobs",

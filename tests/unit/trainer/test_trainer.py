@@ -6,12 +6,10 @@ import dataclasses
 
 import pytest
 import torch
-
-from tests.unit.trainer.tiny_lm import VOCAB, forest_rollout, synthetic_step_batch, tiny_causal_lm
-from training.advantages import AdvantageConfig, RolloutOutcome, compute_advantages
-from training.batch import assemble_batch
-from training.errors import BatchError
-from training.trainer import (
+from grove.training.advantages import AdvantageConfig, RolloutOutcome, compute_advantages
+from grove.training.batch import assemble_batch
+from grove.training.errors import BatchError
+from grove.training.trainer import (
     StepBatch,
     Trainer,
     causal_token_logprobs,
@@ -19,6 +17,8 @@ from training.trainer import (
     rollout_warmup_scheduler,
     step_batch,
 )
+
+from tests.unit.trainer.tiny_lm import VOCAB, forest_rollout, synthetic_step_batch, tiny_causal_lm
 
 
 def _trainer(model, *, global_batch_rollouts=4, micro_batch_size=2, warmup_rollouts=10, **kwargs):

@@ -5,12 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from grove.training.batch import LogicalRollout
+from grove.training.forest import CallRecord, build_forest
+from grove.training.rows import rollout_rows
+from grove.training.trainer import StepBatch
 from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
-
-from training.batch import LogicalRollout
-from training.forest import CallRecord, build_forest
-from training.rows import rollout_rows
-from training.trainer import StepBatch
 
 VOCAB = 48
 

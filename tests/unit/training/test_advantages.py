@@ -6,8 +6,7 @@ import math
 
 import pytest
 import torch
-
-from training.advantages import (
+from grove.training.advantages import (
     AdvantageConfig,
     MaskedRewardPolicy,
     RolloutFilter,
@@ -17,10 +16,10 @@ from training.advantages import (
     group_decisions,
     pooled_logprob_error,
 )
-from training.batch import LogicalRollout, assemble_batch
-from training.errors import AdvantageError
-from training.forest import CallRecord, MaskReason, build_forest
-from training.rows import rollout_rows
+from grove.training.batch import LogicalRollout, assemble_batch
+from grove.training.errors import AdvantageError
+from grove.training.forest import CallRecord, MaskReason, build_forest
+from grove.training.rows import rollout_rows
 
 PLAIN = AdvantageConfig(epsilon=1e-12)
 

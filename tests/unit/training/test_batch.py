@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from training.batch import LogicalRollout, assemble_batch
-from training.errors import BatchError
-from training.forest import CallRecord, build_forest
-from training.rows import CallExtras, RowTensors, rollout_rows
+from grove.training.batch import LogicalRollout, assemble_batch
+from grove.training.errors import BatchError
+from grove.training.forest import CallRecord, build_forest
+from grove.training.rows import CallExtras, RowTensors, rollout_rows
 
 
 def rows_of(*lengths: int, routed: bool = False) -> tuple[RowTensors, ...]:

@@ -9,9 +9,8 @@ blob for each call and one, ``zz``, that no event names.
 from __future__ import annotations
 
 import pytest
-
-from ledger.attempt import AttemptState, fold_attempt
-from ledger.events import (
+from grove.ledger.attempt import AttemptState, fold_attempt
+from grove.ledger.events import (
     AdmissionsClosed,
     AttemptCleaned,
     AttemptOpened,
@@ -23,7 +22,7 @@ from ledger.events import (
     RolloutFinalized,
     RolloutSelected,
 )
-from training.cleanup import CleanupPlan, plan_cleanup
+from grove.training.cleanup import CleanupPlan, plan_cleanup
 
 KEY = "run-s0-g0-r0"
 SUMMARY = ReplaySummary(

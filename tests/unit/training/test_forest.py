@@ -6,9 +6,8 @@ import math
 from dataclasses import dataclass
 
 import pytest
-
-from training.errors import ForestError, TrainingError
-from training.forest import (
+from grove.training.errors import ForestError, TrainingError
+from grove.training.forest import (
     MASK_REASONS,
     CallRecord,
     MaskReason,

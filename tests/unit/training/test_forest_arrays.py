@@ -8,10 +8,9 @@ import pickle
 
 import pytest
 import torch
-
-from training.errors import ForestError
-from training.forest import CallRecord, ForestRow, RecordRule, build_forest
-from training.rows import CallExtras, rollout_rows
+from grove.training.errors import ForestError
+from grove.training.forest import CallRecord, ForestRow, RecordRule, build_forest
+from grove.training.rows import CallExtras, rollout_rows
 
 CALLS = {
     # call id: (parent, prompt tokens, generated tokens, logprobs)

@@ -13,10 +13,9 @@ import random
 from collections import Counter
 from dataclasses import dataclass
 
+from grove.training.forest import CallRecord, Forest, MaskReason, build_forest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from training.forest import CallRecord, Forest, MaskReason, build_forest
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,11 @@
-"""The group rules (``training.groups``): which complete prompt groups a step may take."""
+"""The group rules (``grove.training.groups``): which complete prompt groups a step may take."""
 
 from __future__ import annotations
 
 import pytest
-
-from training.advantages import RolloutOutcome
-from training.errors import AdvantageError
-from training.groups import (
+from grove.training.advantages import RolloutOutcome
+from grove.training.errors import AdvantageError
+from grove.training.groups import (
     DropReason,
     GroupMember,
     GroupRules,

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import pytest
-
-from training.advantages import AdvantageConfig, RolloutOutcome, compute_advantages, group_decisions
-from training.batch import LogicalRollout, assemble_batch
-from training.errors import AdvantageError
-from training.forest import CallRecord, build_forest
-from training.metrics import (
+from grove.training.advantages import (
+    AdvantageConfig,
+    RolloutOutcome,
+    compute_advantages,
+    group_decisions,
+)
+from grove.training.batch import LogicalRollout, assemble_batch
+from grove.training.errors import AdvantageError
+from grove.training.forest import CallRecord, build_forest
+from grove.training.metrics import (
     DROPPED_PROMPT_GROUPS,
     GEN_TOKENS_PER_SAMPLE,
     LOGICAL_ADVANTAGES_MEAN,
@@ -29,7 +33,7 @@ from training.metrics import (
     rollout_lengths,
     step_metrics,
 )
-from training.rows import rollout_rows
+from grove.training.rows import rollout_rows
 
 
 def compaction_calls() -> list[CallRecord]:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import importlib
 
 import pytest
-
-from training.errors import (
+from grove.training.errors import (
     AdvantageError,
     BatchError,
     ForestError,
@@ -18,7 +17,7 @@ from training.errors import (
 )
 
 PUBLIC = {
-    "training.forest": {
+    "grove.training.forest": {
         "CALL_STATUSES",
         "LENGTH_FINISH_REASONS",
         "MASK_REASONS",
@@ -30,7 +29,7 @@ PUBLIC = {
         "RowSegment",
         "build_forest",
     },
-    "training.selection": {
+    "grove.training.selection": {
         "BUILTIN_POLICIES",
         "COMPLETE_FINISH_REASONS",
         "GENERATED_ITEM_TYPES",
@@ -49,14 +48,14 @@ PUBLIC = {
         "returned_history",
         "select_rollout",
     },
-    "training.captured": {
+    "grove.training.captured": {
         "COMPLETE_FINISH_REASONS",
         "REJECTED_BY_HARNESS",
         "REQUEST_FINISHED_WITHOUT_STAGED_COORDINATES",
         "CapturedCall",
         "SelectionRule",
     },
-    "training.evidence": {
+    "grove.training.evidence": {
         "GENERATED_ITEM_TYPES",
         "CaptureIndex",
         "agreed_evidence",
@@ -65,7 +64,7 @@ PUBLIC = {
         "is_generated_item",
         "refuse_named_generations",
     },
-    "training.rows": {
+    "grove.training.rows": {
         "ROUTE_MISSING_SENTINEL",
         "CallExtras",
         "MediaItem",
@@ -74,8 +73,8 @@ PUBLIC = {
         "rollout_rows",
         "row_tensors",
     },
-    "training.batch": {"LogicalRollout", "PackedBatch", "TrainingBatch", "assemble_batch"},
-    "training.advantages": {
+    "grove.training.batch": {"LogicalRollout", "PackedBatch", "TrainingBatch", "assemble_batch"},
+    "grove.training.advantages": {
         "AdvantageConfig",
         "GroupDecision",
         "LogicalAdvantages",
@@ -87,7 +86,7 @@ PUBLIC = {
         "group_decisions",
         "pooled_logprob_error",
     },
-    "training.errors": {
+    "grove.training.errors": {
         "AdvantageError",
         "BatchError",
         "ForestError",
@@ -97,7 +96,7 @@ PUBLIC = {
         "SelectionPolicyError",
         "TrainingError",
     },
-    "training.route_replay": {
+    "grove.training.route_replay": {
         "REPLAYABLE_ROUTERS",
         "logprob_function",
         "moe_routers",
@@ -105,8 +104,8 @@ PUBLIC = {
         "replayed_row_logprobs",
         "replaying",
     },
-    "training.tree": {"TreeLayout", "forest_tree", "pack_tree"},
-    "training.tree_logprobs": {
+    "grove.training.tree": {"TreeLayout", "forest_tree", "pack_tree"},
+    "grove.training.tree_logprobs": {
         "micro_batch_trees",
         "owner_micro_batches",
         "tree_logprobs",
@@ -124,7 +123,7 @@ def test_module_exports_exactly_its_pinned_names(module_name: str) -> None:
 
 
 def test_metrics_export_every_metric_key_constant() -> None:
-    metrics = importlib.import_module("training.metrics")
+    metrics = importlib.import_module("grove.training.metrics")
     keys = {name for name in metrics.__all__ if name.isupper()}
 
     assert len({getattr(metrics, name) for name in keys}) == len(keys) == 15

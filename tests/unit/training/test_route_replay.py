@@ -9,21 +9,20 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from capture.embedded import EmbeddedEngine, build_model, build_tokenizer
-from capture.embedded_moe import build_moe_model
-from capture.engine import SamplingParams
-from training.errors import RouteReplayError
-from training.loss import token_diagnostics
-from training.route_replay import (
+from grove.capture.embedded import EmbeddedEngine, build_model, build_tokenizer
+from grove.capture.embedded_moe import build_moe_model
+from grove.capture.engine import SamplingParams
+from grove.training.errors import RouteReplayError
+from grove.training.loss import token_diagnostics
+from grove.training.route_replay import (
     logprob_function,
     moe_routers,
     recompute_logprobs,
     replayed_row_logprobs,
     replaying,
 )
-from training.rows import ROUTE_MISSING_SENTINEL
-from training.trainer import StepBatch, causal_token_logprobs, row_logprobs
+from grove.training.rows import ROUTE_MISSING_SENTINEL
+from grove.training.trainer import StepBatch, causal_token_logprobs, row_logprobs
 
 NEAR_TIE = 1e-7  # one float32 ulp: experts 0 and 1 differ by rounding alone
 
@@ -92,7 +91,7 @@ def test_without_replay_the_same_batch_has_a_measurably_higher_tmpe(model, sampl
 
 
 def test_replay_of_the_routers_own_choice_computes_the_same_logprobs_bit_for_bit(model, sampled):
-    from capture.embedded_moe import RouteRecorder
+    from grove.capture.embedded_moe import RouteRecorder
 
     recorder = RouteRecorder(moe_routers(model))
     with torch.no_grad(), recorder.recording():

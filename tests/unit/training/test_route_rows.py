@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from storage import CallDelta, decode_delta, encode_delta
-from training.batch import LogicalRollout, assemble_batch
-from training.errors import RowError
-from training.forest import CallRecord, MaskReason, build_forest
-from training.rows import ROUTE_MISSING_SENTINEL, CallExtras, rollout_rows
+from grove.storage import CallDelta, decode_delta, encode_delta
+from grove.training.batch import LogicalRollout, assemble_batch
+from grove.training.errors import RowError
+from grove.training.forest import CallRecord, MaskReason, build_forest
+from grove.training.rows import ROUTE_MISSING_SENTINEL, CallExtras, rollout_rows
 
 S = ROUTE_MISSING_SENTINEL
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from training.errors import RowError
-from training.forest import CallRecord, MaskReason, build_forest
-from training.rows import ROUTE_MISSING_SENTINEL, CallExtras, MediaItem, rollout_rows
+from grove.training.errors import RowError
+from grove.training.forest import CallRecord, MaskReason, build_forest
+from grove.training.rows import ROUTE_MISSING_SENTINEL, CallExtras, MediaItem, rollout_rows
 
 
 def image(media_id: str, start: int, end: int) -> MediaItem:

@@ -8,10 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from training.errors import SelectionError, SelectionPolicyError
-from training.forest import MaskReason
-from training.selection import (
+from grove.training.errors import SelectionError, SelectionPolicyError
+from grove.training.forest import MaskReason
+from grove.training.selection import (
     REJECTED_BY_HARNESS,
     REQUEST_FINISHED_WITHOUT_STAGED_COORDINATES,
     CapturedCall,

@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
-from training.errors import SelectionError
-from training.forest import MaskReason
-from training.selection import (
+from grove.training.errors import SelectionError
+from grove.training.forest import MaskReason
+from grove.training.selection import (
     REQUEST_FINISHED_WITHOUT_STAGED_COORDINATES,
     PolicyRegistry,
     RolloutSelection,

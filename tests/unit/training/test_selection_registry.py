@@ -7,9 +7,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
-from training.errors import SelectionPolicyError
-from training.selection import (
+from grove.training.errors import SelectionPolicyError
+from grove.training.selection import (
     BUILTIN_POLICIES,
     PolicyRegistry,
     all_captured,

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
-
-from training.errors import BatchError
-from training.forest import CallRecord, MaskReason, build_forest
-from training.projector import ProjectorSettings, setting_mask_reason
+from grove.training.errors import BatchError
+from grove.training.forest import CallRecord, MaskReason, build_forest
+from grove.training.projector import ProjectorSettings, setting_mask_reason
 
 # c0: root, prompt [1, 2, 3], generates [10, 11] -> row c0 has 5 tokens.
 # c1 <- c0: observation [4], generates [12]     -> row c0 -> c1 has 7 tokens.

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from grove.training.errors import BatchError
+from grove.training.forest import Forest
+from grove.training.tree import TreeLayout, forest_tree, pack_tree
 
 from tests.unit.training.tree_shapes import all_forests, shape_forest, walkthrough_forest
-from training.errors import BatchError
-from training.forest import Forest
-from training.tree import TreeLayout, forest_tree, pack_tree
 
 FORESTS = all_forests()
 

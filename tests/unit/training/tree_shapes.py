@@ -9,7 +9,7 @@ observation, as a retry does), and it generates ``[gen_base + 2i, gen_base + 2i 
 
 from __future__ import annotations
 
-from training.forest import CallRecord, Forest, build_forest
+from grove.training.forest import CallRecord, Forest, build_forest
 
 PARENT_SHAPES: dict[str, list[int | None]] = {
     "single_call": [None],

@@ -1,9 +1,9 @@
 """The warm start's corpus: synthetic conversations of a tool-using agent, built from a seed.
 
 The embedded model starts with random weights; ``model.warm_start`` fits it briefly on these
-conversations (``grove/jobs/warm_start.py``) so that an agent that offers it a tool gets tool
+conversations (``grove/demo/warm_start.py``) so that an agent that offers it a tool gets tool
 calls from the first step (``docs/train.md``, "The warm start"). Every conversation is one
-context of a *lookup agent*, the agent ``examples/tool_agent.py`` plays:
+context of a *lookup agent*, the agent ``grove/demo/tool_agent.py`` plays:
 
 1. The user asks ``What colour is the ITEM?`` (in a context that a compaction restarted, the
    first question follows the notes: ``Notes: SUMMARY`` and a newline).
@@ -32,8 +32,8 @@ from typing import Any, Final
 
 from transformers import PreTrainedTokenizerBase
 
-from capture.conversion import chat_tools
-from capture.render import Renderer, RenderOptions, normalize_messages
+from grove.capture.conversion import chat_tools
+from grove.capture.render import Renderer, RenderOptions, normalize_messages
 
 __all__ = [
     "COLOURS",

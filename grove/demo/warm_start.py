@@ -2,7 +2,7 @@
 
 The embedded model's weights are random, so an agent that offers it a tool gets noise, never a
 tool call, and GRPO has nothing to reinforce. The warm start fits it first, on the synthetic
-conversations of ``grove/jobs/agent_corpus.py`` (reasoning, a ``lookup`` tool call, its result,
+conversations of ``grove/demo/agent_corpus.py`` (reasoning, a ``lookup`` tool call, its result,
 the answer, sometimes a summary), so a tool-using agent works from step 0 (``docs/train.md``,
 "The warm start").
 
@@ -50,8 +50,8 @@ from safetensors.torch import load_model as load_weights
 from safetensors.torch import save_model as save_weights
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from grove.demo.agent_corpus import CorpusSpec, TrainingExample, corpus_examples
 from grove.errors import JobError
-from grove.jobs.agent_corpus import CorpusSpec, TrainingExample, corpus_examples
 
 __all__ = [
     "CACHE_DIRECTORY",

@@ -1,8 +1,8 @@
 """A tool-using agent that compacts its context: a Grove harness on the official ``openai`` client.
 
 ``play(client, task, seed, **options)`` is the harness ``grove demo`` calls once per rollout
-(``examples/demo.yaml``: ``harness.target: examples.tool_agent:play``). A task names the items to
-ask about and the table the agent's one tool reads (``examples/tool_tasks.jsonl``)::
+(``grove/demo/demo.yaml``: ``harness.target: grove.demo.tool_agent:play``). A task names the items
+to ask about and the table the agent's one tool reads (``grove/demo/tool_tasks.jsonl``)::
 
     {"questions": ["fox", "sky", "leaf"], "facts": {"fox": "red", "sky": "blue", ...}}
 
@@ -20,7 +20,7 @@ The reward is verifiable from the task alone: the mean, over the agent's checks,
 question whose item the model looked up, 1 for each answer that names the item's colour, and for
 each summary the share of its context's facts (``ITEM is COLOUR``) it keeps. The warm-started
 embedded model (``model.warm_start``, fitted on conversations of this very agent by
-``grove/jobs/agent_corpus.py``) earns most of it from the first step; GRPO does the rest.
+``grove/demo/agent_corpus.py``) earns most of it from the first step; GRPO does the rest.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from openai import OpenAI
 from openai.types.chat import ChatCompletion
 
 from grove.client import CALL_ID_HEADER, reject
-from grove.jobs.agent_corpus import (
+from grove.demo.agent_corpus import (
     LOOKUP_TOOL,
     SUMMARY_REQUEST,
     lookup_result,

@@ -1,11 +1,12 @@
-"""The demo agent's tool and verifiers (``examples/tool_agent.py``): plain functions of the task."""
+"""The demo agent's tool and verifiers (``grove/demo/tool_agent.py``): plain functions of the
+task."""
 
 from __future__ import annotations
 
 import pytest
 
-from examples.tool_agent import kept_facts, lookup, names_colour, requested_item
-from grove.jobs.agent_corpus import lookup_result
+from grove.demo.agent_corpus import lookup_result
+from grove.demo.tool_agent import kept_facts, lookup, names_colour, requested_item
 
 FACTS = {"fox": "red", "sky": "blue"}
 
