@@ -34,7 +34,7 @@ above) between the largest and the smallest ledger of the run; the aim is <= 1.5
 ``lineage_ms_p99`` < 10 at 1M calls. ``--quick`` stops at 100k calls. Timings are wall clock on a
 shared machine: medians and percentiles over many attempts and rounds, after one warm-up pass.
 Last, the smallest ledger's bulk projection rows are checked row for row against the fold
-(``grove.ledger.projections.rebuild``; ``projection_rows_checked``). Results: ``docs/scale.md``.
+(``grove.ledger.catch_up.rebuild``; ``projection_rows_checked``). Results: ``docs/scale.md``.
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ from sqlalchemy.engine import make_url
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from grove.ledger import migrate
+from grove.ledger.catch_up import rebuild
 from grove.ledger.events import LedgerPosition
-from grove.ledger.projections import rebuild
 from grove.ledger.store import EventStore, ImportEvent
 from grove.storage import BlobStore, open_blob_store
 from grove.training.projector import Projector, ProjectorSettings
@@ -409,7 +409,7 @@ def _snapshot(store: EventStore) -> dict[str, set[tuple[Any, ...]]]:
 
 
 def check_projections(store: EventStore) -> int:
-    """Rebuild the projections with the fold (``grove.ledger.projections.rebuild``) and check that
+    """Rebuild the projections with the fold (``grove.ledger.catch_up.rebuild``) and check that
     the rows written in bulk are the fold's, row for row; returns how many rows were compared."""
     written = _snapshot(store)
     rebuild(store)

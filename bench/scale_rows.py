@@ -1,8 +1,8 @@
 """The projection rows of a ``bench/scale_ledger.py`` ledger, written in bulk by ``bench/scale.py``.
 
-``ProjectionRows.fold`` makes the rows the fold (``ledger/projecting.py``) makes from the same
+``ProjectionRows.fold`` makes the rows the fold (``ledger/inline_fold.py``) makes from the same
 events, for attempts that keep the lifecycle rules (every event applies; no contradiction);
-``bench/scale.py`` checks them row for row against ``grove.ledger.projections.rebuild`` of its
+``bench/scale.py`` checks them row for row against ``grove.ledger.catch_up.rebuild`` of its
 smallest ledger in every run.
 """
 

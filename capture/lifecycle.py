@@ -79,7 +79,7 @@ __all__ = [
     "FAILURE_REASONS",
     "CallOutcome",
     "CaptureService",
-    "Measurement",
+    "MeasuredCall",
     "ModelCall",
     "derived_seed",
     "output_message",
@@ -105,7 +105,7 @@ class ModelCall:
 
 
 @dataclass(frozen=True)
-class Measurement:
+class MeasuredCall:
     """What ``measure`` found: the prompt length the call would have, and the decision."""
 
     prompt_tokens: int
@@ -291,13 +291,13 @@ class CaptureService:
 
     # -- calls -------------------------------------------------------------------------------
 
-    def measure(self, capture_key: str, call: ModelCall) -> Measurement:
+    def measure(self, capture_key: str, call: ModelCall) -> MeasuredCall:
         """The prompt length and decision ``call`` would get now; writes nothing."""
         view = self._view(capture_key)
         self._require_open(view.state, capture_key, call.call_id)
         plan, request = self._plan(view, call)
         self._media(view, request, plan, call.options.model)  # refusals only
-        return Measurement(prompt_tokens=plan.prompt_len, decision=plan.decision)
+        return MeasuredCall(prompt_tokens=plan.prompt_len, decision=plan.decision)
 
     def generate(
         self,

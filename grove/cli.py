@@ -80,7 +80,7 @@ def db_status(
 ) -> None:
     """Head revision, the database's revision, event count and projection positions."""
     from grove.ledger import migrate
-    from grove.ledger.projections import projection_marks
+    from grove.ledger.catch_up import projection_marks
     from grove.ledger.store import EventStore
 
     ws = workspace(workdir, database_url, blob_url)

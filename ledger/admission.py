@@ -68,10 +68,10 @@ __all__ = [
     "RequestBoundary",
     "RootReason",
     "admit",
-    "chain_digests",
     "decide",
     "extend_prefix_digest",
     "locate_boundary",
+    "prefix_digests",
 ]
 
 ASSISTANT_ROLE: Final = "assistant"
@@ -84,7 +84,7 @@ def extend_prefix_digest(prefix_digest: str, item_digest: str) -> str:
     return hashlib.sha256(f"{prefix_digest}{item_digest}".encode("ascii")).hexdigest()
 
 
-def chain_digests(
+def prefix_digests(
     items: Iterable[AdmissionItem],
     strict: str = PREFIX_DIGEST_SEED,
     canonical: str = PREFIX_DIGEST_SEED,
@@ -373,7 +373,7 @@ def locate_boundary(items: Sequence[AdmissionItem]) -> RequestBoundary:
     boundary_strict: str | None = None
     boundary_canonical: str | None = None
     only_observations = True
-    chains = chain_digests(items)
+    chains = prefix_digests(items)
     for position, (item, (strict, canonical)) in enumerate(
         zip(items, chains, strict=True), start=1
     ):

@@ -28,10 +28,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 
-from grove.ledger.admission import AdmissionIndex
-from grove.ledger.admission import CallStatus as AdmissionStatus
+from grove.ledger.admission import AdmissionIndex, CallStatus
 from grove.ledger.errors import EventIdConflict, LedgerError, WrongExpectedVersion
 from grove.ledger.events import (
     AdmissionsClosed,
@@ -67,14 +65,6 @@ __all__ = [
 DEFAULT_SETTLE_TIMEOUT_S = 300.0
 DEFAULT_CACHED_ATTEMPTS = 4096
 _ALREADY = object()  # a check's answer: this exact event is already recorded
-
-
-class CallStatus(StrEnum):
-    """Where a call stands: only committed, non-late calls can be parents or train."""
-
-    PENDING = "pending"
-    COMMITTED = "committed"
-    FAILED = "failed"
 
 
 class AttemptError(LedgerError):
@@ -265,14 +255,14 @@ def index_call_event(index: AdmissionIndex, state: AttemptState, event: Event) -
     if isinstance(event, CallCommitted) and not call.late:
         index.add(
             event.replay_summary.candidate(
-                event.call_id, AdmissionStatus.COMMITTED, frozenset({event.response_id})
+                event.call_id, CallStatus.COMMITTED, frozenset({event.response_id})
             )
         )
     elif isinstance(event, CallFailed) and call.committed is not None:
         committed = call.committed
         index.add(
             committed.replay_summary.candidate(
-                event.call_id, AdmissionStatus.FAILED, frozenset({committed.response_id})
+                event.call_id, CallStatus.FAILED, frozenset({committed.response_id})
             )
         )
 

@@ -19,7 +19,7 @@ from grove.ledger.schema import PROJ_ATTEMPTS, PROJ_CALLS, PROJ_CONTRADICTIONS, 
 from sqlalchemy import Connection, insert, select
 
 if TYPE_CHECKING:
-    from grove.ledger.projecting import Folded
+    from grove.ledger.inline_fold import Folded
 
 __all__ = [
     "CONTRADICTION_COLUMNS",
@@ -110,7 +110,7 @@ def contradiction_row(item: Folded, why: str | None) -> ContradictionRow:
 
 def contradiction_lines(rows: Sequence[ContradictionRow], dialect: str) -> str | None:
     """The ``COPY`` text that ``record_contradictions`` sends for ``rows`` on ``dialect``, or
-    None where it sends none (built ahead while the server is busy, ``ledger/projecting.py``)."""
+    None where it sends none (built ahead while the server is busy, ``ledger/inline_fold.py``)."""
     if len(rows) >= COPY_CONTRADICTIONS_MIN and dialect == "postgresql":
         return copy_lines(rows)
     return None

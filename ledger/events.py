@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
-from grove.ledger.admission import AdmissionItem, CallStatus, CandidateCall, chain_digests
+from grove.ledger.admission import AdmissionItem, CallStatus, CandidateCall, prefix_digests
 from grove.ledger.errors import InvalidEventPayload, UnknownEventType
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -100,7 +100,7 @@ class ReplaySummary(_Record):
 
     def extended(self, items: Sequence[AdmissionItem]) -> ReplaySummary:
         """This summary with ``items`` chained on (one hash per item, whatever came before)."""
-        chained = list(chain_digests(items, self.source_digest, self.canonical_source_digest))
+        chained = list(prefix_digests(items, self.source_digest, self.canonical_source_digest))
         strict, canonical = (
             chained[-1] if chained else (self.source_digest, self.canonical_source_digest)
         )

@@ -1,7 +1,7 @@
 """The attempt lifecycle's rules for one event, on plain facts: shared by the fold and the SQL.
 
 ``fold_attempt`` (``ledger/attempt.py``) reads the facts from its state; the projection tables
-(``ledger/projecting.py``) read them from their rows. Both record an event the rules leave out
+(``ledger/inline_fold.py``) read them from their rows. Both record an event the rules leave out
 as a contradiction with ``contradiction_entry``'s words, so the lineage views and the fold agree.
 """
 
@@ -44,7 +44,7 @@ class CallFacts:
 @dataclass(frozen=True)
 class LifecycleFacts:
     """What the lifecycle rules look at to judge one event: the fold reads them from its state,
-    the SQL projections (``ledger/projecting.py``) from their rows, so both apply one rule set."""
+    the SQL projections (``ledger/inline_fold.py``) from their rows, so both apply one rule set."""
 
     opened: bool
     call: CallFacts | None = None

@@ -34,8 +34,8 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import psycopg
+from grove.ledger.append_batch import AppendBatch, AppendedRow, Landed, Meanwhile
 from grove.ledger.appending import append_statement
-from grove.ledger.batch import AppendBatch, AppendedRow, Landed, Meanwhile
 from grove.ledger.errors import ImportConflict
 from grove.ledger.events import LedgerPosition
 from grove.ledger.pgcopy import as_sqlalchemy_errors, copy_parts, copy_text

@@ -10,8 +10,8 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
+from grove.ledger.append_batch import AppendBatch, Meanwhile
 from grove.ledger.appending import append_statement
-from grove.ledger.batch import AppendBatch, Meanwhile
 from grove.ledger.events import LedgerPosition
 from grove.ledger.schema import EVENTS
 from sqlalchemy import Connection, Integer, Row, String, bindparam, insert, select, union_all

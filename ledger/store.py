@@ -5,7 +5,8 @@ stream, ``ANY_VERSION`` to skip the check); a racing writer loses on the unique
 ``(stream_id, stream_version)`` index and gets ``WrongExpectedVersion``. An event id is an
 idempotency key: retrying an append whose events are all recorded with identical stream, type and
 payload returns the recorded positions; reusing an id for anything else is ``EventIdConflict``.
-Every event is validated against the catalog before anything is written (``ledger/batch.py``).
+Every event is validated against the catalog before anything is written
+(``ledger/append_batch.py``).
 
 An append is one statement in its transaction (``ledger/appending.py``: the stream's version, the
 check and the insert together), or on PostgreSQL, for many events, a version read and ``COPY``
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
-from grove.ledger.batch import AppendBatch, AppendedRow, new_event_id
+from grove.ledger.append_batch import AppendBatch, AppendedRow, new_event_id
 from grove.ledger.database import autocommit, dialect_of, open_engine, translate_errors
 from grove.ledger.errors import (
     EventIdConflict,
@@ -34,8 +35,8 @@ from grove.ledger.errors import (
     WrongExpectedVersion,
 )
 from grove.ledger.events import Event, LedgerPosition
+from grove.ledger.inline_fold import AppendFold
 from grove.ledger.postgres import PostgresBackend
-from grove.ledger.projecting import AppendFold
 from grove.ledger.schema import EVENTS
 from grove.ledger.sqlite import SqliteBackend
 from grove.ledger.upcasting import E, decode_as, decode_payload, upcast

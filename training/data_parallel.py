@@ -1,4 +1,5 @@
-"""The data-parallel ranks of a ``torch.distributed`` process group (``grove.training.sharding``).
+"""The data-parallel ranks of a ``torch.distributed`` process group
+(``grove.training.row_sharding``).
 
 Gradients and tensors of rows travel on the default group, so they take whatever backend it was
 started with for their device (gloo for CPU tensors; NCCL for CUDA tensors when the group was
@@ -7,9 +8,9 @@ pickled over a separate gloo group, since object collectives on NCCL would stage
 through the GPU.
 
 Gradients are summed, never averaged: every rank's loss is already divided by the whole step's
-retained token count (``grove.training.sharding``). They are summed in one flat buffer per dtype and
-device; a parameter without a gradient on some rank counts as zero there, and one without a
-gradient on every rank keeps None, as in one process (AdamW skips it).
+retained token count (``grove.training.row_sharding``). They are summed in one flat buffer per
+dtype and device; a parameter without a gradient on some rank counts as zero there, and one
+without a gradient on every rank keeps None, as in one process (AdamW skips it).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import TypeVar, cast
 import torch
 import torch.distributed as dist
 from grove.training.errors import BatchError
-from grove.training.sharding import shard_rows
+from grove.training.row_sharding import shard_rows
 
 __all__ = ["ProcessGroupRanks"]
 
@@ -43,7 +44,7 @@ class ProcessGroupRanks:
         self.objects = objects if objects is not None else dist.new_group(backend="gloo")
 
     def own_shards(self, rows: int) -> tuple[range, ...]:
-        """This rank's shard (``grove.training.sharding.shard_rows``)."""
+        """This rank's shard (``grove.training.row_sharding.shard_rows``)."""
         return (shard_rows(rows, self.world_size)[self.rank],)
 
     def end_shard(self, parameters: Iterable[torch.nn.Parameter]) -> None:

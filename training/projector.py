@@ -184,7 +184,7 @@ class Projector:
         self.store = store
         self.blobs = blobs
         self.settings = settings
-        # False: projector shards record the finalizations (training/shards.py); this one
+        # False: projector shards record the finalizations (training/projector_shards.py); this one
         # only reads them, and publishes.
         self.finalize = finalize
         self.log = AttemptLog(store)

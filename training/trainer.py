@@ -37,8 +37,8 @@ from grove.training.loss import (
     token_diagnostics,
 )
 from grove.training.metrics import OPTIMIZER_STEPS, SCHEDULER_STEP_INCREMENT
+from grove.training.row_sharding import SINGLE_PROCESS, RankGroup, shard_micro_batches
 from grove.training.rows import RowMedia
-from grove.training.sharding import SINGLE_PROCESS, RankGroup, shard_micro_batches
 
 __all__ = [
     "LogprobFunction",
@@ -357,8 +357,8 @@ class Trainer:
         clipped = 0
         plan = self.micro_batches or _fixed_micro_batches
         planned = plan(batch, self.micro_batch_size)
-        # Data-parallel shards (training/sharding.py): a rank runs the micro batches that start in
-        # its shard of the rows, one process those of every shard; gradients, loss and logprobs
+        # Data-parallel shards (training/row_sharding.py): a rank runs the micro batches that start
+        # in its shard of the rows, one process those of every shard; gradients, loss and logprobs
         # are then summed over the shards.
         trained_logprobs = _row_grid(self.model, batch)  # (R, T): rows trained here, zero elsewhere
         for shard in self.ranks.own_shards(batch.rows):

@@ -5,7 +5,8 @@ must be N (a run of one process may set any size: it trains every rank's rows it
 the run as one process would run it — gateway, engine, harness, projector, the ledger's
 ``batch.published`` events, checkpoints, metrics, the summary — and each other rank is a learner
 only: it builds the same model and trainer and trains its shard of every step
-(``training/sharding.py``). Nothing but rank 0 touches the workdir, the ledger or the blob store.
+(``training/row_sharding.py``). Nothing but rank 0 touches the workdir, the ledger or the blob
+store.
 
 Rank 0 sends the other ranks three kinds of message, each pickled over a gloo group
 (``grove.training.data_parallel.ProcessGroupRanks.broadcast``), in this order:
@@ -40,7 +41,7 @@ from grove.errors import JobError
 from grove.jobs.models import load_model
 from grove.jobs.training_run import build_trainer
 from grove.training.data_parallel import ProcessGroupRanks
-from grove.training.sharding import RankGroup, SingleProcess
+from grove.training.row_sharding import RankGroup, SingleProcess
 from grove.training.trainer import StepBatch, Trainer
 
 __all__ = [

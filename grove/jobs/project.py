@@ -1,7 +1,7 @@
 """``grove project``: one projector shard, run until its steps are published or it is stopped.
 
-The shard (``training/shards.py``) finalizes the ready attempts of the prompt groups it leases
-in PostgreSQL (``ledger/leases.py``); start as many as the work needs, on any machines that
+The shard (``training/projector_shards.py``) finalizes the ready attempts of the prompt groups it
+leases in PostgreSQL (``ledger/leases.py``); start as many as the work needs, on any machines that
 reach the ledger and the blob store. With ``steps`` it also publishes: a ``Projector`` created
 with ``finalize=False`` reads the shards' finalizations and publishes steps ``0..steps-1`` in
 order of completion, as the trainer's projector would (each step once, whichever shard gets
@@ -24,7 +24,7 @@ from grove.ledger.leases import Leases
 from grove.ledger.store import EventStore
 from grove.storage import open_blob_store
 from grove.training.projector import Projector, ProjectorSettings
-from grove.training.shards import ProjectorShard
+from grove.training.projector_shards import ProjectorShard
 from grove.workspace import Workspace
 
 __all__ = ["ShardReport", "holder_name", "run_shard"]

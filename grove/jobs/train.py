@@ -58,7 +58,7 @@ from grove.ledger.store import EventStore
 from grove.storage import open_blob_store
 from grove.training.cleanup import clean_step
 from grove.training.projector import PublishedBatch
-from grove.training.sharding import RankGroup
+from grove.training.row_sharding import RankGroup
 from grove.workspace import Workspace
 
 __all__ = ["TrainSummary", "run_training"]

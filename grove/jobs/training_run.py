@@ -48,7 +48,7 @@ from grove.training.media_logprobs import MediaLogprobs
 from grove.training.metrics import length_metrics, rollout_lengths, step_metrics
 from grove.training.projector import Projector, ProjectorSettings, PublishedBatch
 from grove.training.route_replay import logprob_function, recompute_logprobs
-from grove.training.sharding import RankGroup, SingleProcess
+from grove.training.row_sharding import RankGroup, SingleProcess
 from grove.training.trainer import (
     LogprobFunction,
     StepBatch,

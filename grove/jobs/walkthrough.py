@@ -20,8 +20,8 @@ from grove.capture.lifecycle import CaptureService, ModelCall
 from grove.capture.render import Renderer, RenderOptions
 from grove.ledger import migrate
 from grove.ledger.attempt import AttemptLog
+from grove.ledger.catch_up import catch_up
 from grove.ledger.events import RolloutSelected
-from grove.ledger.projections import catch_up
 from grove.ledger.store import EventStore
 from grove.storage import open_blob_store
 from grove.workspace import Workspace

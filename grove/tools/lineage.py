@@ -1,6 +1,6 @@
 """``grove lineage``: an attempt's call tree, read with SQL from the lineage views.
 
-The projections are brought up to date first (``grove.ledger.projections.catch_up``), then the
+The projections are brought up to date first (``grove.ledger.catch_up.catch_up``), then the
 queries in :data:`QUERIES` (also in ``docs/sql.md``, where they run verbatim) read the attempt, its
 calls with their root and depth (``grove_call_lineage``), its rollout and its recorded finalization.
 Each call is marked with its status, decision or root reason, selection index, whether it is an
@@ -25,9 +25,9 @@ from rich.tree import Tree
 from sqlalchemy import Connection, text
 
 from grove.capture.divergence import Divergence
+from grove.ledger.catch_up import catch_up
 from grove.ledger.errors import LedgerError
 from grove.ledger.events import AttemptOpened, CallIntended, RolloutFinalized
-from grove.ledger.projections import catch_up
 from grove.ledger.schema import JsonType
 from grove.ledger.store import EventStore, StoredEvent
 from grove.ledger.upcasting import decode_as

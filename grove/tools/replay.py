@@ -1,10 +1,10 @@
 """``grove replay``: step through an attempt's events, and re-run its recorded decisions.
 
-The steps are ``grove.ledger.replay.replay_attempt`` (the state after each event). ``--verify``
-re-runs every decision the ledger recorded for the attempt with today's code and reports each
-difference:
+The steps are ``grove.ledger.event_replay.replay_attempt`` (the state after each event).
+``--verify`` re-runs every decision the ledger recorded for the attempt with today's code and
+reports each difference:
 
-- admission: ``grove.ledger.replay.verify_admissions`` (``grove.ledger.admission.decide`` on
+- admission: ``grove.ledger.event_replay.verify_admissions`` (``grove.ledger.admission.decide`` on
   each intent's recorded boundary);
 - selection: ``grove.training.selection.select_rollout`` with the recorded policy on the recorded
   harness result, against the calls as they stood when the selection was recorded
@@ -35,9 +35,8 @@ from rich.text import Text
 from sqlalchemy import Connection, text
 
 from grove.ledger.attempt import fold_attempt
-from grove.ledger.events import AttemptOpened, BatchPublished, RolloutFinalized, RolloutSelected
-from grove.ledger.projections import catch_up
-from grove.ledger.replay import (
+from grove.ledger.catch_up import catch_up
+from grove.ledger.event_replay import (
     CheckOutcome,
     DecisionCheck,
     ReplayStep,
@@ -46,6 +45,7 @@ from grove.ledger.replay import (
     state_before,
     verify_admissions,
 )
+from grove.ledger.events import AttemptOpened, BatchPublished, RolloutFinalized, RolloutSelected
 from grove.ledger.schema import JsonType
 from grove.ledger.store import EventStore, StoredEvent
 from grove.ledger.upcasting import decode_as, upcast

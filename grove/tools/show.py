@@ -31,8 +31,8 @@ from typing import Any
 from grove.capture.divergence import Divergence
 from grove.capture.embedded import EMBEDDED_MODEL_NAME, build_tokenizer
 from grove.capture.embedded_moe import EMBEDDED_MOE_MODEL_NAME
+from grove.ledger.event_replay import state_before
 from grove.ledger.events import AttemptOpened, RolloutFinalized
-from grove.ledger.replay import state_before
 from grove.ledger.store import EventStore, StoredEvent
 from grove.storage import BlobStore
 from grove.tools.lineage import AttemptLineage, CallLineage, attempt_events, attempt_lineages

@@ -10,7 +10,7 @@ before it read as NULL, and no event is rewritten.
 - ``grove_proj_calls`` gains ``policy_version`` (nullable): the committed call's version, else the
   intended one. On SQLite this is an ``ALTER TABLE … ADD COLUMN``: no table is rebuilt, and
   ``grove_events`` (with its append-only triggers) is not touched. Rows folded before this
-  revision hold NULL until the projections are rebuilt (``grove.ledger.projections.rebuild``).
+  revision hold NULL until the projections are rebuilt (``grove.ledger.catch_up.rebuild``).
 - The views are dropped and re-created (``VIEWS`` below, frozen when 0004 changed them):
   ``grove_calls`` gains the column ``policy_version`` (last); the other views are unchanged.
 - Downgrade drops the views, the column (SQLite rebuilds ``grove_proj_calls``, a projection

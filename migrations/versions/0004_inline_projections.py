@@ -6,7 +6,7 @@ Create Date: 2026-11-30
 
 Compatibility: additive for writers and readers of the events; the projection tables are
 derived data and are emptied. From this revision on, ``EventStore.append`` folds its events into
-the projection tables in its own transaction (``ledger/projecting.py``), so the views are current
+the projection tables in its own transaction (``ledger/inline_fold.py``), so the views are current
 at every commit; a writer of 0003 would append without folding (``catch_up`` folds it later).
 - ``grove_proj_streams``: each stream's last folded version, which an append moves by
   compare-and-set (a stream is folded whole, in order, once).

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from grove.ledger.attempt import AttemptLog, AttemptState
-from grove.ledger.replay import CheckOutcome
+from grove.ledger.event_replay import CheckOutcome
 from grove.ledger.store import EventStore
 from grove.storage import BlobRef, open_blob_store
 from grove.training.cleanup import CleanupReport, clean_step

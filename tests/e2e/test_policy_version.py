@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import yaml
-from grove.ledger.projections import catch_up
+from grove.ledger.catch_up import catch_up
 from grove.ledger.store import EventStore
 from sqlalchemy import text
 

@@ -1,6 +1,6 @@
 """Smoke test of ``bench/scale.py``: a ledger of a few hundred calls is built through the import
 path, every figure is reported, and the projection rows it writes in bulk are the fold's, row for
-row (``grove.ledger.projections.rebuild`` of the same ledger). Values are not checked: tests never
+row (``grove.ledger.catch_up.rebuild`` of the same ledger). Values are not checked: tests never
 assert timings."""
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from grove.ledger.admission import (
     CandidateCall,
     DecisionKind,
     admit,
-    chain_digests,
+    prefix_digests,
 )
 from grove.ledger.errors import LedgerError
 from grove.ledger.events import CATALOG, CallFailed, event_class, validate_payload
@@ -194,7 +194,7 @@ ITEM = st.builds(
 def admissions(draw: st.DrawFn) -> tuple[list[AdmissionItem], AdmissionIndex, str, bool]:
     """A request, an index whose calls' sources are prefixes of it (or not), a render digest."""
     items = draw(st.lists(ITEM, max_size=7))
-    chains = list(chain_digests(items))
+    chains = list(prefix_digests(items))
     boundaries = [i for i, item in enumerate(items) if item.role == "assistant"]
     calls = []
     for n in range(draw(st.integers(0, 5))):

@@ -10,7 +10,7 @@ import openai
 import pytest
 from grove.capture.engine import Generation, SamplingParams
 from grove.capture.errors import EngineError
-from grove.ledger.replay import CheckOutcome
+from grove.ledger.event_replay import CheckOutcome
 from grove.training.projector import Projector, ProjectorSettings
 
 from grove.tools.replay import replay

@@ -3,8 +3,8 @@ events written before the field existed read as NULL (no upcaster, nothing rewri
 
 from __future__ import annotations
 
+from grove.ledger.catch_up import catch_up, rebuild
 from grove.ledger.events import CallCommitted, CallIntended
-from grove.ledger.projections import catch_up, rebuild
 from grove.ledger.store import EventStore, ImportEvent
 from sqlalchemy import text
 

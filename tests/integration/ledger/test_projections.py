@@ -5,8 +5,8 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from grove.ledger.catch_up import PROJECTIONS, catch_up, projection_marks, rebuild
 from grove.ledger.events import BatchPublished, LedgerPosition
-from grove.ledger.projections import PROJECTIONS, catch_up, projection_marks, rebuild
 from grove.ledger.schema import PROJ_ATTEMPTS, PROJ_CALLS, PROJ_ROLLOUTS
 from grove.ledger.store import EventStore
 from sqlalchemy import select, text

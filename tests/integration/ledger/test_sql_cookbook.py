@@ -7,8 +7,8 @@ import re
 from pathlib import Path
 
 import pytest
+from grove.ledger.catch_up import catch_up
 from grove.ledger.events import BatchPublished, LedgerPosition
-from grove.ledger.projections import catch_up
 from grove.ledger.store import EventStore
 from sqlalchemy import text
 

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 from grove.ledger import database
-from grove.ledger.batch import AppendBatch
+from grove.ledger.append_batch import AppendBatch
 from grove.ledger.errors import (
     EventIdConflict,
     ImportConflict,

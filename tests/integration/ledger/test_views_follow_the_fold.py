@@ -12,6 +12,7 @@ from __future__ import annotations
 import uuid
 
 from grove.ledger.attempt import AttemptState, CallState, CallStatus, fold_attempt
+from grove.ledger.catch_up import catch_up
 from grove.ledger.database import open_engine
 from grove.ledger.events import (
     AdmissionsClosed,
@@ -22,7 +23,6 @@ from grove.ledger.events import (
     RolloutFinalized,
     RolloutSelected,
 )
-from grove.ledger.projections import catch_up
 from grove.ledger.store import EventStore
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st

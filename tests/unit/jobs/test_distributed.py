@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import pytest
-from grove.training.sharding import SingleProcess
+from grove.training.row_sharding import SingleProcess
 
 from grove.config import load_config
 from grove.jobs.distributed import DataParallelMismatch, data_parallel_ranks, is_main_rank

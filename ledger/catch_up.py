@@ -1,6 +1,6 @@
 """Projection tables folded from events: attempts, calls, rollouts and contradictions.
 
-Every append folds its own events in its transaction (``ledger/projecting.py``), so the tables
+Every append folds its own events in its transaction (``ledger/inline_fold.py``), so the tables
 and the lineage views are current as of every committed event. ``catch_up`` folds what no append
 did: a ledger upgraded from before inline folding (revision 0004 empties the tables), events
 imported in bulk, and every stream again after ``rebuild``. It reads with the gap-free reader and
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from grove.ledger.database import translate_errors
 from grove.ledger.events import LedgerPosition
-from grove.ledger.projecting import Folded, fold_stream
+from grove.ledger.inline_fold import Folded, fold_stream
 from grove.ledger.schema import (
     PROJ_ATTEMPTS,
     PROJ_CALLS,
@@ -35,7 +35,7 @@ __all__ = ["PROJECTIONS", "Projection", "catch_up", "projection_marks", "rebuild
 
 @dataclass(frozen=True)
 class Projection:
-    """A table folded from events (``ledger/projecting.py`` holds the rules)."""
+    """A table folded from events (``ledger/inline_fold.py`` holds the rules)."""
 
     name: str
     table: Table

@@ -121,4 +121,4 @@ class Landed(NamedTuple):
 
 Meanwhile = Callable[[Sequence[Landed]], object]
 """Work with no statements that the store gives a ``COPY`` append to do while the server
-writes the rows (the inline fold's staging, ``ledger/projecting.py``)."""
+writes the rows (the inline fold's staging, ``ledger/inline_fold.py``)."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, TypeVar
 
-from grove.ledger.batch import AppendBatch, Landed
+from grove.ledger.append_batch import AppendBatch, Landed
 from grove.ledger.contradictions import (
     ContradictionRow,
     contradiction_lines,

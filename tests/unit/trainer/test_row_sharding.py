@@ -1,5 +1,5 @@
-"""Data-parallel sharding of a step's rows (``training/sharding.py``): equal contiguous shards of a
-batch padded per prompt group, and one process that trains every shard as the ranks would."""
+"""Data-parallel sharding of a step's rows (``training/row_sharding.py``): equal contiguous shards
+of a batch padded per prompt group, and one process that trains every shard as the ranks would."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import torch
 from grove.training.batch import LogicalRollout, assemble_batch
 from grove.training.errors import BatchError
 from grove.training.loss import clipped_policy_gradient_loss, retained_token_mask
+from grove.training.row_sharding import SingleProcess, shard_micro_batches, shard_rows
 from grove.training.rows import RowTensors
-from grove.training.sharding import SingleProcess, shard_micro_batches, shard_rows
 from grove.training.trainer import StepBatch, Trainer, causal_token_logprobs
 
 from tests.unit.trainer.tiny_lm import synthetic_step_batch, tiny_causal_lm
