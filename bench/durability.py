@@ -39,7 +39,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from grove.ledger import migrate
 from grove.ledger.store import EventStore
 from grove.storage import BlobStore, open_blob_store, staging_key
-
 from tests.integration.ledger.scenario import committed, intended, opened
 
 BLOB_BYTES = 1_600  # a delta of 100 observation and 100 generated tokens with their logprobs

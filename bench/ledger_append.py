@@ -54,7 +54,6 @@ from grove.ledger.lifecycle import NEVER_OPENED, contradiction_entry
 from grove.ledger.postgres import COPY_COLUMNS
 from grove.ledger.schema import EVENTS, PROJ_CONTRADICTIONS
 from grove.ledger.store import EventStore
-
 from tests.integration.ledger.scenario import committed, intended, opened
 
 BATCH = 500

@@ -35,6 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
+
 from grove.capture.embedded import EmbeddedEngine, build_tokenizer
 from grove.capture.embedded_moe import build_moe_model
 from grove.capture.engine import SamplingParams

@@ -46,10 +46,9 @@ from fsspec.asyn import sync
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.servers.gateway import moto_server
 from grove.storage import BlobStore, open_blob_store
 from grove.storage.s3 import S3Backend
-
-from bench.servers.gateway import moto_server
 
 SIZES = {"4KiB": 4 << 10, "1MiB": 1 << 20}
 THREADS = 4

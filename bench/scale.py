@@ -58,13 +58,6 @@ from sqlalchemy.engine import make_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from grove.ledger import migrate
-from grove.ledger.catch_up import rebuild
-from grove.ledger.events import LedgerPosition
-from grove.ledger.store import EventStore, ImportEvent
-from grove.storage import BlobStore, open_blob_store
-from grove.training.projector import Projector, ProjectorSettings
-
 from bench.scale_ledger import (
     GROUPS_PER_STEP,
     ROLLOUTS_PER_GROUP,
@@ -73,8 +66,14 @@ from bench.scale_ledger import (
     Placed,
 )
 from bench.scale_rows import TABLE_COLUMNS, ProjectionRows
+from grove.ledger import migrate
+from grove.ledger.catch_up import rebuild
+from grove.ledger.events import LedgerPosition
+from grove.ledger.store import EventStore, ImportEvent
+from grove.storage import BlobStore, open_blob_store
 from grove.tools.lineage import QUERIES, attempt_lineages
 from grove.tools.replay import replay
+from grove.training.projector import Projector, ProjectorSettings
 from tests.fixtures.postgres import ThrowawayCluster
 
 SIZES = (10_000, 100_000, 1_000_000)

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
 from grove.ledger.admission import (
     AdmissionIndex,
     CallStatus,

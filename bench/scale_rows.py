@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench.scale_ledger import Placed
 from grove.ledger.events import (
     AdmissionsClosed,
     AttemptOpened,
@@ -24,8 +25,6 @@ from grove.ledger.events import (
     RolloutFinalized,
     RolloutSelected,
 )
-
-from bench.scale_ledger import Placed
 
 ATTEMPT_COLUMNS = (
     "capture_key",

@@ -18,9 +18,10 @@ import time
 from collections.abc import Sequence
 from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from grove.capture.lifecycle import CallOutcome
 from grove.capture.wire import JSONObject, TokenLogprob, WireReply, WireRequest
-from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "ChatCompletion",

@@ -21,6 +21,14 @@ from contextlib import contextmanager
 from typing import Final
 
 import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import (
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
 from grove.capture.embedded_moe import RouteMemory, RouteRecorder, router_modules
 from grove.capture.engine import Generation, OutputConstraint, SamplingParams
 from grove.capture.errors import InvalidPromptError, PromptTooLongError, UnsupportedSamplingError
@@ -29,13 +37,6 @@ from grove.capture.grammar import (
     GrammarMask,
     TokenizerGrammar,
     grammar_text,
-)
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import (
-    PreTrainedTokenizerBase,
-    PreTrainedTokenizerFast,
-    Qwen2Config,
-    Qwen2ForCausalLM,
 )
 
 __all__ = [

@@ -25,16 +25,17 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 import torch
-from grove.capture.embedded import EmbeddedEngine, build_tokenizer, chat_template, sample_token
-from grove.capture.engine import Generation, SamplingParams
-from grove.capture.errors import InvalidPromptError, PromptTooLongError, UnsupportedSamplingError
-from grove.capture.media import ImageInput, MediaRenderer, VisionProcessor
 from transformers import (
     PreTrainedTokenizerFast,
     Qwen2VLConfig,
     Qwen2VLForConditionalGeneration,
 )
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+from grove.capture.embedded import EmbeddedEngine, build_tokenizer, chat_template, sample_token
+from grove.capture.engine import Generation, SamplingParams
+from grove.capture.errors import InvalidPromptError, PromptTooLongError, UnsupportedSamplingError
+from grove.capture.media import ImageInput, MediaRenderer, VisionProcessor
 
 __all__ = [
     "EMBEDDED_VLM_NAME",

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal, Protocol, get_args, runtime_checkable
 
 import torch
+
 from grove.capture.errors import InvalidGenerationError, InvalidSamplingError
 
 __all__ = [

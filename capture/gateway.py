@@ -42,6 +42,7 @@ from typing import Annotated, Any, Final
 
 from fastapi import APIRouter, Depends, FastAPI, Header, Request, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
 from grove.capture import errors as capture_errors
 from grove.capture.attempt_settings import AttemptSettings
 from grove.capture.chat_api import ChatCompletion, ChatCompletionRequest, chat_completion

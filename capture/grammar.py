@@ -41,9 +41,6 @@ from typing import Any, Final
 
 import torch
 import xgrammar as xgr
-from grove.capture.engine import FunctionSchema, OutputConstraint
-from grove.capture.errors import EngineError, InvalidSamplingError, UnsupportedSamplingError
-from grove.capture.toolcalls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 from transformers import PreTrainedTokenizerBase
 from xgrammar.structural_tag import (
     Format,
@@ -53,6 +50,10 @@ from xgrammar.structural_tag import (
     StructuralTag,
     TagFormat,
 )
+
+from grove.capture.engine import FunctionSchema, OutputConstraint
+from grove.capture.errors import EngineError, InvalidSamplingError, UnsupportedSamplingError
+from grove.capture.toolcalls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
 __all__ = [
     "ConstraintUnsupportedError",

@@ -40,6 +40,9 @@ from typing import Any, Final
 
 import numpy as np
 import torch
+from transformers import PreTrainedTokenizerBase
+from transformers.image_utils import load_image
+
 from grove.capture.errors import (
     ImagesNotSupportedError,
     InvalidImageError,
@@ -50,8 +53,6 @@ from grove.capture.errors import (
 from grove.capture.render import Renderer, RenderOptions
 from grove.capture.splice import PromptPlan
 from grove.storage import MediaDescriptor, MediaTensor, describe_media, media_digest
-from transformers import PreTrainedTokenizerBase
-from transformers.image_utils import load_image
 
 __all__ = [
     "IMAGE_PART_TYPES",

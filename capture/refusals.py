@@ -26,11 +26,12 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
 from grove.capture import errors as capture_errors
 from grove.capture.wire import error_body, error_status
 from grove.ledger import errors as ledger_errors
 from grove.storage import errors as storage_errors
-from starlette.exceptions import HTTPException
 
 __all__ = [
     "REFUSED_FIELD_REASONS",

@@ -25,11 +25,12 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import jinja2
+from tokenizers import decoders
+from transformers import PreTrainedTokenizerBase
+
 from grove.capture.errors import NormalizationError, RenderError
 from grove.ledger.admission import ASSISTANT_ROLE, PREFIX_DIGEST_SEED, AdmissionItem
 from grove.ledger.events import ReplaySummary
-from tokenizers import decoders
-from transformers import PreTrainedTokenizerBase
 
 __all__ = [
     "NORMALIZATION_VERSION",

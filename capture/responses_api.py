@@ -18,9 +18,10 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Final, Literal
 
+from pydantic import Field
+
 from grove.capture.lifecycle import CallOutcome
 from grove.capture.wire import JSONObject, TokenLogprob, WireReply, WireRequest
-from pydantic import Field
 
 __all__ = [
     "LOGPROBS_INCLUDE",

@@ -59,6 +59,7 @@ from types import TracebackType
 from typing import Any, Final, Literal
 
 import httpx
+
 from grove.capture.engine import FINISH_REASONS, Generation, SamplingParams
 from grove.capture.errors import (
     EngineError,

@@ -17,13 +17,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from grove.capture import errors as capture_errors
 from grove.capture import vllm
 from grove.ledger import admission
 from grove.ledger import errors as ledger_errors
 from grove.ledger.attempt import AttemptError, AttemptState, CallStatus, StaleAttemptState
 from grove.storage import errors as storage_errors
-from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "ERROR_STATUS",

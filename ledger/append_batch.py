@@ -17,9 +17,10 @@ import os
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+from pydantic import TypeAdapter, ValidationError
+
 from grove.ledger.errors import EventIdConflict, InvalidEventPayload
 from grove.ledger.events import Event, event_class, validate_payload
-from pydantic import TypeAdapter, ValidationError
 
 __all__ = ["AppendBatch", "AppendedRow", "Landed", "Meanwhile", "new_event_id"]
 

@@ -15,9 +15,10 @@ statement is a round trip and the driver's work (``docs/benchmarks.md``, "gatewa
 
 from __future__ import annotations
 
-from grove.ledger.schema import EVENTS
 from sqlalchemy import FromClause, Integer, String, bindparam, func, insert, or_, select, true
 from sqlalchemy.sql.dml import Insert
+
+from grove.ledger.schema import EVENTS
 
 __all__ = ["append_statement"]
 

@@ -14,6 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sqlalchemy import Connection, Table, delete, select, update
+from sqlalchemy.dialects.postgresql import insert as postgres_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
 from grove.ledger.database import translate_errors
 from grove.ledger.events import LedgerPosition
 from grove.ledger.inline_fold import Folded, fold_stream
@@ -26,9 +30,6 @@ from grove.ledger.schema import (
     PROJ_STREAMS,
 )
 from grove.ledger.store import EventStore, StoredEvent
-from sqlalchemy import Connection, Table, delete, select, update
-from sqlalchemy.dialects.postgresql import insert as postgres_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 __all__ = ["PROJECTIONS", "Projection", "catch_up", "projection_marks", "rebuild"]
 

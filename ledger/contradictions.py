@@ -12,11 +12,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from sqlalchemy import Connection, insert, select
+
 from grove.ledger.events import RolloutSelected
 from grove.ledger.lifecycle import CallFacts, LifecycleFacts, contradiction_entry
 from grove.ledger.pgcopy import copy_block, copy_lines
 from grove.ledger.schema import PROJ_ATTEMPTS, PROJ_CALLS, PROJ_CONTRADICTIONS, PROJ_ROLLOUTS
-from sqlalchemy import Connection, insert, select
 
 if TYPE_CHECKING:
     from grove.ledger.inline_fold import Folded

@@ -38,6 +38,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import Connection, Engine, create_engine, event, exc
+from sqlalchemy.engine import make_url
+from sqlalchemy.pool import NullPool
+
 from grove.ledger.ddl import APPEND_ONLY_MESSAGE
 from grove.ledger.errors import (
     AppendOnlyViolation,
@@ -47,9 +51,6 @@ from grove.ledger.errors import (
     SchemaNotReady,
 )
 from grove.ledger.postgres import dump_payload_json, load_payload_json
-from sqlalchemy import Connection, Engine, create_engine, event, exc
-from sqlalchemy.engine import make_url
-from sqlalchemy.pool import NullPool
 
 __all__ = [
     "AUTOCOMMIT",

@@ -13,9 +13,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 from grove.ledger.admission import AdmissionItem, CallStatus, CandidateCall, prefix_digests
 from grove.ledger.errors import InvalidEventPayload, UnknownEventType
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 __all__ = [
     "CATALOG",

@@ -20,6 +20,22 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, TypeVar
 
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    Integer,
+    String,
+    bindparam,
+    case,
+    func,
+    literal,
+    select,
+    update,
+)
+from sqlalchemy.dialects.postgresql import insert as postgres_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.sql.dml import Insert, Update
+
 from grove.ledger.append_batch import AppendBatch, Landed
 from grove.ledger.contradictions import (
     ContradictionRow,
@@ -55,21 +71,6 @@ from grove.ledger.schema import (
     PROJ_STREAMS,
 )
 from grove.ledger.upcasting import decode_payload
-from sqlalchemy import (
-    BigInteger,
-    Connection,
-    Integer,
-    String,
-    bindparam,
-    case,
-    func,
-    literal,
-    select,
-    update,
-)
-from sqlalchemy.dialects.postgresql import insert as postgres_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.sql.dml import Insert, Update
 
 __all__ = ["AppendFold", "Folded", "fold_stream"]
 

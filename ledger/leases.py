@@ -26,9 +26,10 @@ from __future__ import annotations
 import hashlib
 from typing import Final
 
+from sqlalchemy import BigInteger, Connection, Engine, bindparam, func, select, text
+
 from grove.ledger.database import dialect_of, translate_errors
 from grove.ledger.errors import LedgerError
-from sqlalchemy import BigInteger, Connection, Engine, bindparam, func, select, text
 
 __all__ = ["LEASE_NAMESPACE", "LeaseError", "Leases", "lease_key"]
 

@@ -34,12 +34,6 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import psycopg
-from grove.ledger.append_batch import AppendBatch, AppendedRow, Landed, Meanwhile
-from grove.ledger.appending import append_statement
-from grove.ledger.errors import ImportConflict
-from grove.ledger.events import LedgerPosition
-from grove.ledger.pgcopy import as_sqlalchemy_errors, copy_parts, copy_text
-from grove.ledger.schema import EVENTS
 from sqlalchemy import (
     BigInteger,
     Connection,
@@ -55,6 +49,13 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.sql.dml import Insert
+
+from grove.ledger.append_batch import AppendBatch, AppendedRow, Landed, Meanwhile
+from grove.ledger.appending import append_statement
+from grove.ledger.errors import ImportConflict
+from grove.ledger.events import LedgerPosition
+from grove.ledger.pgcopy import as_sqlalchemy_errors, copy_parts, copy_text
+from grove.ledger.schema import EVENTS
 
 __all__ = [
     "COPY_APPEND_MIN",

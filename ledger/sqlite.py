@@ -10,12 +10,13 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
+from sqlalchemy import Connection, Integer, Row, String, bindparam, insert, select, union_all
+from sqlalchemy.sql.dml import Insert
+
 from grove.ledger.append_batch import AppendBatch, Meanwhile
 from grove.ledger.appending import append_statement
 from grove.ledger.events import LedgerPosition
 from grove.ledger.schema import EVENTS
-from sqlalchemy import Connection, Integer, Row, String, bindparam, insert, select, union_all
-from sqlalchemy.sql.dml import Insert
 
 __all__ = ["SqliteBackend"]
 

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
+from sqlalchemy import Engine, Row, Select, bindparam, exc, func, select
+
 from grove.ledger.append_batch import AppendBatch, AppendedRow, new_event_id
 from grove.ledger.database import autocommit, dialect_of, open_engine, translate_errors
 from grove.ledger.errors import (
@@ -40,7 +42,6 @@ from grove.ledger.postgres import PostgresBackend
 from grove.ledger.schema import EVENTS
 from grove.ledger.sqlite import SqliteBackend
 from grove.ledger.upcasting import E, decode_as, decode_payload, upcast
-from sqlalchemy import Engine, Row, Select, bindparam, exc, func, select
 
 __all__ = [
     "ANY_VERSION",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from alembic import context
+
 from grove.ledger.database import open_engine
 from grove.ledger.schema import METADATA
 

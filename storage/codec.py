@@ -33,10 +33,11 @@ from typing import Any, Literal
 import numpy as np
 import safetensors.torch
 import torch
+from safetensors import SafetensorError
+
 from grove.storage.digests import media_digest, token_ids_array
 from grove.storage.errors import BlobFormatError, InvalidDeltaError
 from grove.storage.keys import capture_key_of
-from safetensors import SafetensorError
 
 __all__ = [
     "CODEC_NAME",

@@ -29,6 +29,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 import torch
+
 from grove.storage.errors import InvalidDeltaError
 
 __all__ = [

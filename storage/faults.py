@@ -19,6 +19,7 @@ from types import TracebackType
 
 import aiohttp
 from botocore.exceptions import BotoCoreError, ClientError
+
 from grove.storage.errors import MissingBlobError, StorageError, StorageUnavailableError
 from grove.storage.keys import capture_key_of
 

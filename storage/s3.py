@@ -50,8 +50,9 @@ from botocore.exceptions import ClientError
 from botocore.handlers import add_expect_header
 from botocore.loaders import Loader
 from fsspec.asyn import sync
-from grove.storage.errors import InvalidBlobUrlError
 from s3fs.errors import translate_boto_error
+
+from grove.storage.errors import InvalidBlobUrlError
 
 __all__ = [
     "S3Backend",

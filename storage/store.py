@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from fsspec import AbstractFileSystem
+
 from grove.storage.codec import CallDelta, decode_delta, encode_delta
 from grove.storage.digests import blob_sha256
 from grove.storage.errors import (

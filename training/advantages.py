@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 import torch
+
 from grove.training.errors import AdvantageError
 from grove.training.forest import Forest
 

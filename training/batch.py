@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
 from grove.training.errors import BatchError
 from grove.training.rows import ROUTE_MISSING_SENTINEL, RowMedia, RowTensors
 

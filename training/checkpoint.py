@@ -47,8 +47,9 @@ from typing import Any, Final
 
 import numpy as np
 import torch
-from grove.training.errors import TrainingError
 from safetensors.torch import load_file, save_model
+
+from grove.training.errors import TrainingError
 
 __all__ = [
     "CHECKPOINT_FILES",

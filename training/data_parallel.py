@@ -20,6 +20,7 @@ from typing import TypeVar, cast
 
 import torch
 import torch.distributed as dist
+
 from grove.training.errors import BatchError
 from grove.training.row_sharding import shard_rows
 

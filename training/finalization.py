@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
 from grove.ledger.attempt import AttemptState, CallStatus
 from grove.ledger.events import RolloutFinalized
 from grove.storage import BlobRef, BlobStore, MediaTensor, UnusableBlobError, row_chain_digests

@@ -38,6 +38,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+
 from grove.training.advantages import pooled_logprob_error
 from grove.training.errors import BatchError
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+
 from grove.training.errors import BatchError
 from grove.training.rows import RowMedia
 from grove.training.trainer import StepBatch

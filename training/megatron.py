@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
 from grove.training.batch import PackedBatch
 from grove.training.errors import BatchError, TrainingError
 

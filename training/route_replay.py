@@ -37,6 +37,7 @@ from contextlib import contextmanager
 from typing import Final
 
 import torch
+
 from grove.training.errors import RouteReplayError
 from grove.training.rows import ROUTE_MISSING_SENTINEL
 from grove.training.trainer import (

@@ -28,6 +28,7 @@ from collections.abc import Iterable, Sequence
 from typing import Final, Protocol, TypeVar
 
 import torch
+
 from grove.training.errors import BatchError
 
 __all__ = [

@@ -30,6 +30,7 @@ from typing import Final
 
 import numpy
 import torch
+
 from grove.training.errors import RowError
 from grove.training.forest import Forest, ForestRow, RowSegment
 

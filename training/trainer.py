@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
 from grove.training.advantages import LogicalAdvantages, broadcast_to_rows
 from grove.training.batch import TrainingBatch
 from grove.training.errors import BatchError

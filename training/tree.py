@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
 from grove.training.errors import BatchError
 from grove.training.forest import Forest
 

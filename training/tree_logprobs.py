@@ -28,6 +28,7 @@ work together: ``owner_micro_batches`` splits a step by whole logical rollouts.
 from __future__ import annotations
 
 import torch
+
 from grove.training.errors import BatchError
 from grove.training.trainer import StepBatch, causal_token_logprobs
 from grove.training.tree import TreeLayout, pack_tree

@@ -34,6 +34,7 @@ if str(ROOT) not in sys.path:
 
 if TYPE_CHECKING:  # the server side imports torch and transformers; the client side stays light
     from fastapi import FastAPI
+
     from grove.capture.engine import Generation, SamplingParams
 
 CONTEXT: Final = 2048
@@ -166,19 +167,20 @@ class RouteTimer:
 
 def instrument_grove() -> None:
     """Time the stages of Grove's request path (``docs/benchmarks.md``)."""
+    import psycopg
+    import sqlalchemy
+    from sqlalchemy.engine import Engine
+    from sqlalchemy.pool import Pool
+
     import grove.capture.gateway
     import grove.capture.lifecycle
     import grove.capture.splice
-    import psycopg
-    import sqlalchemy
     from grove.capture.conversion import RequestConverter
     from grove.capture.lifecycle import CaptureService
     from grove.capture.render import Renderer
     from grove.ledger.attempt import AttemptLog
     from grove.ledger.store import EventStore
     from grove.storage import BlobStore
-    from sqlalchemy.engine import Engine
-    from sqlalchemy.pool import Pool
 
     stages: list[tuple[object, str, str]] = [
         (RequestConverter, "chat_call", "conversion"),
@@ -243,6 +245,7 @@ def plain_app(tokenizer: Any, engine: InstantEngine) -> FastAPI:
     """The baseline: render, tokenize, generate, decode, answer a ChatCompletion; no capture.
     (``instrument_grove`` has already made the engine's methods stages.)"""
     from fastapi import FastAPI
+
     from grove.capture.chat_api import ChatCompletion
     from grove.capture.engine import SamplingParams
 
@@ -280,7 +283,6 @@ def serve(specs: Sequence[Mapping[str, str]]) -> None:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     from grove.capture.embedded import build_tokenizer
-
     from grove.jobs.serve import ServerThread, build_gateway
     from grove.workspace import Workspace
 
@@ -402,8 +404,9 @@ def postgres_databases(
     ``flushed=False`` sets ``synchronous_commit = off`` on these databases alone: no commit waits
     for its WAL flush, so the figures show Grove without the disk (not durable: measuring only)."""
     import psycopg
-    from grove.ledger import migrate
     from sqlalchemy.engine import make_url
+
+    from grove.ledger import migrate
 
     environ = os.environ.get
     admin = make_url(

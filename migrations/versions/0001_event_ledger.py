@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 from alembic import op
+from sqlalchemy.dialects.postgresql import JSONB
+
 from grove.ledger.ddl import (
     append_only_statements,
     drop_append_only_statements,
     transaction_id_default_statements,
 )
-from sqlalchemy.dialects.postgresql import JSONB
 
 revision = "0001"
 down_revision = None

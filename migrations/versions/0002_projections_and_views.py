@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 from alembic import op
+
 from grove.ledger.ddl import append_only_statements, drop_append_only_statements
 
 revision = "0002"

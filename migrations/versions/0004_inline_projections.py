@@ -27,6 +27,7 @@ import importlib
 
 import sqlalchemy as sa
 from alembic import op
+
 from grove.ledger.views import create_view_statements, drop_view_statements
 
 revision = "0004"

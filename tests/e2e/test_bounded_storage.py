@@ -15,18 +15,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from grove.ledger.attempt import AttemptLog, AttemptState
-from grove.ledger.event_replay import CheckOutcome
-from grove.ledger.store import EventStore
-from grove.storage import BlobRef, open_blob_store
-from grove.training.cleanup import CleanupReport, clean_step
-from grove.training.projector import Projector, ProjectorSettings
 
 import grove.jobs.train
 from grove.config import load_config
 from grove.jobs.train import run_training
+from grove.ledger.attempt import AttemptLog, AttemptState
+from grove.ledger.event_replay import CheckOutcome
+from grove.ledger.store import EventStore
+from grove.storage import BlobRef, open_blob_store
 from grove.tools.replay import replay
 from grove.tools.show import write_attempt_page
+from grove.training.cleanup import CleanupReport, clean_step
+from grove.training.projector import Projector, ProjectorSettings
 from grove.workspace import Workspace
 
 pytestmark = pytest.mark.slow

@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from grove.ledger.attempt import AttemptLog, AttemptState
-from grove.ledger.store import EventStore
 from safetensors.torch import load_file
 
+from grove.ledger.attempt import AttemptLog, AttemptState
+from grove.ledger.store import EventStore
 from grove.workspace import Workspace
 
 GROVE = str(Path(sys.executable).parent / "grove")

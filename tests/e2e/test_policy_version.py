@@ -10,9 +10,10 @@ import sys
 from pathlib import Path
 
 import yaml
+from sqlalchemy import text
+
 from grove.ledger.catch_up import catch_up
 from grove.ledger.store import EventStore
-from sqlalchemy import text
 
 GROVE = str(Path(sys.executable).parent / "grove")
 RUN = "pv1"

@@ -11,6 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from safetensors.torch import load_file
+
+from grove.config import load_config
+from grove.jobs.rollouts import replacement_task
+from grove.jobs.train import TrainSummary, run_training
 from grove.ledger.attempt import AttemptLog, AttemptState
 from grove.ledger.events import BatchPublished
 from grove.ledger.store import EventStore
@@ -18,11 +23,6 @@ from grove.storage import open_blob_store
 from grove.storage.keys import staging_prefix
 from grove.training.errors import BatchError
 from grove.training.forest import MaskReason
-from safetensors.torch import load_file
-
-from grove.config import load_config
-from grove.jobs.rollouts import replacement_task
-from grove.jobs.train import TrainSummary, run_training
 from grove.workspace import Workspace
 from tests.unit.config.runs import merged
 

@@ -11,6 +11,7 @@ from multiprocessing.synchronize import Barrier
 from pathlib import Path
 
 import httpx
+
 from grove.capture.gateway import CALL_ID_HEADER, CAPTURE_KEY_HEADER
 
 from .conftest import MODEL

@@ -14,6 +14,8 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+from transformers import PreTrainedTokenizerBase
+
 from grove.capture.embedded import EmbeddedEngine, build_tokenizer
 from grove.capture.lifecycle import CaptureService
 from grove.capture.render import Renderer
@@ -21,7 +23,6 @@ from grove.ledger import migrate
 from grove.ledger.attempt import AttemptLog
 from grove.ledger.store import EventStore
 from grove.storage import open_blob_store
-from transformers import PreTrainedTokenizerBase
 
 from .figures import FiguresFile, figures_path
 

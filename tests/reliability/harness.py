@@ -19,9 +19,9 @@ from typing import Any
 
 import httpx
 import openai
-from grove.capture.gateway import CALL_ID_HEADER, CAPTURE_KEY_HEADER
 
 from examples.recency_agent import compact, plain_word_fraction
+from grove.capture.gateway import CALL_ID_HEADER, CAPTURE_KEY_HEADER
 
 from .conftest import MODEL
 

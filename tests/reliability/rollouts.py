@@ -11,11 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from examples.recency_agent import compact, plain_word_fraction
 from grove.capture.engine import SamplingParams
 from grove.capture.lifecycle import CaptureService, ModelCall
 from grove.capture.render import RenderOptions
-
-from examples.recency_agent import compact, plain_word_fraction
 from grove.jobs.serve import LedgerSelector
 
 from .conftest import MODEL

@@ -30,6 +30,8 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+from sqlalchemy.engine import make_url
+
 from grove.capture.gateway import CALL_ID_HEADER, CAPTURE_KEY_HEADER
 from grove.capture.lifecycle import CaptureService, ModelCall
 from grove.ledger import migrate
@@ -37,8 +39,6 @@ from grove.ledger.attempt import AttemptError
 from grove.ledger.errors import PrivilegeRefused
 from grove.ledger.store import EventStore
 from grove.storage import open_blob_store
-from sqlalchemy.engine import make_url
-
 from grove.workspace import Workspace
 from tests.integration.tools.grove_cli import run_grove
 

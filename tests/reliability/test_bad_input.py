@@ -20,6 +20,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from grove.ledger.admission import (
     AdmissionError,
     AdmissionIndex,
@@ -33,8 +36,6 @@ from grove.ledger.admission import (
 from grove.ledger.errors import LedgerError
 from grove.ledger.events import CATALOG, CallFailed, event_class, validate_payload
 from grove.ledger.store import EventStore, ImportEvent
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from .conftest import capture_service
 from .figures import FiguresFile

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from grove.capture.engine import Engine, Generation, SamplingParams
 from grove.capture.lifecycle import CaptureService, ModelCall
 from grove.capture.render import RenderOptions
@@ -22,7 +23,6 @@ from grove.ledger import migrate
 from grove.ledger.attempt import AttemptError
 from grove.ledger.store import EventStore
 from grove.storage import BlobRef, open_blob_store
-
 from grove.workspace import Workspace
 from tests.fixtures.s3 import S3Server
 

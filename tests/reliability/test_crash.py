@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
+
 from grove.ledger import migrate
 from grove.ledger.attempt import AttemptLog
 from grove.ledger.store import EventStore
@@ -38,8 +40,6 @@ from grove.training.checkpoint import (
     save_checkpoint,
     verify_checkpoint,
 )
-from safetensors.torch import load_file
-
 from grove.workspace import Workspace
 from tests.fixtures.s3 import S3Server
 

@@ -25,15 +25,15 @@ from typing import Any
 import httpx
 import pytest
 import schemathesis
-from grove.capture.gateway import CALL_ID_HEADER, CAPTURE_KEY_HEADER
-from grove.ledger.errors import StreamIdError
-from grove.ledger.store import EventStore, StoredEvent
-from grove.storage import BlobStore, open_blob_store, staging_key
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
+from grove.capture.gateway import CALL_ID_HEADER, CAPTURE_KEY_HEADER
+from grove.ledger.errors import StreamIdError
+from grove.ledger.store import EventStore, StoredEvent
+from grove.storage import BlobStore, open_blob_store, staging_key
 from grove.workspace import Workspace
 
 from .figures import FiguresFile

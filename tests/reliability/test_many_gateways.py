@@ -22,11 +22,11 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+from sqlalchemy.engine import make_url
+
 from grove.capture.gateway import CALL_ID_HEADER, CAPTURE_KEY_HEADER
 from grove.ledger import migrate
 from grove.ledger.store import EventStore
-from sqlalchemy.engine import make_url
-
 from grove.tools.lineage import attempt_lineages
 from grove.workspace import Workspace
 from tests.fixtures.postgres import PostgresServer

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
+
 from grove.capture.lifecycle import CaptureService
 from grove.ledger.attempt import AttemptError, AttemptLog, fold_attempt
 from grove.ledger.errors import EventIdConflict, LedgerError

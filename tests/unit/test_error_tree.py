@@ -8,14 +8,14 @@ import inspect
 import pkgutil
 
 import pytest
+
 from grove.capture.errors import InvalidSamplingError
 from grove.capture.vllm import EngineRejectedError, EngineUnavailableError
+from grove.config import ConfigurationError
+from grove.errors import EXIT_STATUS, GROVE_ERRORS, JobError, exit_status
 from grove.ledger.errors import DatabaseUnavailable, SchemaNotReady
 from grove.storage.errors import InvalidKeyError, StorageUnavailableError
 from grove.training.errors import SelectionError
-
-from grove.config import ConfigurationError
-from grove.errors import EXIT_STATUS, GROVE_ERRORS, JobError, exit_status
 from grove_errors import GroveError
 
 PACKAGES = (

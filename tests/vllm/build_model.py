@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Final
 
 import torch
-from grove.capture.embedded import build_model, build_tokenizer
 from transformers import GenerationConfig
+
+from grove.capture.embedded import build_model, build_tokenizer
 
 __all__ = ["HIDDEN_SIZE", "save_tiny_model"]
 

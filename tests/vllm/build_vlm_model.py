@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import Final
 
 import torch
+from transformers import GenerationConfig
+
 from grove.capture.embedded_vlm import (
     build_image_processor,
     build_vlm_model,
     build_vlm_tokenizer,
 )
-from transformers import GenerationConfig
 
 __all__ = ["VLM_HIDDEN_SIZE", "save_tiny_vlm"]
 

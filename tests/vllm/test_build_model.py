@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from grove.capture.embedded import CHATML_TEMPLATE, build_model, build_tokenizer
 from transformers import AutoTokenizer, Qwen2ForCausalLM
 
+from grove.capture.embedded import CHATML_TEMPLATE, build_model, build_tokenizer
 from tests.vllm.build_model import HIDDEN_SIZE, save_tiny_model
 
 

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any, Final
 
 import pytest
+
 from grove.capture.embedded import build_tokenizer
 from grove.capture.toolcalls import parse_output
-
 from tests.vllm.server import VENV
 
 pytestmark = pytest.mark.vllm

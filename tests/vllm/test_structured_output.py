@@ -17,13 +17,13 @@ from collections.abc import Iterator
 import jsonschema
 import pytest
 import torch
+from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
+
 from grove.capture.embedded import build_model, build_tokenizer
 from grove.capture.engine import Generation, SamplingParams
 from grove.capture.grammar import TokenizerGrammar
 from grove.capture.toolcalls import parse_output
 from grove.capture.vllm import VllmEngine
-from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
-
 from tests.unit.capture.test_grammar import FORCED_LOOKUP, JSON_WEATHER, WEATHER
 from tests.vllm.build_model import HIDDEN_SIZE
 from tests.vllm.server import VllmServer

@@ -35,8 +35,6 @@ import httpx
 import pytest
 import torch
 import yaml
-from grove.ledger.events import LedgerPosition
-from grove.ledger.store import EventStore
 from safetensors.torch import load_file
 
 import grove.jobs.train as train_job
@@ -45,6 +43,8 @@ from grove.config import GroveConfig, load_config
 from grove.jobs.engines import VllmPolicy
 from grove.jobs.models import LoadedModel, load_model
 from grove.jobs.train import TrainSummary, run_training
+from grove.ledger.events import LedgerPosition
+from grove.ledger.store import EventStore
 from grove.workspace import Workspace
 from tests.vllm.server import LAUNCH_ARGS, LAUNCH_ENVIRONMENT, VENV
 

@@ -16,12 +16,12 @@ from typing import Final
 import httpx
 import pytest
 import torch
+from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
+
 from grove.capture.embedded import build_model, build_tokenizer
 from grove.capture.engine import Engine, Generation, SamplingParams
 from grove.capture.errors import PromptTooLongError
 from grove.capture.vllm import EngineRejectedError, ModelNotServedError, VllmEngine
-from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
-
 from tests.vllm.build_model import HIDDEN_SIZE
 from tests.vllm.conftest import CONTEXT
 from tests.vllm.server import VllmServer

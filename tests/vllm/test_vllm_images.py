@@ -22,6 +22,8 @@ import httpx
 import numpy as np
 import pytest
 import torch
+from PIL import Image
+
 from grove.capture.embedded_vlm import (
     IMAGE_TOKEN,
     build_vlm_model,
@@ -32,13 +34,11 @@ from grove.capture.embedded_vlm import (
 from grove.capture.gateway import CALL_ID_HEADER, create_app
 from grove.capture.lifecycle import CaptureService
 from grove.capture.vllm_vlm import VllmVLMEngine
+from grove.jobs.serve import LedgerSelector, ServerThread
 from grove.ledger import migrate
 from grove.ledger.attempt import AttemptLog
 from grove.ledger.store import EventStore
 from grove.storage import BlobRef, open_blob_store
-from PIL import Image
-
-from grove.jobs.serve import LedgerSelector, ServerThread
 from tests.integration.gateway.support import Gateway
 from tests.vllm.build_vlm_model import VLM_HIDDEN_SIZE, save_tiny_vlm
 from tests.vllm.server import VENV, VllmServer, vllm_server

@@ -14,8 +14,8 @@ from typing import Final
 import pytest
 import torch
 import yaml
-from grove.capture.engine import SamplingParams
 
+from grove.capture.engine import SamplingParams
 from grove.config import GroveConfig, load_config
 from grove.jobs.engines import VllmPolicy, VllmWeightsError, open_policy_engine
 from grove.jobs.engines import write_serving_directory as write_weights

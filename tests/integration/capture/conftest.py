@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from functools import cache
 
 import pytest
+
 from grove.capture.embedded import EmbeddedEngine, build_tokenizer
 from grove.capture.lifecycle import CaptureService
 from grove.capture.render import Renderer, RenderOptions

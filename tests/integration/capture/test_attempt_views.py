@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from grove.capture.embedded import EmbeddedEngine
 from grove.capture.engine import SamplingParams
 from grove.capture.lifecycle import CaptureService, ModelCall

@@ -5,10 +5,11 @@ stale fails before anything is written (on both databases)."""
 from __future__ import annotations
 
 import pytest
+from sqlalchemy import event
+
 from grove.capture.engine import SamplingParams
 from grove.capture.lifecycle import CaptureService, ModelCall
 from grove.ledger.attempt import AttemptLog, StaleAttemptState
-from sqlalchemy import event
 
 from .conftest import OPTIONS
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from grove.capture.engine import Generation, SamplingParams
 from grove.capture.errors import EngineError
 from grove.capture.lifecycle import CaptureService, ModelCall

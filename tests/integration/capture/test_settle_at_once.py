@@ -5,12 +5,12 @@ nothing and settling goes step by step (on both databases)."""
 
 from __future__ import annotations
 
+from sqlalchemy import event
+
 from grove.capture.engine import SamplingParams
 from grove.capture.lifecycle import CaptureService, ModelCall
 from grove.ledger.attempt import AttemptLog
 from grove.ledger.events import RolloutSelected
-from sqlalchemy import event
-
 from tests.fixtures.attempts import intended
 
 from .conftest import OPTIONS

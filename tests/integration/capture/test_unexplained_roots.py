@@ -14,6 +14,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+
 from grove.capture.embedded import EmbeddedEngine, build_tokenizer
 from grove.capture.engine import SamplingParams
 from grove.capture.errors import AttemptOptionsChangedError, UnexplainedRootError
@@ -24,7 +25,6 @@ from grove.ledger.admission import DecisionKind, RootReason
 from grove.ledger.attempt import AttemptLog
 from grove.ledger.store import EventStore
 from grove.storage import open_blob_store
-
 from tests.fixtures.templates import turn_marking_tokenizer
 
 OPTIONS = RenderOptions(model="grove-tiny")

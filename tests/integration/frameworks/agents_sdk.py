@@ -14,9 +14,9 @@ from agents import (
     function_tool,
     set_tracing_disabled,
 )
-from grove.capture.gateway import CAPTURE_KEY_HEADER
 from openai import AsyncOpenAI
 
+from grove.capture.gateway import CAPTURE_KEY_HEADER
 from tests.integration.gateway.support import MODEL, Gateway
 
 set_tracing_disabled(True)

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from grove.ledger.events import CallCommitted
-
 from grove.tools.replay import replay
 from tests.integration.gateway.support import Gateway
 

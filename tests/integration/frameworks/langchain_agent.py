@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from grove.capture.gateway import CAPTURE_KEY_HEADER
 from langchain_core.messages import SystemMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 
+from grove.capture.gateway import CAPTURE_KEY_HEADER
 from tests.integration.gateway.support import MODEL, Gateway
 
 SYSTEM = SystemMessage("You answer questions about the weather.")

@@ -20,18 +20,18 @@ from functools import cache
 from typing import Any
 
 import httpx
+from openai import OpenAI
+
 from grove.capture.embedded import EmbeddedEngine, build_tokenizer
 from grove.capture.engine import Engine, Generation, SamplingParams
 from grove.capture.gateway import CAPTURE_KEY_HEADER, create_app
 from grove.capture.lifecycle import CaptureService
 from grove.capture.render import Renderer
+from grove.jobs.serve import LedgerSelector, ServerThread
 from grove.ledger import migrate
 from grove.ledger.attempt import AttemptLog, AttemptState
 from grove.ledger.store import EventStore
 from grove.storage import BlobRef, open_blob_store
-from openai import OpenAI
-
-from grove.jobs.serve import LedgerSelector, ServerThread
 
 __all__ = [
     "CONTEXT",

@@ -7,14 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
-from grove.capture.embedded_vlm import EMBEDDED_VLM_NAME
-from grove.ledger.attempt import AttemptLog
-from grove.ledger.store import EventStore
-from grove.storage import BlobRef, open_blob_store
 from openai import OpenAI
 
 from examples.image_agent import image_data_url, image_message
+from grove.capture.embedded_vlm import EMBEDDED_VLM_NAME
 from grove.client import CAPTURE_KEY_HEADER
+from grove.ledger.attempt import AttemptLog
+from grove.ledger.store import EventStore
+from grove.storage import BlobRef, open_blob_store
 
 from .test_cli_serve import grove_serve
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import openai
 import pytest
+
 from grove.capture.delivery import CALLER_GONE
 from grove.ledger.attempt import CallState
 from grove.training.projector import Projector, ProjectorSettings

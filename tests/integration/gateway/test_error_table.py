@@ -6,6 +6,7 @@ import inspect
 from types import ModuleType
 
 import pytest
+
 from grove.capture import errors as capture_errors
 from grove.capture import vllm
 from grove.capture.wire import ERROR_STATUS, ErrorStatus, error_status

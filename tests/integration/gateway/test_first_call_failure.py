@@ -8,12 +8,12 @@ from collections.abc import Callable
 
 import openai
 import pytest
+
 from grove.capture.engine import Generation, SamplingParams
 from grove.capture.errors import EngineError
 from grove.ledger.event_replay import CheckOutcome
-from grove.training.projector import Projector, ProjectorSettings
-
 from grove.tools.replay import replay
+from grove.training.projector import Projector, ProjectorSettings
 
 from .conftest import Gateway, engine
 from .test_completions import USER, ask, reply

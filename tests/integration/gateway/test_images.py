@@ -21,6 +21,9 @@ import httpx
 import numpy as np
 import pytest
 import torch
+from openai import BadRequestError, ConflictError, OpenAI
+from PIL import Image
+
 from grove.capture.embedded_vlm import (
     IMAGE_TOKEN,
     EmbeddedVLMEngine,
@@ -31,20 +34,17 @@ from grove.capture.embedded_vlm import (
 )
 from grove.capture.gateway import CALL_ID_HEADER, create_app
 from grove.capture.lifecycle import CaptureService
+from grove.jobs.serve import LedgerSelector, ServerThread
 from grove.ledger import migrate
 from grove.ledger.attempt import AttemptLog
 from grove.ledger.store import EventStore
 from grove.storage import BlobRef, CallDelta, open_blob_store
+from grove.tools.show import write_attempt_page
 from grove.training.batch import LogicalRollout, assemble_batch
 from grove.training.finalization import decide
 from grove.training.loss import DEFAULT_CLIP, token_diagnostics
 from grove.training.media_logprobs import MediaLogprobs
 from grove.training.trainer import StepBatch, Trainer
-from openai import BadRequestError, ConflictError, OpenAI
-from PIL import Image
-
-from grove.jobs.serve import LedgerSelector, ServerThread
-from grove.tools.show import write_attempt_page
 
 from .support import Gateway
 

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+
 from grove.ledger.attempt import AttemptState
 
 from .conftest import Gateway

@@ -9,9 +9,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import grove.capture.lifecycle
 import pytest
 
+import grove.capture.lifecycle
 from tests.integration.ledger.statements import statements
 
 from .support import Gateway, serve

@@ -12,6 +12,7 @@ from typing import Any
 
 import openai
 import pytest
+
 from grove.capture.gateway import CALL_ID_HEADER
 
 from .conftest import CONTEXT, MODEL, Gateway

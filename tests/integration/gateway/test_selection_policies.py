@@ -9,13 +9,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
 from grove.capture.attempt_settings import AttemptSettings
+from grove.client import GroveClient
+from grove.jobs.serve import ServerThread, build_gateway
 from grove.ledger.attempt import AttemptLog
 from grove.ledger.store import EventStore
 from grove.training.errors import SelectionPolicyError
-
-from grove.client import GroveClient
-from grove.jobs.serve import ServerThread, build_gateway
 from grove.workspace import Workspace
 
 from .conftest import Gateway

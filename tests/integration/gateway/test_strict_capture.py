@@ -14,12 +14,12 @@ from pathlib import Path
 
 import openai
 import pytest
-from grove.capture.embedded import EMBEDDED_MODEL_NAME
-from grove.capture.gateway import CAPTURE_KEY_HEADER
-from grove.ledger.store import EventStore
 from openai import OpenAI
 
+from grove.capture.embedded import EMBEDDED_MODEL_NAME
+from grove.capture.gateway import CAPTURE_KEY_HEADER
 from grove.jobs.serve import ServerThread, build_gateway
+from grove.ledger.store import EventStore
 from grove.workspace import Workspace
 from tests.fixtures.templates import turn_marking_tokenizer
 

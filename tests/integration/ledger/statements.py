@@ -8,8 +8,9 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from grove.ledger.store import EventStore
 from sqlalchemy import event
+
+from grove.ledger.store import EventStore
 
 _EVENT_TABLE = re.compile(r"\bgrove_events\b")
 

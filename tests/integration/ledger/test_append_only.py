@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import psycopg
 import pytest
+from sqlalchemy.engine import make_url
+
 from grove.ledger.errors import AppendOnlyViolation
 from grove.ledger.store import EventStore
-from sqlalchemy.engine import make_url
 
 from .scenario import execute_raw, opened
 

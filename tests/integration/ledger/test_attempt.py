@@ -6,6 +6,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+
 from grove.ledger.attempt import AttemptError, AttemptLog, CallStatus
 from grove.ledger.errors import EventIdConflict
 from grove.ledger.events import CallFailed, RolloutSelected

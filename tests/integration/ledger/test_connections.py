@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import grove.ledger.database
 import psycopg
 import pytest
+from sqlalchemy import event
+from sqlalchemy.engine import make_url
+
+import grove.ledger.database
 from grove.ledger import migrate
 from grove.ledger.errors import DatabaseUnavailable
 from grove.ledger.store import EventStore
-from sqlalchemy import event
-from sqlalchemy.engine import make_url
 
 from .scenario import opened
 

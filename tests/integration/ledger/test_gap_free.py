@@ -13,10 +13,11 @@ import threading
 import time
 
 import pytest
+from sqlalchemy import insert
+
 from grove.ledger.events import CallFailed, LedgerPosition
 from grove.ledger.schema import EVENTS
 from grove.ledger.store import EventStore
-from sqlalchemy import insert
 
 WRITERS = 8
 EVENTS_PER_WRITER = 5_000

@@ -4,6 +4,7 @@ a read only after another writer got in first, and refusals that never rest on a
 from __future__ import annotations
 
 import pytest
+
 from grove.ledger.attempt import AttemptError, AttemptLog, CallStatus
 from grove.ledger.events import CallFailed
 from grove.ledger.store import EventStore

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+
 from grove.ledger import migrate
 from grove.ledger.attempt import AttemptError, AttemptLog
 from grove.ledger.store import EventStore

@@ -11,12 +11,13 @@ from __future__ import annotations
 import threading
 
 import pytest
+from sqlalchemy import text
+
 from grove.ledger.attempt import fold_attempt
 from grove.ledger.errors import EventIdConflict, InvalidEventPayload, WrongExpectedVersion
 from grove.ledger.events import AttemptSettled, CallFailed, Event
 from grove.ledger.postgres import COPY_APPEND_MIN, COPY_PART
 from grove.ledger.store import EventStore, NewEvent
-from sqlalchemy import text
 
 from .scenario import committed, intended, opened
 

@@ -9,11 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from sqlalchemy import create_engine, inspect, text
+
 from grove.ledger import migrate
 from grove.ledger.database import open_engine
 from grove.ledger.errors import AppendOnlyViolation, SchemaNotReady
 from grove.ledger.store import EventStore
-from sqlalchemy import create_engine, inspect, text
 
 from .scenario import execute_raw, opened
 

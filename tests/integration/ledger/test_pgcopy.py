@@ -9,9 +9,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from grove.ledger.pgcopy import copy_block, copy_parts
 from psycopg import pq
 from sqlalchemy import Connection, create_engine, exc, text
+
+from grove.ledger.pgcopy import copy_block, copy_parts
 
 
 @pytest.fixture

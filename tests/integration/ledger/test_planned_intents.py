@@ -4,6 +4,7 @@ on both databases: a plan made on a state another writer has moved past fails, w
 from __future__ import annotations
 
 import pytest
+
 from grove.ledger.attempt import AttemptLog, StaleAttemptState
 from grove.ledger.store import EventStore
 

@@ -3,10 +3,11 @@ events written before the field existed read as NULL (no upcaster, nothing rewri
 
 from __future__ import annotations
 
+from sqlalchemy import text
+
 from grove.ledger.catch_up import catch_up, rebuild
 from grove.ledger.events import CallCommitted, CallIntended
 from grove.ledger.store import EventStore, ImportEvent
-from sqlalchemy import text
 
 from .scenario import committed, intended, opened
 

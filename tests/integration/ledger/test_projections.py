@@ -5,11 +5,12 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from sqlalchemy import select, text
+
 from grove.ledger.catch_up import PROJECTIONS, catch_up, projection_marks, rebuild
 from grove.ledger.events import BatchPublished, LedgerPosition
 from grove.ledger.schema import PROJ_ATTEMPTS, PROJ_CALLS, PROJ_ROLLOUTS
 from grove.ledger.store import EventStore
-from sqlalchemy import select, text
 
 from .scenario import compaction_rollout
 

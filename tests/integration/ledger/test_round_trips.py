@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from grove.ledger.errors import WrongExpectedVersion
 from grove.ledger.events import CallFailed
 from grove.ledger.store import ANY_VERSION, EventStore, NewEvent

@@ -9,12 +9,12 @@ import json
 from pathlib import Path
 
 import pytest
-from grove.ledger import migrate
-from grove.ledger.errors import SchemaNotReady, SchemaOutOfDate
 from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.engine import make_url
 
 from grove.jobs.serve import build_gateway
+from grove.ledger import migrate
+from grove.ledger.errors import SchemaNotReady, SchemaOutOfDate
 from grove.workspace import Workspace
 from tests.integration.tools.grove_cli import run_grove
 

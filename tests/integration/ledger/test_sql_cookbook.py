@@ -7,10 +7,11 @@ import re
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
+
 from grove.ledger.catch_up import catch_up
 from grove.ledger.events import BatchPublished, LedgerPosition
 from grove.ledger.store import EventStore
-from sqlalchemy import text
 
 from .scenario import compaction_rollout
 

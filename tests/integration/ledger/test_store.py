@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+
 from grove.ledger import database
 from grove.ledger.append_batch import AppendBatch
 from grove.ledger.errors import (

@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import uuid
 
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import text
+
 from grove.ledger.attempt import AttemptState, CallState, CallStatus, fold_attempt
 from grove.ledger.catch_up import catch_up
 from grove.ledger.database import open_engine
@@ -24,9 +28,6 @@ from grove.ledger.events import (
     RolloutSelected,
 )
 from grove.ledger.store import EventStore
-from hypothesis import HealthCheck, Phase, given, settings
-from hypothesis import strategies as st
-from sqlalchemy import text
 
 from .scenario import committed, intended, opened
 

@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+
 from grove.ledger import migrate
 from grove.ledger.attempt import AttemptLog
 from grove.ledger.events import (
@@ -30,7 +31,6 @@ from grove.ledger.events import (
 from grove.ledger.store import EventStore
 from grove.storage import BlobRef, BlobStore, open_blob_store, staging_key
 from grove.training.cleanup import clean_attempt, collect_garbage
-
 from tests.integration.tools.grove_cli import run_grove
 
 SUMMARY = ReplaySummary(

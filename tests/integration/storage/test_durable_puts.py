@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
+
 from grove.capture.embedded import EmbeddedEngine, build_tokenizer
 from grove.capture.engine import SamplingParams
 from grove.capture.lifecycle import CaptureService, ModelCall
@@ -24,7 +26,6 @@ from grove.ledger.attempt import AttemptLog
 from grove.ledger.database import SQLITE_SYNCHRONOUS
 from grove.ledger.store import EventStore
 from grove.storage import BlobStore, open_blob_store, staging_key
-from sqlalchemy import text
 
 TEMPORARY_SUFFIX = re.compile(r"\.[0-9a-f]{16}\.tmp$")
 FULL = 2  # PRAGMA synchronous reads back as a number: 0 OFF, 1 NORMAL, 2 FULL, 3 EXTRA

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from grove.storage import BlobStore, open_blob_store, staging_key, teardown_partition
 
 

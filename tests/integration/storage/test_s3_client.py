@@ -8,9 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+
 from grove.storage import StorageUnavailableError, open_blob_store, staging_key
 from grove.storage.s3 import S3Backend
-
 from tests.fixtures.s3 import FaultProxy, S3Server
 
 pytestmark = pytest.mark.s3

@@ -7,6 +7,7 @@ botocore's standard retry mode retries 500s with jittered exponential backoff (a
 from __future__ import annotations
 
 import pytest
+
 from grove.storage import (
     BlobRef,
     CallDelta,
@@ -15,7 +16,6 @@ from grove.storage import (
     open_blob_store,
     staging_key,
 )
-
 from tests.fixtures.s3 import FaultProxy, S3Server
 
 pytestmark = pytest.mark.s3

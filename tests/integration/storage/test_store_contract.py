@@ -7,6 +7,7 @@ import threading
 
 import pytest
 import torch
+
 from grove.storage import (
     BlobConflictError,
     BlobFormatError,

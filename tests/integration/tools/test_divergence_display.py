@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
 from grove.capture.divergence import Divergence
 from grove.capture.embedded import EMBEDDED_MODEL_NAME, EmbeddedEngine
 from grove.capture.engine import SamplingParams
@@ -23,7 +24,6 @@ from grove.ledger import migrate
 from grove.ledger.attempt import AttemptLog
 from grove.ledger.store import EventStore
 from grove.storage import open_blob_store
-
 from grove.workspace import Workspace
 from tests.fixtures.templates import turn_marking_tokenizer
 

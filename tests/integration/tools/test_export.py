@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from grove.jobs.models import ModelLoadError, load_model, save_embedded_model
+from grove.tools.export import ExportError, export_checkpoint, export_from_run
 from grove.training.checkpoint import (
     CheckpointDigestMismatch,
     CheckpointMetadata,
     save_checkpoint,
 )
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
-from grove.jobs.models import ModelLoadError, load_model, save_embedded_model
-from grove.tools.export import ExportError, export_checkpoint, export_from_run
 
 GROVE = Path(sys.executable).parent / "grove"
 CONVERSATION = [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from grove.ledger.attempt import CallStatus
 
 from .grove_cli import run_grove

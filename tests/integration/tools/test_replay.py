@@ -10,6 +10,7 @@ from itertools import pairwise
 from pathlib import Path
 
 import pytest
+
 from grove.ledger import admission
 from grove.ledger.admission import DecisionKind, RootReason
 from grove.ledger.events import BatchPublished

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from grove.capture.attempt_settings import AttemptSettings
-from grove.training.selection import BUILTIN_POLICIES, PolicyRegistry
 
+from grove.capture.attempt_settings import AttemptSettings
 from grove.jobs.serve import LedgerSelector
+from grove.training.selection import BUILTIN_POLICIES, PolicyRegistry
 
 from ..gateway.support import serve
 from ..gateway.test_completions import USER, ask, reply

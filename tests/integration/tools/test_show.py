@@ -9,10 +9,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from grove.training.forest import CallRecord, build_forest
 
 from grove.tools.lineage import AttemptLineage, CallLineage
 from grove.tools.show import render_page
+from grove.training.forest import CallRecord, build_forest
 
 from .grove_cli import run_grove
 from .ledgers import DemoLedger, written_page

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+
 from grove.capture.embedded import EmbeddedEngine, build_tokenizer
 from grove.capture.engine import SamplingParams
 from grove.capture.lifecycle import CaptureService, ModelCall

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+
 from grove.capture.embedded import EmbeddedEngine
 from grove.capture.embedded_moe import build_moe_model
 from grove.capture.lifecycle import CaptureService

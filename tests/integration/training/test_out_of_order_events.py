@@ -3,8 +3,9 @@ its rollout, never an error of the projector."""
 
 from __future__ import annotations
 
-from grove.ledger.events import RolloutFinalized, RolloutSelected
 from sqlalchemy import text
+
+from grove.ledger.events import RolloutFinalized, RolloutSelected
 
 from .conftest import Lab
 

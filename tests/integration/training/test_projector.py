@@ -6,6 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
+
 from grove.capture.lifecycle import ModelCall
 from grove.ledger.events import CallFailed, CallIntended, RolloutSelected
 from grove.storage import BlobRef

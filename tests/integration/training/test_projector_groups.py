@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from grove.storage import BlobRef
 from grove.training.errors import BatchError
 

@@ -24,13 +24,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from sqlalchemy import text
+
 from grove.ledger.leases import Leases, lease_key
 from grove.ledger.store import EventStore, ImportEvent
 from grove.storage import open_blob_store
 from grove.training.projector import Projector, ProjectorSettings
 from grove.training.projector_shards import ProjectorShard
-from sqlalchemy import text
-
 from tests.reliability.conftest import capture_service
 from tests.reliability.rollouts import play, record_result
 

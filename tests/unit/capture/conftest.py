@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from transformers import PreTrainedTokenizerFast
+
 from grove.capture.embedded import (
     CHATML_TEMPLATE,
     EMBEDDED_MODEL_NAME,
@@ -11,7 +13,6 @@ from grove.capture.embedded import (
     build_tokenizer,
 )
 from grove.capture.render import Renderer, RenderOptions
-from transformers import PreTrainedTokenizerFast
 
 
 @pytest.fixture(scope="session")

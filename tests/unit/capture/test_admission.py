@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
+
 from grove.capture.render import admission_items, normalize_messages, replay_summary
 from grove.ledger.admission import (
     AdmissionDecision,

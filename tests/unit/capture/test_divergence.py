@@ -7,6 +7,7 @@ tokenizer's exact decode.
 from __future__ import annotations
 
 import pytest
+
 from grove.capture.divergence import (
     TOKEN_TEXT_LIMIT,
     WINDOW,

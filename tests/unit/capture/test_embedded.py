@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import PreTrainedTokenizerFast
+
 from grove.capture.embedded import EmbeddedEngine, build_model, build_tokenizer
 from grove.capture.engine import Engine, Generation, SamplingParams
 from grove.capture.errors import (
@@ -13,7 +15,6 @@ from grove.capture.errors import (
     PromptTooLongError,
     UnsupportedSamplingError,
 )
-from transformers import PreTrainedTokenizerFast
 
 PROMPT_TEXT = "<|im_start|>user\nWhat is the weather?<|im_end|>\n<|im_start|>assistant\n"
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from grove.capture.embedded import EmbeddedEngine, build_model, build_tokenizer
 from grove.capture.embedded_moe import RouteMemory, RouteRecorder, build_moe_model, router_modules
 from grove.capture.engine import Generation, SamplingParams

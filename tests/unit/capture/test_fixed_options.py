@@ -9,12 +9,12 @@ import hashlib
 from typing import Any
 
 import pytest
+
 from grove.capture.embedded import CHATML_TEMPLATE, EMBEDDED_MODEL_NAME
 from grove.capture.errors import AttemptOptionsChangedError
 from grove.capture.fixed_options import FIXED_OPTIONS_KEY, check_fixed_options, fixed_options
 from grove.capture.render import RenderOptions
 from grove.ledger.attempt import AttemptState
-
 from tests.fixtures.attempts import attempt_state, intended
 
 OPTIONS = RenderOptions(model=EMBEDDED_MODEL_NAME, template_kwargs={"enable_thinking": True})

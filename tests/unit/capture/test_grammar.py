@@ -9,13 +9,14 @@ import json
 import jsonschema
 import pytest
 import torch
+from transformers import PreTrainedTokenizerFast
+
 from grove.capture.embedded import EmbeddedEngine
 from grove.capture.engine import FunctionSchema, Generation, OutputConstraint, SamplingParams
 from grove.capture.errors import InvalidSamplingError, UnsupportedSamplingError
 from grove.capture.grammar import GrammarError, GrammarMask, TokenizerGrammar, grammar_text
 from grove.capture.toolcalls import parse_output
 from grove.training.advantages import pooled_logprob_error
-from transformers import PreTrainedTokenizerFast
 
 PROMPT_TEXT = "<|im_start|>user\nThe weather, as JSON?<|im_end|>\n<|im_start|>assistant\n"
 WEATHER = {

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from grove.capture.chat_api import ChatCompletionRequest
 from grove.capture.conversion import RequestConverter
 from grove.capture.engine import FunctionSchema, OutputConstraint

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from grove.capture.errors import NormalizationError
 from grove.capture.render import NORMALIZATION_VERSION, admission_items, normalize_messages
 

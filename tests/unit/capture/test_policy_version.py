@@ -6,10 +6,11 @@ from __future__ import annotations
 import threading
 
 import pytest
+from transformers import PreTrainedTokenizerFast
+
 from grove.capture.embedded import EmbeddedEngine
 from grove.capture.engine import Generation, SamplingParams
 from grove.capture.errors import InvalidGenerationError
-from transformers import PreTrainedTokenizerFast
 
 SAMPLING = SamplingParams(max_tokens=3, seed=5)
 

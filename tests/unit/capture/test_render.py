@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+
 from grove.capture.embedded import CHATML_TEMPLATE, build_tokenizer
 from grove.capture.errors import RenderError
 from grove.capture.render import (

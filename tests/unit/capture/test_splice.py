@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+
 from grove.capture.errors import SpliceError
 from grove.capture.render import (
     NormalizedRequest,

@@ -7,6 +7,7 @@ template that cannot extend the parent's tokens, then reads what the plan record
 from __future__ import annotations
 
 import pytest
+
 from grove.capture.divergence import Cause
 from grove.capture.embedded import CHATML_TEMPLATE, REASONING_STRIPPING_TEMPLATE, build_tokenizer
 from grove.capture.errors import UnexplainedRootError
@@ -14,7 +15,6 @@ from grove.capture.fixed_options import FIXED_OPTIONS_KEY
 from grove.capture.render import Renderer, RenderOptions, normalize_messages
 from grove.capture.splice import RawOutput, plan_call, plan_prompt
 from grove.ledger.admission import DecisionKind, RootReason
-
 from tests.fixtures.templates import TURN_MARKING_TEMPLATE, turn_mark
 
 from .test_splice import (

@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 import pytest
+
 from grove.capture.render import Renderer, RenderOptions, normalize_messages
 from grove.capture.toolcalls import ParsedOutput, ToolCall, assistant_message, parse_output
 

@@ -16,11 +16,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-import grove.capture.vllm
 import pytest
 import uvicorn
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
+
+import grove.capture.vllm
 from grove.capture.engine import Engine, Generation, SamplingParams
 from grove.capture.errors import InvalidPromptError, PromptTooLongError, UnsupportedSamplingError
 from grove.capture.vllm import (

@@ -17,12 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from grove.config import GroveConfig, load_config
+from grove.jobs.train import TrainSummary, run_training
 from grove.ledger.attempt import AttemptLog, AttemptState
 from grove.ledger.store import EventStore
 from grove.storage import BlobStore, open_blob_store
-
-from grove.config import GroveConfig, load_config
-from grove.jobs.train import TrainSummary, run_training
 from grove.workspace import Workspace
 
 HARNESSES = "tests.unit.config.harnesses"

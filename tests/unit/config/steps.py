@@ -20,6 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from grove.config import load_config
+from grove.jobs.models import EMBEDDED, load_model
+from grove.jobs.training_run import TrainingRun
 from grove.ledger.events import LedgerPosition
 from grove.ledger.store import EventStore
 from grove.storage import open_blob_store
@@ -28,10 +32,6 @@ from grove.training.forest import CallRecord, build_forest
 from grove.training.projector import FinalizedRollout, PublishedBatch
 from grove.training.rows import rollout_rows
 from grove.training.trainer import StepBatch, causal_token_logprobs
-
-from grove.config import load_config
-from grove.jobs.models import EMBEDDED, load_model
-from grove.jobs.training_run import TrainingRun
 from tests.unit.config.runs import merged
 
 PROMPT = [5, 6, 7]

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from grove.training.advantages import RolloutOutcome, compute_advantages
-from grove.training.errors import BatchError
 
 from grove.config import ConfigurationError, load_config
+from grove.training.advantages import RolloutOutcome, compute_advantages
+from grove.training.errors import BatchError
 from tests.unit.config.steps import (
     forward_passes,
     own_logprobs,

@@ -6,13 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from grove.capture.embedded import EMBEDDED_MODEL_NAME, build_tokenizer
-from grove.capture.embedded_moe import EMBEDDED_MOE_MODEL_NAME, build_moe_model
-from grove.storage import BlobRef
 from safetensors.torch import load_file
 
+from grove.capture.embedded import EMBEDDED_MODEL_NAME, build_tokenizer
+from grove.capture.embedded_moe import EMBEDDED_MOE_MODEL_NAME, build_moe_model
 from grove.jobs.models import load_model
 from grove.jobs.preflight import ModelCheckError, check_policy_model
+from grove.storage import BlobRef
 from grove.tools.export import export_from_run
 from tests.unit.config.runs import Run, train
 

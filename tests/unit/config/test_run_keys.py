@@ -15,18 +15,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from grove.capture.embedded import EMBEDDED_MODEL_NAME
-from grove.ledger.attempt import AttemptLog
-from grove.training.forest import MaskReason
-from grove.training.projector import finalization_forest
 from safetensors.torch import load_file
 
+from grove.capture.embedded import EMBEDDED_MODEL_NAME
 from grove.config import load_config
 from grove.jobs.harness import rollout_seed
 from grove.jobs.models import EMBEDDED, load_model, save_embedded_model
 from grove.jobs.rollouts import replacement_task
 from grove.jobs.tasks import task_order
 from grove.jobs.training_run import TrainingRun
+from grove.ledger.attempt import AttemptLog
+from grove.training.forest import MaskReason
+from grove.training.projector import finalization_forest
 from tests.e2e.external_run import ExternalRun
 from tests.unit.config.runs import TASKS, Run, train, write_tasks
 from tests.unit.jobs.warm_cache import seed_workdir

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from grove.capture.embedded import build_tokenizer
 from grove.capture.toolcalls import parse_output
-
 from grove.demo.agent_corpus import (
     COLOURS,
     SUMMARY_REQUEST,

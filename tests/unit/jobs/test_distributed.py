@@ -5,10 +5,10 @@
 from __future__ import annotations
 
 import pytest
-from grove.training.row_sharding import SingleProcess
 
 from grove.config import load_config
 from grove.jobs.distributed import DataParallelMismatch, data_parallel_ranks, is_main_rank
+from grove.training.row_sharding import SingleProcess
 
 
 def test_a_torchrun_world_size_other_than_the_data_parallel_size_is_refused() -> None:

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 import torch
-from grove.capture.embedded import EMBEDDED_MODEL_NAME
 from transformers import AutoModelForCausalLM
 
+from grove.capture.embedded import EMBEDDED_MODEL_NAME
 from grove.config import ConfigurationError, load_config
 from grove.errors import JobError
 from grove.jobs.engines import (

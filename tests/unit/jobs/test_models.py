@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from grove.capture.embedded import EMBEDDED_MODEL_NAME
 
+from grove.capture.embedded import EMBEDDED_MODEL_NAME
 from grove.jobs.models import (
     ModelLoadError,
     check_model_directory,

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from grove.capture.embedded import build_model, build_tokenizer
-from grove.capture.embedded_moe import build_moe_model
 from transformers import MixtralConfig, MixtralForCausalLM
 
+from grove.capture.embedded import build_model, build_tokenizer
+from grove.capture.embedded_moe import build_moe_model
 from grove.config import ConfigurationError, load_config
 from grove.jobs.models import EMBEDDED, ModelLoadError, load_model
 from grove.jobs.preflight import ModelCheckError, check_policy_model, moe_problems

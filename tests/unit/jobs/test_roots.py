@@ -3,9 +3,8 @@ the warning when more than half of the step's calls are unexplained roots."""
 
 from __future__ import annotations
 
-from grove.ledger.attempt import AttemptState
-
 from grove.jobs.roots import UNEXPLAINED_ROOTS, RootCounts, count_roots
+from grove.ledger.attempt import AttemptState
 from tests.fixtures.attempts import attempt_state, intended
 
 

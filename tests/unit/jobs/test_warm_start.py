@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from grove.capture.embedded import build_model, build_tokenizer
 
+from grove.capture.embedded import build_model, build_tokenizer
 from grove.config import ConfigurationError, load_config
 from grove.demo.agent_corpus import CorpusSpec, corpus_examples
 from grove.demo.warm_start import (

@@ -14,13 +14,13 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from safetensors.torch import load_file
+
 from grove.capture.conversion import chat_tools
 from grove.capture.embedded import EmbeddedEngine
 from grove.capture.engine import SamplingParams
 from grove.capture.render import Renderer, RenderOptions, normalize_messages
 from grove.capture.toolcalls import parse_output
-from safetensors.torch import load_file
-
 from grove.demo.agent_corpus import (
     COLOURS,
     ITEMS,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from grove.ledger.postgres import COPY_PART, _parts
 
 

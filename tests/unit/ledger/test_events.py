@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from grove.ledger.errors import InvalidEventPayload, StreamIdError, UnknownEventType
 from grove.ledger.events import CATALOG, AttemptOpened, validate_payload
 from grove.ledger.store import validate_stream_id

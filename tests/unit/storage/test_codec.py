@@ -8,6 +8,7 @@ import json
 import pytest
 import safetensors.torch
 import torch
+
 from grove.storage import (
     BlobFormatError,
     CallDelta,

@@ -8,6 +8,7 @@ import struct
 import numpy as np
 import pytest
 import torch
+
 from grove.storage import (
     InvalidDeltaError,
     blob_sha256,

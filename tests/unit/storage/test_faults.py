@@ -10,6 +10,7 @@ import fsspec.exceptions
 import pytest
 import s3fs.errors
 from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeoutError
+
 from grove.storage import MissingBlobError, StorageError, StorageUnavailableError
 from grove.storage.faults import BACKEND_ERRORS, READ, backend_errors, translate
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from grove.storage import (
     InvalidKeyError,
     capture_key_of,

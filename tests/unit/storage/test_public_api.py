@@ -6,8 +6,9 @@ import ast
 import importlib
 from pathlib import Path
 
-import grove.storage as storage
 import pytest
+
+import grove.storage as storage
 
 PACKAGE = Path(storage.__file__).parent
 MODULES = sorted(path.stem for path in PACKAGE.glob("*.py") if path.stem != "__init__")

@@ -4,6 +4,7 @@ credentials come from. Building the filesystem does not connect, so no server is
 from __future__ import annotations
 
 import pytest
+
 from grove.storage import InvalidBlobUrlError, S3Options
 from grove.storage.s3 import CLIENT_CONNECTIONS, botocore_config, s3_client, s3_filesystem
 

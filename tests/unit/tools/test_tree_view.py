@@ -5,11 +5,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from grove.training.tree import forest_tree, pack_tree
-
 from grove.tools.lineage import AttemptLineage
 from grove.tools.show import render_page
 from grove.tools.tree_view import draw_tree, tree_section
+from grove.training.tree import forest_tree, pack_tree
 from tests.unit.training.tree_shapes import shape_forest, walkthrough_forest
 
 FOREST_DOC = Path(__file__).resolve().parents[3] / "docs" / "forest.md"

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
 from grove.training.checkpoint import (
     CHECKPOINT_FILES,
     CheckpointDigestMismatch,
@@ -25,7 +26,6 @@ from grove.training.checkpoint import (
     save_checkpoint,
 )
 from grove.training.trainer import Trainer, rollout_warmup_scheduler
-
 from tests.unit.trainer.tiny_lm import synthetic_step_batch, tiny_causal_lm
 
 DIGEST = "c0ffee" * 10 + "abcd"

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from grove.training.checkpoint import CheckpointIncompatible, ResumeExpectation, verify_checkpoint
 
+from grove.training.checkpoint import CheckpointIncompatible, ResumeExpectation, verify_checkpoint
 from tests.unit.trainer.test_checkpoint import DIGEST, _load, _run, _save
 
 

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from grove.training.errors import BatchError
 from grove.training.loss import (
     ClipRange,

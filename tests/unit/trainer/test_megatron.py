@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import torch
+
 from grove.training.batch import assemble_batch
 from grove.training.errors import BatchError
 from grove.training.megatron import (
@@ -18,7 +19,6 @@ from grove.training.megatron import (
     unpack_to_rows,
 )
 from grove.training.trainer import causal_token_logprobs
-
 from tests.unit.trainer.tiny_lm import forest_rollout, tiny_absolute_position_lm, tiny_causal_lm
 
 

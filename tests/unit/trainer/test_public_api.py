@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 
 import pytest
+
 from grove.training.checkpoint import (
     CheckpointDigestMismatch,
     CheckpointError,

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from grove.training.batch import LogicalRollout, assemble_batch
 from grove.training.errors import BatchError
 from grove.training.loss import clipped_policy_gradient_loss, retained_token_mask
 from grove.training.row_sharding import SingleProcess, shard_micro_batches, shard_rows
 from grove.training.rows import RowTensors
 from grove.training.trainer import StepBatch, Trainer, causal_token_logprobs
-
 from tests.unit.trainer.tiny_lm import synthetic_step_batch, tiny_causal_lm
 
 

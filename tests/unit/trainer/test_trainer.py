@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 import torch
+
 from grove.training.advantages import AdvantageConfig, RolloutOutcome, compute_advantages
 from grove.training.batch import assemble_batch
 from grove.training.errors import BatchError
@@ -17,7 +18,6 @@ from grove.training.trainer import (
     rollout_warmup_scheduler,
     step_batch,
 )
-
 from tests.unit.trainer.tiny_lm import VOCAB, forest_rollout, synthetic_step_batch, tiny_causal_lm
 
 

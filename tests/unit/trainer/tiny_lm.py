@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
+
 from grove.training.batch import LogicalRollout
 from grove.training.forest import CallRecord, build_forest
 from grove.training.rows import rollout_rows
 from grove.training.trainer import StepBatch
-from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
 VOCAB = 48
 

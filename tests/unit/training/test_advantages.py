@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from grove.training.advantages import (
     AdvantageConfig,
     MaskedRewardPolicy,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from grove.training.batch import LogicalRollout, assemble_batch
 from grove.training.errors import BatchError
 from grove.training.forest import CallRecord, build_forest

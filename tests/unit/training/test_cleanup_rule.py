@@ -9,6 +9,7 @@ blob for each call and one, ``zz``, that no event names.
 from __future__ import annotations
 
 import pytest
+
 from grove.ledger.attempt import AttemptState, fold_attempt
 from grove.ledger.events import (
     AdmissionsClosed,

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 
 import pytest
+
 from grove.training.errors import ForestError, TrainingError
 from grove.training.forest import (
     MASK_REASONS,

@@ -8,6 +8,7 @@ import pickle
 
 import pytest
 import torch
+
 from grove.training.errors import ForestError
 from grove.training.forest import CallRecord, ForestRow, RecordRule, build_forest
 from grove.training.rows import CallExtras, rollout_rows

@@ -13,9 +13,10 @@ import random
 from collections import Counter
 from dataclasses import dataclass
 
-from grove.training.forest import CallRecord, Forest, MaskReason, build_forest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from grove.training.forest import CallRecord, Forest, MaskReason, build_forest
 
 
 @dataclass(frozen=True)

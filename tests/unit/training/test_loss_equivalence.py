@@ -12,8 +12,9 @@ import random
 
 import pytest
 import torch
-from grove.training.forest import CallRecord, Forest, build_forest
 from torch import nn
+
+from grove.training.forest import CallRecord, Forest, build_forest
 
 VOCAB = 40
 TOLERANCE = 1e-10

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from grove.training.advantages import (
     AdvantageConfig,
     RolloutOutcome,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from grove.capture.embedded import EmbeddedEngine, build_model, build_tokenizer
 from grove.capture.embedded_moe import build_moe_model
 from grove.capture.engine import SamplingParams

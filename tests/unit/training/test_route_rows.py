@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from grove.storage import CallDelta, decode_delta, encode_delta
 from grove.training.batch import LogicalRollout, assemble_batch
 from grove.training.errors import RowError

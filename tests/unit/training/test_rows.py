@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from grove.training.errors import RowError
 from grove.training.forest import CallRecord, MaskReason, build_forest
 from grove.training.rows import ROUTE_MISSING_SENTINEL, CallExtras, MediaItem, rollout_rows

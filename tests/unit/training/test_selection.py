@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from grove.training.errors import SelectionError, SelectionPolicyError
 from grove.training.forest import MaskReason
 from grove.training.selection import (

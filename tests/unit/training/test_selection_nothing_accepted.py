@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from grove.training.errors import SelectionError
 from grove.training.forest import MaskReason
 from grove.training.selection import (

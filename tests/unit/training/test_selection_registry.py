@@ -7,6 +7,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 from grove.training.errors import SelectionPolicyError
 from grove.training.selection import (
     BUILTIN_POLICIES,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from grove.training.errors import BatchError
 from grove.training.forest import CallRecord, MaskReason, build_forest
 from grove.training.projector import ProjectorSettings, setting_mask_reason

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from grove.training.errors import BatchError
 from grove.training.forest import Forest
 from grove.training.tree import TreeLayout, forest_tree, pack_tree
-
 from tests.unit.training.tree_shapes import all_forests, shape_forest, walkthrough_forest
 
 FORESTS = all_forests()

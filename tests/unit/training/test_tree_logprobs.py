@@ -7,13 +7,13 @@ import dataclasses
 
 import pytest
 import torch
+
 from grove.training.batch import LogicalRollout, assemble_batch
 from grove.training.errors import BatchError
 from grove.training.forest import Forest
 from grove.training.rows import rollout_rows
 from grove.training.trainer import StepBatch, Trainer, row_logprobs
 from grove.training.tree_logprobs import owner_micro_batches, tree_logprobs, tree_row_lengths
-
 from tests.unit.trainer.tiny_lm import synthetic_step_batch, tiny_causal_lm
 from tests.unit.training.tree_shapes import all_forests, shape_forest
 
