@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.engine import make_url
 
+from grove.demo import DEMO_CONFIG
 from grove.jobs.serve import build_gateway
 from grove.ledger import migrate
 from grove.ledger.errors import SchemaNotReady, SchemaOutOfDate
@@ -19,7 +20,7 @@ from grove.workspace import Workspace
 from tests.integration.tools.grove_cli import run_grove
 
 HEAD = migrate.head_revision()
-DEMO = Path(__file__).resolve().parents[3] / "examples" / "demo.yaml"
+DEMO = DEMO_CONFIG
 
 
 def _safe(url: str) -> str:
