@@ -56,7 +56,7 @@ __all__ = [
 ]
 
 ANY_VERSION: Final = -1
-STREAM_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,199}$")
+STREAM_ID_PATTERN = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._:@-]{0,199}\Z")  # \Z: "$" passes "k\n"
 _RETRIES = 5
 
 
@@ -64,7 +64,7 @@ def validate_stream_id(stream_id: object) -> str:
     """``stream_id`` if it is 1-200 of ``A-Z a-z 0-9 . _ : @ -``, alphanumeric first, no ``..``."""
     if not isinstance(stream_id, str):
         raise StreamIdError(stream_id, "a stream id is a string")
-    if not STREAM_ID_PATTERN.match(stream_id) or ".." in stream_id:
+    if not STREAM_ID_PATTERN.fullmatch(stream_id) or ".." in stream_id:
         raise StreamIdError(
             stream_id,
             "use 1-200 characters from A-Z a-z 0-9 . _ : @ -, starting with a letter or digit, "

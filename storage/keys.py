@@ -33,8 +33,8 @@ __all__ = [
     "validate_segment",
 ]
 
-SEGMENT_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,199}$")
 _SEGMENT = r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,199}"
+SEGMENT_PATTERN = re.compile(rf"\A{_SEGMENT}\Z")  # \Z, not $: "$" passes a trailing newline
 _KEY_PATTERN = re.compile(rf"{_SEGMENT}(?:/{_SEGMENT})+")  # the fast path; rules below explain
 MAX_KEY_BYTES = 1024
 STAGING = "staging"
@@ -45,7 +45,7 @@ def validate_segment(segment: object, *, what: str = "segment") -> str:
     """``segment`` if it is one valid key segment; else ``InvalidKeyError`` naming the rule."""
     if not isinstance(segment, str):
         raise InvalidKeyError(segment, f"a {what} is a string, got {type(segment).__name__}")
-    if not SEGMENT_PATTERN.match(segment):
+    if not SEGMENT_PATTERN.fullmatch(segment):
         raise InvalidKeyError(
             segment,
             f"a {what} is 1-200 of 'A-Z a-z 0-9 . _ : @ -' starting with a letter or digit",

@@ -38,7 +38,7 @@ from grove.storage.keys import capture_key_of, validate_key, validate_prefix
 
 __all__ = ["Backend", "BlobRef", "BlobStore"]
 
-_SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+_SHA256_HEX = re.compile(r"\A[0-9a-f]{64}\Z")  # \Z, not $: "$" passes a trailing newline
 
 
 @dataclass(frozen=True)

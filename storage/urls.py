@@ -24,7 +24,7 @@ from grove.storage.store import BlobStore
 
 __all__ = ["open_blob_store"]
 
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_BUCKET = re.compile(r"\A[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]\Z")  # \Z: "$" passes a newline
 _S3_OPTIONS = frozenset(field.name for field in fields(S3Options))
 _SUPPORTED = "a local path, file:///abs/dir or s3://bucket/prefix"
 

@@ -105,7 +105,7 @@ __all__ = [
     "select_rollout",
 ]
 
-_DOTTED_NAME: Final = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+_DOTTED_NAME: Final = re.compile(r"\A[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\Z")  # \Z: "$" passes "\n"
 
 
 @dataclass(frozen=True, slots=True)
