@@ -1,4 +1,5 @@
-"""The ``grove`` command line: every command takes --workdir, --database-url and --blob-url.
+"""The ``grove`` command line: every command that reads the ledger takes --workdir,
+--database-url and --blob-url (``grove report`` takes --workdir alone, ``grove export`` none).
 
 This module holds the app, the ledger database commands (``grove db``), the training commands
 (train, demo, export) and the table of every command; the serving commands live in
@@ -25,6 +26,7 @@ from grove.commands.options import (
     WorkdirOption,
     console,
     errors,
+    ledger_store,
     workspace,
 )
 from grove.errors import GroveError, exit_status
@@ -37,7 +39,10 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-db_app = typer.Typer(help="The ledger database: migrations and status.", no_args_is_help=True)
+db_app = typer.Typer(
+    help="The ledger database: migrations, status, checks and projection rebuilds.",
+    no_args_is_help=True,
+)
 app.add_typer(db_app, name="db")
 
 
@@ -108,6 +113,72 @@ def db_status(
     console.print(table)
     if current is None:
         console.print("[yellow]no ledger schema yet: run `grove db upgrade`[/]")
+
+
+@db_app.command("rebuild-projections")
+def db_rebuild_projections(
+    as_json: JsonOption = False,
+    workdir: WorkdirOption = None,
+    database_url: DatabaseOption = None,
+    blob_url: BlobOption = None,
+) -> None:
+    """Empty the projection tables and fold the whole ledger again (as the schema's owner:
+    it deletes rows; docs/ledger.md)."""
+    from grove.ledger.catch_up import rebuild
+
+    with ledger_store(workspace(workdir, database_url, blob_url)) as store:
+        marks = {name: mark.model_dump() for name, mark in rebuild(store).items()}
+        events = store.count()
+    if as_json:
+        print(json.dumps({"events": events, "projections": marks}))
+        return
+    console.print(f"projections folded again from {events} events: {marks}", highlight=False)
+
+
+@db_app.command("check")
+def db_check(
+    as_json: JsonOption = False,
+    workdir: WorkdirOption = None,
+    database_url: DatabaseOption = None,
+    blob_url: BlobOption = None,
+) -> None:
+    """Compare the schema with this Grove's tables and the projection tables with the fold of
+    the events; exit 1 on any difference (docs/ledger.md)."""
+    from grove.ledger import migrate
+    from grove.ledger.fold_drift import fold_drift
+
+    ws = workspace(workdir, database_url, blob_url)
+    with ledger_store(ws) as store:
+        schema = migrate.check_drift(ws.database_url)
+        drift = fold_drift(store)
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "schema_drift": schema,
+                    "fold_drift": [
+                        {"capture_key": d.capture_key, "table": d.table, "detail": d.describe()}
+                        for d in drift
+                    ],
+                }
+            )
+        )
+    else:
+        if schema is not None:
+            errors.print(f"schema drift: {escape(schema)}", highlight=False, soft_wrap=True)
+        for item in drift:
+            errors.print(f"fold drift: {escape(item.describe())}", highlight=False, soft_wrap=True)
+        if drift:
+            errors.print(
+                f"{len(drift)} projection rows differ from the fold of the events: "
+                "run `grove db rebuild-projections` as the schema's owner",
+                highlight=False,
+                soft_wrap=True,
+            )
+        if schema is None and not drift:
+            console.print("schema and projections match this Grove and the events")
+    if schema is not None or drift:
+        raise typer.Exit(1)
 
 
 def _train(

@@ -129,13 +129,12 @@ def report(
     ],
     html: HtmlOption,
     workdir: WorkdirOption = None,
-    database_url: DatabaseOption = None,
-    blob_url: BlobOption = None,
 ) -> None:
-    """Draw a training run's metric curves as one self-contained HTML page (docs/metrics.md)."""
+    """Draw a training run's metric curves as one self-contained HTML page (docs/metrics.md).
+    It reads only WORKDIR/runs, so it takes no ledger or blob-store option."""
     from grove.tools.report import resolve_run_dir, write_report
 
-    run_dir = resolve_run_dir(workspace(workdir, database_url, blob_url).workdir, run)
+    run_dir = resolve_run_dir(workspace(workdir, None, None).workdir, run)
     page = write_report(run_dir, html)
     console.print(
         f"wrote {html} ({page.steps} steps, {page.series} series)", highlight=False, soft_wrap=True
