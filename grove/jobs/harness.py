@@ -31,7 +31,6 @@ __all__ = [
     "HarnessError",
     "RolloutSpec",
     "open_rollout",
-    "play_rollout",
     "post_result",
     "resolve_harness",
     "rollout_seed",
@@ -146,16 +145,3 @@ def post_result(attempt: Attempt, spec: RolloutSpec, result: Mapping[str, Any]) 
         raise HarnessError(f"its result could not be posted: {error!r}", spec.rollout_id) from error
     return float(result["reward"])
 
-
-def play_rollout(
-    grove: GroveClient,
-    harness: Harness,
-    spec: RolloutSpec,
-    options: Mapping[str, Any],
-    *,
-    forest_mode: bool,
-    selection_policy: str,
-) -> float:
-    """Open the attempt, run the harness on its bound client, post its result; the reward."""
-    attempt = open_rollout(grove, spec, forest_mode=forest_mode, selection_policy=selection_policy)
-    return post_result(attempt, spec, run_harness(attempt, harness, spec, options))
