@@ -63,7 +63,7 @@ class NormalizedRequest:
     """A request's items after normalization, in order; treat the message dicts as read-only.
 
     Producer: :func:`normalize_messages`; consumers: :class:`Renderer`, :func:`admission_items`,
-    ``grove.capture.splice.plan_prompt``. ``echoed_ids[i]`` are the provider ids the client sent on
+    ``grove.capture.splice.plan_call``. ``echoed_ids[i]`` are the provider ids the client sent on
     the source items of ``messages[i]`` (dropped from the message itself); both tuples have one
     entry per normalized message.
     """
@@ -196,6 +196,7 @@ class Renderer:
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         self.tokenizer = tokenizer
+        self.special_text = SpecialTokenText(tokenizer)
 
     def chat_template(self, options: RenderOptions) -> str:
         """The template text the options select: their own, else the tokenizer's."""
@@ -216,33 +217,59 @@ class Renderer:
         *,
         add_generation_prompt: bool | None = None,
     ) -> str:
-        """The template's text for ``messages``; the generation prompt follows ``options`` unless
-        ``add_generation_prompt`` overrides it (the splice renders prefixes without one)."""
-        kwargs = dict(options.template_kwargs)
-        if options.reasoning_effort is not None:
-            kwargs["reasoning_effort"] = options.reasoning_effort
+        """The template's text for ``messages``, as a :class:`RenderedText` that knows which
+        special tokens the template wrote (``capture/template_tokens.py``); the generation prompt
+        follows ``options`` unless ``add_generation_prompt`` overrides it (the splice renders
+        prefixes without one). Raises ``RenderError`` where the template treats special-token
+        text inside message text unlike other text."""
+        generation = (
+            options.add_generation_prompt if add_generation_prompt is None else add_generation_prompt
+        )
+        table: list[str] = []
+        special = self.special_text
+        escaped = (
+            special.escape(list(messages), table, keep_role=True),
+            None if options.tools is None else special.escape(list(options.tools), table),
+            special.escape(dict(options.template_kwargs), table),
+        )
+        if not table:
+            return special.rendered(self._apply(options, messages, generation))
         try:
-            text = self.tokenizer.apply_chat_template(
-                [dict(m) for m in messages],
-                tools=None if options.tools is None else [dict(t) for t in options.tools],
-                chat_template=self.chat_template(options),
-                add_generation_prompt=(
-                    options.add_generation_prompt
-                    if add_generation_prompt is None
-                    else add_generation_prompt
-                ),
-                tokenize=False,
-                **kwargs,
+            rendered = special.restore(self._apply(options, *escaped, generation), table)
+        except TemplateTokenError as exc:
+            raise RenderError(options.model, str(exc)) from None
+        if rendered != self._apply(options, messages, generation):
+            raise RenderError(
+                options.model,
+                "the chat template renders special-token text inside message text differently "
+                "from other text (it splits on it or changes it), so Grove cannot keep that "
+                "text as text; remove it from the messages or use another template",
             )
-        except jinja2.TemplateError as exc:
-            raise RenderError(options.model, f"{type(exc).__name__}: {exc}") from None
-        if not isinstance(text, str):
-            raise RenderError(options.model, f"expected text, got {type(text).__name__}")
-        return text
+        return rendered
+
+    def _apply(
+        self,
+        options: RenderOptions,
+        messages: Sequence[Mapping[str, Any]],
+        generation: bool,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        escaped: bool = False,
+    ) -> str:
+        raise NotImplementedError
 
     def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
-        """Token ids of ``text``; special tokens are added only when asked."""
-        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+        """Token ids of ``text``; special tokens are added only when asked. A
+        :class:`RenderedText` keeps special-token text inside message text as text (only the
+        template's own special tokens get their ids); a plain ``str`` is encoded as the tokenizer
+        encodes it, every special-token text matched (stop strings name tokens so)."""
+        if not isinstance(text, RenderedText):
+            return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+        try:
+            return self.special_text.encode(text, add_special_tokens=add_special_tokens)
+        except TemplateTokenError as exc:
+            raise RenderError(str(self.tokenizer.name_or_path), str(exc)) from None
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """The exact text of ``token_ids``: special tokens kept, no clean-up of spaces."""

@@ -66,7 +66,7 @@ from grove.ledger.admission import (
 )
 from grove.ledger.attempt import AttemptState
 
-__all__ = ["PromptPlan", "RawOutput", "plan_call", "plan_prompt"]
+__all__ = ["PromptPlan", "RawOutput", "plan_call"]
 
 _ENCODED_PAST = 2048
 """Characters of a rendered side encoded past the point where the sides part (its token window
@@ -90,7 +90,7 @@ class RawOutput:
 class PromptPlan:
     """The prompt of one call, the final decision that produced it, and the request's summary.
 
-    Producer: :func:`plan_call` (or :func:`plan_prompt`); consumers: the lifecycle
+    Producer: :func:`plan_call`; consumers: the lifecycle
     (``call.intended``: ``decision``, ``request_summary``, ``prompt_len``; the engine:
     ``prompt_token_ids``; the delta blob: ``delta_token_ids``; ``call.committed``:
     ``request_summary.extended(output items)``). ``prompt_token_ids[:prev_len]`` is the parent
@@ -186,24 +186,6 @@ def plan_call(
             plan.divergence,
         )
     return replace(plan, fixed_options=fixed)
-
-
-def plan_prompt(
-    renderer: Renderer,
-    request: NormalizedRequest,
-    options: RenderOptions,
-    decision: AdmissionDecision,
-    parent_token_ids: Sequence[int] | None = None,
-    raw_outputs: Sequence[RawOutput] = (),
-) -> PromptPlan:
-    """Plan a call's prompt from an admission decision: splice, or root with a recorded reason.
-
-    ``parent_token_ids`` is the parent chain's exact tokens (prompt plus generated, from its
-    blobs), required for a continuation and refused for a root; ``raw_outputs`` the exact texts
-    of that chain's outputs. Writes nothing.
-    """
-    summary = replay_summary(admission_items(request), renderer.options_digest(options))
-    return _plan(renderer, request, options, decision, parent_token_ids, summary, raw_outputs)
 
 
 def _plan(

@@ -300,7 +300,7 @@ class RequestBoundary:
 class AdmissionDecision:
     """Root or continuation for one request, and why; recorded on ``call.intended``.
 
-    Producer: :func:`decide`, then possibly ``grove.capture.splice.plan_prompt`` (which roots a
+    Producer: :func:`decide`, then possibly ``grove.capture.splice.plan_call`` (which roots a
     candidate whose boundary check fails, keeping ``candidate_call_id``). ``parent_call_id`` is set
     exactly when ``kind`` is continuation; ``reason`` exactly when it is root. ``candidate_call_id``
     is the parent admission chose, kept when the splice roots it. ``matched_call_ids`` are every

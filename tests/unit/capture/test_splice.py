@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,16 +17,14 @@ from grove.capture.render import (
     normalize_messages,
     replay_summary,
 )
-from grove.capture.splice import PromptPlan, RawOutput, plan_call, plan_prompt
+from grove.capture.splice import PromptPlan, RawOutput, plan_call
 from grove.ledger.admission import (
-    AdmissionDecision,
     AdmissionIndex,
     AmbiguousParentError,
     CallStatus,
     DecisionKind,
     Equivalence,
     RootReason,
-    admit,
 )
 
 Message = Mapping[str, Any]
@@ -63,25 +61,17 @@ def committed_root(
     return Parent(tuple(request), (*prompt, *generated), output, index)
 
 
-def decide_for(
-    renderer: Renderer, options: RenderOptions, request: NormalizedRequest, index: AdmissionIndex
-) -> AdmissionDecision:
-    """Admission's decision for ``request`` under ``options``."""
-    return admit(
-        admission_items(request),
-        render_options_digest=renderer.options_digest(options),
-        index=index,
-    )
-
-
 def plan_next(
     renderer: Renderer, options: RenderOptions, parent: Parent, *observations: Message
 ) -> tuple[NormalizedRequest, PromptPlan]:
     """Admit and plan the request that echoes the parent's history and adds ``observations``."""
     request = normalize_messages([*parent.request, parent.output, *observations])
-    decision = decide_for(renderer, options, request, parent.index)
-    chain = parent.chain if decision.kind is DecisionKind.CONTINUATION else None
-    return request, plan_prompt(renderer, request, options, decision, chain)
+    return request, plan_call(renderer, request, options, parent.index, chain_of(parent))
+
+
+def chain_of(parent: Parent) -> Callable[[str], tuple[int, ...]]:
+    """``plan_call``'s ``parent_tokens`` for a ledger whose only call is ``parent``."""
+    return {"c1": parent.chain}.__getitem__
 
 
 def answered_root(
@@ -98,8 +88,7 @@ def test_root_prompt_is_the_tokenized_rendering_of_the_request(
     renderer: Renderer, options: RenderOptions
 ) -> None:
     request = normalize_messages([SYSTEM, TASK])
-    decision = decide_for(renderer, options, request, AdmissionIndex())
-    plan = plan_prompt(renderer, request, options, decision)
+    plan = plan_call(renderer, request, options, AdmissionIndex(), lambda call_id: ())
     assert plan.prompt_token_ids == tuple(
         renderer.encode(renderer.render(request.messages, options))
     )
@@ -209,10 +198,10 @@ def test_a_parsed_output_continues_from_its_exact_text_where_the_template_render
     output = {"role": "assistant", "reasoning_content": "check", "tool_calls": [TOOL_CALL]}
     parent = answered_root(renderer, options, text, output)
     request = normalize_messages([*parent.request, parent.output, TOOL_RESULT])
-    decision = decide_for(renderer, options, request, parent.index)
-    rendered = plan_prompt(renderer, request, options, decision, parent.chain)
+    rendered = plan_call(renderer, request, options, parent.index, chain_of(parent))
     assert rendered.decision.reason is RootReason.RENDERED_HISTORY_DIFFERS
-    exact = plan_prompt(renderer, request, options, decision, parent.chain, [RawOutput(2, text)])
+    raw = {"c1": [RawOutput(2, text)]}.__getitem__
+    exact = plan_call(renderer, request, options, parent.index, chain_of(parent), raw)
     assert (exact.decision.kind, exact.prev_len) == (DecisionKind.CONTINUATION, len(parent.chain))
     assert exact.prompt_token_ids[: exact.prev_len] == parent.chain
     assert renderer.decode(exact.delta_token_ids) == (
@@ -225,11 +214,9 @@ def test_an_output_equal_to_its_exact_text_renders_the_prefix_once(
 ) -> None:
     parent = answered_root(renderer, options, "Sunny.")
     request = normalize_messages([*parent.request, parent.output, FOLLOW_UP])
-    decision = decide_for(renderer, options, request, parent.index)
-    with_raw = plan_prompt(
-        renderer, request, options, decision, parent.chain, [RawOutput(2, "Sunny.")]
-    )
-    assert with_raw == plan_prompt(renderer, request, options, decision, parent.chain)
+    raw = {"c1": [RawOutput(2, "Sunny.")]}.__getitem__
+    with_raw = plan_call(renderer, request, options, parent.index, chain_of(parent), raw)
+    assert with_raw == plan_call(renderer, request, options, parent.index, chain_of(parent))
 
 
 def test_continuation_without_parent_tokens_raises_splice_error(
@@ -237,26 +224,8 @@ def test_continuation_without_parent_tokens_raises_splice_error(
 ) -> None:
     parent = answered_root(renderer, options, "Sunny.")
     request = normalize_messages([*parent.request, parent.output, FOLLOW_UP])
-    decision = decide_for(renderer, options, request, parent.index)
     with pytest.raises(SpliceError, match=r"parent call c1.*needs its parent chain's exact tokens"):
-        plan_prompt(renderer, request, options, decision, None)
-
-
-def test_root_with_parent_tokens_raises_splice_error(
-    renderer: Renderer, options: RenderOptions
-) -> None:
-    request = normalize_messages([SYSTEM, TASK])
-    decision = decide_for(renderer, options, request, AdmissionIndex())
-    with pytest.raises(SpliceError, match="a root takes no parent tokens"):
-        plan_prompt(renderer, request, options, decision, [1, 2, 3])
-
-
-def test_decision_for_another_request_raises_splice_error(
-    renderer: Renderer, options: RenderOptions
-) -> None:
-    decision = decide_for(renderer, options, normalize_messages([SYSTEM, TASK]), AdmissionIndex())
-    with pytest.raises(SpliceError, match="made for 2 items, the request has 1"):
-        plan_prompt(renderer, normalize_messages([TASK]), options, decision)
+        plan_call(renderer, request, options, parent.index, lambda call_id: ())
 
 
 def tool_call_root(renderer: Renderer, options: RenderOptions) -> Parent:
@@ -323,10 +292,6 @@ def test_plan_call_carries_the_request_replay_summary(
     plan = plan_call(renderer, request, options, AdmissionIndex(), lambda call_id: ())
     assert plan.request_summary == replay_summary(
         admission_items(request), renderer.options_digest(options)
-    )
-    assert (
-        plan.request_summary
-        == plan_prompt(renderer, request, options, plan.decision).request_summary
     )
 
 

@@ -13,7 +13,7 @@ from grove.capture.embedded import CHATML_TEMPLATE, REASONING_STRIPPING_TEMPLATE
 from grove.capture.errors import UnexplainedRootError
 from grove.capture.fixed_options import FIXED_OPTIONS_KEY
 from grove.capture.render import Renderer, RenderOptions, normalize_messages
-from grove.capture.splice import RawOutput, plan_call, plan_prompt
+from grove.capture.splice import RawOutput, plan_call
 from grove.ledger.admission import DecisionKind, RootReason
 from tests.fixtures.templates import TURN_MARKING_TEMPLATE, turn_mark
 
@@ -23,8 +23,8 @@ from .test_splice import (
     TASK,
     Parent,
     answered_root,
+    chain_of,
     committed_root,
-    decide_for,
     plan_next,
 )
 
@@ -115,10 +115,8 @@ def test_output_whitespace_a_trimming_template_drops_is_changed_content_at_the_o
     renderer = Renderer(build_tokenizer(template=trimming))
     parent = answered_root(renderer, options, "  Sunny. ")
     request = normalize_messages([*parent.request, parent.output, FOLLOW_UP])
-    decision = decide_for(renderer, options, request, parent.index)
-    plan = plan_prompt(
-        renderer, request, options, decision, parent.chain, [RawOutput(2, "  Sunny. ")]
-    )
+    raw = {"c1": [RawOutput(2, "  Sunny. ")]}.__getitem__
+    plan = plan_call(renderer, request, options, parent.index, chain_of(parent), raw)
     assert plan.decision.reason is RootReason.RENDERED_HISTORY_DIFFERS
     assert plan.divergence is not None
     assert (plan.divergence.message_index, plan.divergence.cause) == (2, Cause.CHANGED_CONTENT)
@@ -132,11 +130,12 @@ def test_a_continuation_and_an_explained_root_carry_no_divergence(
     parent = answered_root(renderer, options, "Sunny.")
     _, continued = plan_next(renderer, options, parent, FOLLOW_UP)
     assert (continued.decision.kind, continued.divergence) == (DecisionKind.CONTINUATION, None)
-    rewritten = plan_prompt(
+    rewritten = plan_call(
         renderer,
         normalize_messages([SYSTEM, FOLLOW_UP]),
         options,
-        decide_for(renderer, options, normalize_messages([SYSTEM, FOLLOW_UP]), parent.index),
+        parent.index,
+        chain_of(parent),
     )
     assert (rewritten.decision.reason, rewritten.divergence) == (
         RootReason.HISTORY_REWRITTEN,
