@@ -1,6 +1,6 @@
 """Cleanup of staging blobs: exact deletes, orphan collection, and staging-partition teardown.
 
-Rules (design.md "Storage", seed "Measurement and lifecycle"):
+Rules (``docs/storage.md``, "Cleanup rules"):
 
 - A blob is written before its ``call.committed`` event, so a blob that no event names is an
   **orphan** — unless its call is **pending** (intended, neither committed nor failed-and-settled):

@@ -1,8 +1,8 @@
 """The call-delta codec: one committed call's tensors as one safetensors blob, exactly.
 
-A call stores only what it adds to its context (design.md, "Storage"): the new prompt tokens
-(for a root, its whole rendered prompt), the generated tokens with their generation logprobs, and,
-where present, routed experts and the processed media of its new prompt tokens.
+A call stores only what it adds to its context (``docs/storage.md``, "Codec"): the new prompt
+tokens (for a root, its whole rendered prompt), the generated tokens with their generation
+logprobs, and, where present, routed experts and the processed media of its new prompt tokens.
 
 Blob layout (safetensors; ``docs/storage.md`` has the full description):
 

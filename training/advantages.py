@@ -9,10 +9,9 @@
   so its own reward never lowers its own advantage. With ``normalize_std`` the scale is also left
   out: ``s_i`` is the unbiased deviation of those ``n - 1`` other rewards (0 when fewer than two),
   and ``A_i = (r_i - b_i) / (s_i + epsilon)`` where ``s_i > 0``, else ``r_i - b_i`` (dividing by
-  ``epsilon`` alone would blow a two-rollout group up to ``1 / epsilon``). This is NeMo-RL's
-  definition (``calculate_baseline_and_std_per_prompt`` with ``leave_one_out_baseline``, then
-  ``normalize_advantages_with_epsilon``, which skips a zero deviation). A group with a single
-  participant has no sibling to compare with: its advantage is 0.
+  ``epsilon`` alone would blow a two-rollout group up to ``1 / epsilon``; ``docs/forest.md``,
+  "Around the forest", works an example). A group with a single participant has no sibling to
+  compare with: its advantage is 0.
 - Only verified rollouts (a forest with no mask reason) take part. A verified rollout can still be
   filtered: flagged by the environment (``env_masked``), truncated under ``overlong_filtering``
   (any selected generation hit a length limit), or over ``seq_logprob_error_threshold`` (its
@@ -26,7 +25,8 @@
   too. Each rollout counts once and padding never counts.
 - Broadcast: row ``r`` gets the advantage of ``parent_indices[r]``; padding (-1) gets 0.
 
-The pooled error weighs every uniquely owned generated token equally, so splitting the same
+The pooled error (TMPE, defined in ``docs/metrics.md``, "Trainer and generation agreement: TMPE
+and generation KL") weighs every uniquely owned generated token equally, so splitting the same
 generations into more rows leaves the decision unchanged. Textbook GRPO has one sequence per
 sample; here a sample is a logical rollout with one or more rows (``docs/forest.md``).
 """

@@ -7,23 +7,19 @@ The loss, per retained token ``t`` of row ``r`` with the row's broadcast advanta
     loss    = sum_t loss_t / N
 
 where ``N`` is the number of retained valid tokens in the whole step (every micro batch together),
-so a step split into micro batches sums to the same loss and gradient as one pass (NeMo-RL's
-``global_valid_toks``). A token is retained when its loss mask is 1, its row belongs to a logical
-owner (owner index >= 0) and its row is kept (``row_mask``). Padding rows and masked rows
-therefore contribute nothing, to the loss or to ``N``. How it departs from the textbook PPO: the
-ratio is taken against the generation engine's logprobs (the behaviour policy), because Grove takes
-one optimizer step per batch, and the advantage is one number per logical rollout, broadcast to all
-of its rows.
+so a step split into micro batches sums to the same loss and gradient as one pass. A token is
+retained when its loss mask is 1, its row belongs to a logical owner (owner index >= 0) and its
+row is kept (``row_mask``). Padding rows and masked rows therefore contribute nothing, to the loss
+or to ``N``. How it departs from the textbook PPO: the ratio is taken against the generation
+engine's logprobs (the behaviour policy), because Grove takes one optimizer step per batch, and
+the advantage is one number per logical rollout, broadcast to all of its rows.
 
-Diagnostics follow NeMo-RL's definitions (``nemo_rl/algorithms/loss_functions.py``,
-``ClippedPGLossFn``; ``calculate_kl`` in ``nemo_rl/algorithms/utils.py``), over the same retained
-tokens:
+Diagnostics, over the same retained tokens, as ``docs/metrics.md`` defines them ("Trainer and
+generation agreement: TMPE and generation KL"), with ``r = logp_trainer - logp_generation``:
 
-- token multiplicative probability error (TMPE): ``exp(|logp_trainer - logp_generation|)`` per
-  token; NeMo-RL's ``token_mult_prob_error`` is its mean, we also report its max;
-- generation KL error: NeMo-RL's ``gen_kl_error``, the k3 estimator of KL(P_gen || P_train) from
-  tokens sampled by the generator: with ``logr = logp_trainer - logp_generation``,
-  ``exp(logr) - 1 - logr`` per token (Schulman 2020, http://joschu.net/blog/kl-approx.html), mean.
+- token multiplicative probability error (TMPE): ``exp(|r|)`` per token; its mean and its max;
+- generation KL error: the k3 estimator of KL(generation || trainer), ``exp(r) - 1 - r`` per
+  token, mean.
 
 TMPE is also pooled per logical rollout over its uniquely owned generated tokens (loss mask and
 owner, before any row is excluded), each token with equal weight, so splitting a rollout into more
@@ -70,7 +66,7 @@ class ClipRange:
 
 
 DEFAULT_CLIP = ClipRange()
-"""PPO's symmetric 0.2 clip, NeMo-RL's default."""
+"""PPO's symmetric 0.2 clip."""
 
 
 @dataclass(frozen=True)
