@@ -2,8 +2,8 @@
 
 ``demo_ledger`` runs one demo step in this process (8 rollouts of the tool agent through the
 in-process gateway, projected and trained) and picks a *showcase* attempt: one with a call the
-harness rejected and a context rewrite that started a new root, finalized trainable — the seed's
-figure "Selecting and reconstructing training rows". ``copy_ledger`` imports its events into
+harness rejected and a context rewrite that started a new root, finalized trainable — the shape
+of ``docs/forest.md``'s "Walkthrough: a compaction example". ``copy_ledger`` imports its events into
 another database (SQLite or PostgreSQL) with their stream versions and event ids.
 
 PostgreSQL's JSONB cannot hold the NUL character, which the demo's untrained model sometimes
