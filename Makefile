@@ -34,9 +34,23 @@ test-vllm: $(STAMP)
 test-reliability: $(STAMP)
 	$(BIN)/python -m pytest -n 2 --dist loadgroup tests/reliability $(PYTEST_ARGS)
 
+# ruff, then mypy over the installed packages (grove, which holds grove.ledger, grove.storage,
+# grove.capture, grove.training and grove.migrations, and grove_errors). mypy does not run the
+# editable install's import hook, so it cannot see that grove.ledger is the folder ledger/: the
+# recipe makes build/mypy (gitignored) anew each run, a tree of links (grove/<each entry of grove/>,
+# grove/ledger -> ledger/ and the other layers, grove_errors), and [tool.mypy] mypy_path points at
+# it. mypy names files by their link, so build/mypy/grove/ledger/x.py is ledger/x.py.
+MYPY_TREE := build/mypy
+LAYERS := ledger storage capture training migrations
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	rm -rf $(MYPY_TREE) && mkdir -p $(MYPY_TREE)/grove
+	for f in grove/*; do ln -s ../../../$$f $(MYPY_TREE)/grove/; done
+	for p in $(LAYERS); do ln -s ../../../$$p $(MYPY_TREE)/grove/$$p; done
+	ln -s ../../grove_errors $(MYPY_TREE)/grove_errors
+	$(BIN)/mypy -p grove -p grove_errors
 
 format: $(STAMP)
 	$(BIN)/ruff format .
