@@ -500,11 +500,11 @@ class AttemptLog:
             state = self.load(capture_key)
         if state.settled is None:
             pending = state.pending_call_ids
-            settled = AttemptSettled(pending_call_ids=pending, timed_out=bool(pending))
+            outcome = AttemptSettled(pending_call_ids=pending, timed_out=bool(pending))
             self._record(
                 capture_key,
                 f"{capture_key}:settled",
-                settled,
+                outcome,
                 lambda s: _ALREADY if s.settled is not None else None,
             )
         return self.load(capture_key)

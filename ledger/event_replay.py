@@ -242,7 +242,7 @@ def describe_event(event: Event, state: AttemptState) -> str:
             f"{event.prompt_group}; {mode}; selection {event.selection_policy}"
         )
     if isinstance(event, CallIntended):
-        if event.decision == DecisionKind.CONTINUATION:
+        if event.decision == DecisionKind.CONTINUATION.value:
             kind = f"continuation of {event.parent_call_id}"
         else:
             kind = f"root ({event.root_reason})"

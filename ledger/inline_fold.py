@@ -155,6 +155,15 @@ def _attempt_update(values: Callable[[Event], dict[str, object]]) -> Applier:
     return apply
 
 
+def _settled(conn: Connection, item: Folded, event: AttemptSettled) -> bool:
+    values: dict[str, object] = {
+        "settled": True,
+        "admissions_closed": True,
+        "settle_timed_out": event.timed_out,
+    }
+    return _attempt_update(lambda _: values)(conn, item)
+
+
 def _cleaned(conn: Connection, item: Folded) -> bool:
     # Keys of an attempt never opened may be cleaned too: nothing to show, nothing contradicted.
     _attempt_update(lambda _: {"cleaned": True})(conn, item)
@@ -373,9 +382,7 @@ def _published(conn: Connection, item: Folded, event: BatchPublished) -> bool:
 APPLIERS: dict[str, Applier] = {
     AttemptOpened.type: _typed(AttemptOpened, _opened),
     AdmissionsClosed.type: _attempt_update(lambda _: {"admissions_closed": True}),
-    AttemptSettled.type: _attempt_update(
-        lambda e: {"settled": True, "admissions_closed": True, "settle_timed_out": e.timed_out}
-    ),
+    AttemptSettled.type: _typed(AttemptSettled, _settled),
     AttemptCleaned.type: _cleaned,
     CallIntended.type: _typed(CallIntended, _intended),
     CallCommitted.type: _typed(CallCommitted, _committed),
@@ -393,7 +400,7 @@ def _text_safe(item: Folded) -> Folded:
     cannot hold it (the event table keeps the exact string, escaped in JSONB)."""
     if item.nul_free:
         return item
-    changed = {}
+    changed: dict[str, object] = {}
     for name, value in item.event:
         if isinstance(value, str) and "\x00" in value:
             changed[name] = value.replace("\x00", "\ufffd")

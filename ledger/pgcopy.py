@@ -22,7 +22,25 @@ from psycopg.copy import LibpqWriter
 from psycopg.waiting import Wait
 from sqlalchemy import Connection, exc
 
-__all__ = ["as_sqlalchemy_errors", "copy_block", "copy_lines", "copy_parts", "copy_text"]
+__all__ = [
+    "as_sqlalchemy_errors",
+    "copy_block",
+    "copy_lines",
+    "copy_parts",
+    "copy_text",
+    "driver_connection",
+]
+
+
+def driver_connection(conn: Connection) -> psycopg.Connection:
+    """The psycopg connection under ``conn``, for what goes past SQLAlchemy (``COPY``, pipelines);
+    raises SQLAlchemy's ``ResourceClosedError`` where ``conn`` has none (closed or invalidated)."""
+    driver = conn.connection.driver_connection
+    if driver is None:
+        raise exc.ResourceClosedError(
+            "the connection has no psycopg connection: closed or invalidated"
+        )
+    return driver
 
 
 def copy_text(value: str) -> str:
@@ -73,7 +91,8 @@ def as_sqlalchemy_errors(conn: Connection, statement: str) -> Iterator[None]:
     try:
         yield
     except psycopg.Error as error:
-        broken = conn.connection.driver_connection.broken
+        driver = conn.connection.driver_connection
+        broken = driver is None or driver.broken  # none: SQLAlchemy has invalidated it
         raise exc.DBAPIError.instance(
             statement, None, error, psycopg.Error, connection_invalidated=broken
         ) from error
@@ -129,7 +148,7 @@ def copy_block(
     """Write ``block``, rows in ``COPY``'s text format, into ``table`` on the connection's
     transaction, running ``meanwhile`` (no statements) while the server writes them."""
     statement = f"COPY {table} ({', '.join(columns)}) FROM STDIN"  # Grove's own names
-    driver = conn.connection.driver_connection
+    driver = driver_connection(conn)
     with as_sqlalchemy_errors(conn, statement), driver.cursor() as cursor:
         writer = _EndFirst(cursor, meanwhile) if meanwhile is not None else None
         with cursor.copy(statement, writer=writer) as copy:

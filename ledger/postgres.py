@@ -54,7 +54,7 @@ from grove.ledger.append_batch import AppendBatch, AppendedRow, Landed, Meanwhil
 from grove.ledger.appending import append_statement
 from grove.ledger.errors import ImportConflict
 from grove.ledger.events import LedgerPosition
-from grove.ledger.pgcopy import as_sqlalchemy_errors, copy_parts, copy_text
+from grove.ledger.pgcopy import as_sqlalchemy_errors, copy_parts, copy_text, driver_connection
 from grove.ledger.schema import EVENTS
 
 __all__ = [
@@ -242,12 +242,14 @@ class PostgresBackend:
         """The ``COPY`` append: by parts (``_parts``), each prepared (validated and serialised)
         while the server writes the one before (``ledger/pgcopy.py``)."""
         stream_id, count = batch.stream_id, len(batch)
-        driver = conn.connection.driver_connection
+        driver = driver_connection(conn)
         with as_sqlalchemy_errors(conn, _SLOTS), driver.cursor() as cursor:
             with driver.pipeline():  # sent at once, its result read after the first part
                 cursor.execute(_SLOTS, (stream_id, count))
                 batch.rows(0, COPY_PART)  # prepared while the server draws the positions
-            current, positions = cursor.fetchone()
+            slots = cursor.fetchone()
+        assert slots is not None  # a SELECT of values has one row
+        current, positions = slots
         if expected_version is not None and current != expected_version:
             return None  # the drawn positions stay unused, as after any rolled-back insert
         positions.sort()
@@ -298,7 +300,7 @@ class PostgresBackend:
     def bulk_insert(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
         """Insert prepared rows with ``COPY … FROM STDIN`` on the connection's transaction."""
         statement = f"COPY grove_events ({', '.join(COPY_COLUMNS)}) FROM STDIN"  # constant names
-        driver = conn.connection.driver_connection
+        driver = driver_connection(conn)
         try:
             self._copy(driver, statement, rows)
         except psycopg.IntegrityError as error:  # raw driver errors: COPY bypasses SQLAlchemy

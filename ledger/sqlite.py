@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Integer, Row, String, bindparam, insert, select, union_all
 from sqlalchemy.sql.dml import Insert
+from sqlalchemy.types import TypeEngine
 
 from grove.ledger.append_batch import AppendBatch, Meanwhile
 from grove.ledger.appending import append_statement
@@ -20,7 +21,7 @@ from grove.ledger.schema import EVENTS
 
 __all__ = ["SqliteBackend"]
 
-_TYPES = {
+_TYPES: dict[str, TypeEngine[Any]] = {
     "event_id": String(),
     "ordinal": Integer(),
     "event_type": String(),

@@ -24,11 +24,11 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from sqlalchemy import Engine, Row, Select, bindparam, exc, func, select
 
-from grove.ledger.append_batch import AppendBatch, AppendedRow, new_event_id
+from grove.ledger.append_batch import AppendBatch, AppendedRow, Landed, new_event_id
 from grove.ledger.database import autocommit, dialect_of, open_engine, translate_errors
 from grove.ledger.errors import (
     EventIdConflict,
@@ -148,7 +148,7 @@ def _stored(row: Row) -> StoredEvent:
     )
 
 
-def _version_query(stream_id: str) -> Select[tuple[int]]:
+def _version_query(stream_id: str) -> Select[int]:
     return select(func.coalesce(func.max(EVENTS.c.stream_version), 0)).where(
         EVENTS.c.stream_id == stream_id
     )
@@ -215,13 +215,14 @@ class EventStore:
                     fold = AppendFold(batch, self.backend.name) if self.project_inline else None
                     with self.engine.begin() as conn:
                         landed = self.backend.insert_rows(
-                            conn, batch, expected, fold and fold.stage
+                            conn, batch, expected, fold.stage if fold is not None else None
                         )
                         if landed is not None:
                             by_id = {row.event_id: row for row in landed}
                             placed = [by_id[event_id] for event_id in batch.event_ids]
                             if fold is not None:
-                                fold.apply(conn, placed)
+                                # rows of position, event_id, stream_version: as Landed
+                                fold.apply(conn, cast("list[Landed]", placed))
                 except exc.IntegrityError:
                     # A racing writer took our version or an event id is recorded: decide
                     # from the committed state (the next round succeeds or raises precisely).
