@@ -193,7 +193,11 @@ class CallDelta:
             (self.prompt_delta, other.prompt_delta),
             (self.generated, other.generated),
             (self.logprobs, other.logprobs),
-            *([(self.routes, other.routes)] if self.routes is not None else []),
+            *(
+                [(self.routes, other.routes)]
+                if self.routes is not None and other.routes is not None
+                else []
+            ),
             *[(a.pixels, b.pixels) for a, b in zip(self.media, other.media, strict=True)],
         ]
         return all(

@@ -16,6 +16,7 @@ Anything else is a programming error and propagates untranslated.
 from __future__ import annotations
 
 from types import TracebackType
+from typing import Literal
 
 import aiohttp
 from botocore.exceptions import BotoCoreError, ClientError
@@ -77,7 +78,7 @@ class backend_errors:  # lower case: it reads as a function, ``with backend_erro
         kind: type[BaseException] | None,
         exc: BaseException | None,
         traceback: TracebackType | None,
-    ) -> bool:
+    ) -> Literal[False]:
         if exc is not None and isinstance(exc, BACKEND_ERRORS):
             raise translate(
                 exc, operation=self.operation, key=self.key, store_url=self.store_url

@@ -202,7 +202,8 @@ class S3FileSystem(s3fs.S3FileSystem):
         if start is not None or end is not None or kwargs or version:
             return sync(self.loop, self._cat_file, path, start=start, end=end, **kwargs)
         try:
-            response = self.client.get_object(Bucket=bucket, Key=key)
+            # botocore makes the S3 operations at run time; its stubs' BaseClient lacks them
+            response = self.client.get_object(Bucket=bucket, Key=key)  # type: ignore[attr-defined]
         except ClientError as error:
             raise translate_boto_error(error) from error
         with contextlib.closing(response["Body"]) as body:
@@ -229,7 +230,10 @@ class S3Backend:
         """Store ``data`` at ``path`` unless it exists (``If-None-Match: *``): FileExistsError."""
         bucket, _, key = path.partition("/")
         try:
-            self.fs.client.put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+            # botocore makes the S3 operations at run time; its stubs' BaseClient lacks them
+            self.fs.client.put_object(  # type: ignore[attr-defined]
+                Bucket=bucket, Key=key, Body=data, IfNoneMatch="*"
+            )
         except ClientError as error:
             if _precondition_failed(error):
                 raise FileExistsError(f"s3://{path} exists (412 Precondition Failed)") from error
