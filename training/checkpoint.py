@@ -50,6 +50,7 @@ import torch
 from safetensors.torch import load_file, save_model
 
 from grove.training.errors import TrainingError
+from grove.training.state_dict_fit import state_dict_fit
 
 __all__ = [
     "CHECKPOINT_FILES",
@@ -443,23 +444,16 @@ def _check_compatible(path: Path, saved: CheckpointMetadata, expect: ResumeExpec
 
 
 def _check_same_model(path: Path, model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
-    state = model.state_dict()
-    stored = {state[name].data_ptr() for name in tensors if name in state}
-    # A name absent from the file is fine when it aliases a stored tensor (tied weights are
-    # stored once by ``save_model``).
-    missing = sorted(
-        name for name in state if name not in tensors and state[name].data_ptr() not in stored
-    )
-    unexpected = sorted(name for name in tensors if name not in state)
-    reshaped = sorted(
-        name for name in tensors if name in state and tensors[name].shape != state[name].shape
-    )
-    if missing or unexpected or reshaped:
+    fit = state_dict_fit(model, tensors)  # tied weights are stored once by ``save_model``
+    if not fit.same_layout:
         raise CheckpointIncompatible(
             path,
             "model parameters",
-            {"only in checkpoint": unexpected, "other shape": reshaped},
-            {"only in model": missing},
+            {
+                "only in checkpoint": list(fit.unexpected),
+                "other shape": [name for name, _, _ in fit.reshaped],
+            },
+            {"only in model": list(fit.missing)},
             "the model's architecture differs from the checkpoint's; build the same model.",
         )
 

@@ -33,6 +33,7 @@ from safetensors.torch import load_file
 from grove.errors import JobError
 from grove.jobs.models import DTYPES, LoadedModel, load_model, quiet_transformers
 from grove.training.checkpoint import verify_checkpoint
+from grove.training.state_dict_fit import state_dict_fit
 
 __all__ = [
     "EXPORT_RECORD",
@@ -74,35 +75,20 @@ def _check_tensors(
     checkpoint: Path, model: torch.nn.Module, tensors: dict[str, torch.Tensor]
 ) -> None:
     """The checkpoint's tensors are exactly the model's parameters and buffers in its state
-    dict: same names, shapes and dtypes. A name absent from the file is fine when it shares
-    storage with a stored one (tied weights are stored once)."""
-    state = model.state_dict()
-    stored = {state[name].data_ptr() for name in tensors if name in state}
-    missing = sorted(
-        name for name in state if name not in tensors and state[name].data_ptr() not in stored
-    )
-    unexpected = sorted(name for name in tensors if name not in state)
-    reshaped = sorted(
-        f"{name}: {tuple(tensors[name].shape)} vs {tuple(state[name].shape)}"
-        for name in tensors
-        if name in state and tensors[name].shape != state[name].shape
-    )
-    if missing or unexpected or reshaped:
+    dict: same names (a tied weight stored once), shapes and dtypes
+    (``grove.training.state_dict_fit``)."""
+    fit = state_dict_fit(model, tensors)
+    if not fit.same_layout:
+        reshaped = [f"{name}: {saved} vs {wanted}" for name, saved, wanted in fit.reshaped]
         raise ExportError(
             checkpoint,
             f"Checkpoint {checkpoint} does not fit the model it is exported onto (only in the "
-            f"checkpoint: {unexpected[:10]}; only in the model: {missing[:10]}; checkpoint vs "
-            f"model shape: {reshaped[:10]}). Pass the run's model.path as --model.",
+            f"checkpoint: {list(fit.unexpected[:10])}; only in the model: "
+            f"{list(fit.missing[:10])}; checkpoint vs model shape: {reshaped[:10]}). Pass the "
+            "run's model.path as --model.",
         )
-    retyped = sorted(
-        {
-            (str(tensors[name].dtype), str(state[name].dtype))
-            for name in tensors
-            if tensors[name].dtype != state[name].dtype
-        }
-    )
-    if retyped:
-        saved, loaded = retyped[0]
+    if fit.retyped:
+        saved, loaded = fit.retyped[0]
         raise ExportError(
             checkpoint,
             f"Checkpoint {checkpoint} holds {saved} tensors but the model was loaded as "
