@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from grove.capture.lifecycle import CallOutcome
 from grove.capture.wire import JSONObject, TokenLogprob, WireReply, WireRequest
+from grove.ledger.bounds import MAX_COUNT, Seed
 
 __all__ = [
     "ChatCompletion",
@@ -52,7 +53,9 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(WireRequest):
     """``POST /v1/chat/completions``. ``max_tokens`` and ``max_completion_tokens`` are synonyms.
 
-    Sampling bounds are checked by ``grove.capture.engine.SamplingParams`` (one place); ``stop``
+    Sampling bounds are checked by ``grove.capture.engine.SamplingParams`` (one place; the
+    integer ranges any engine and the ledger hold are also declared here, so that the OpenAPI
+    schema states them: ``docs/gateway.md``, "Field ranges"); ``stop``
     strings must each be one token of the model's vocabulary; ``n`` must be 1 and
     ``top_logprobs`` 0 or absent (the engine reports the sampled token's logprob only);
     ``stream`` true answers with buffered chunks. ``tool_choice`` is ``auto``, ``none``,
@@ -64,11 +67,11 @@ class ChatCompletionRequest(WireRequest):
 
     model: str
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
+    max_tokens: int | None = Field(default=None, le=MAX_COUNT)
+    max_completion_tokens: int | None = Field(default=None, le=MAX_COUNT)
     temperature: float | None = None
     top_p: float | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     stop: str | list[str] | None = None
     n: int | None = None
     stream: bool | None = None

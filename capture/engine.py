@@ -20,6 +20,7 @@ from typing import Any, Final, Literal, Protocol, get_args, runtime_checkable
 import torch
 
 from grove.capture.errors import InvalidGenerationError, InvalidSamplingError
+from grove.ledger.bounds import MAX_COUNT, MAX_SEED
 
 __all__ = [
     "FINISH_REASONS",
@@ -116,10 +117,13 @@ class SamplingParams:
     """How to sample one generation. Producer: the gateway (request body); consumer: an engine.
 
     ``top_k`` 0 and ``top_p`` 1.0 mean no truncation of the distribution. ``seed`` None lets the
-    engine use its own random stream. ``stop_token_ids`` are added to the engine's own stop tokens
-    (end of turn, end of text); a stop token is part of the generation. ``constraint`` None
-    samples freely; else every token is drawn from the distribution renormalized over the tokens
-    the constraint's grammar allows, and its logprob is taken under that distribution.
+    engine use its own random stream; else it is a non-negative signed 64-bit integer (what
+    torch's generator and vLLM take). ``max_tokens`` and ``top_k`` are at most ``2**31 - 1`` (the
+    ledger's integer columns; ``grove.ledger.bounds``). ``stop_token_ids`` are added to the
+    engine's own stop tokens (end of turn, end of text); a stop token is part of the generation.
+    ``constraint`` None samples freely; else every token is drawn from the distribution
+    renormalized over the tokens the constraint's grammar allows, and its logprob is taken under
+    that distribution.
     """
 
     max_tokens: int
@@ -131,16 +135,29 @@ class SamplingParams:
     constraint: OutputConstraint | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_tokens, bool) or self.max_tokens < 1:
-            raise InvalidSamplingError("max_tokens", self.max_tokens, "an integer >= 1")
+        if _not_int_in(self.max_tokens, 1, MAX_COUNT):
+            raise InvalidSamplingError(
+                "max_tokens", self.max_tokens, f"an integer in [1, {MAX_COUNT}]"
+            )
         if not (math.isfinite(self.temperature) and self.temperature > 0):
             raise InvalidSamplingError("temperature", self.temperature, "a finite number > 0")
         if not 0 < self.top_p <= 1:
             raise InvalidSamplingError("top_p", self.top_p, "a number in (0, 1]")
-        if self.top_k < 0:
-            raise InvalidSamplingError("top_k", self.top_k, "an integer >= 0 (0: disabled)")
+        if _not_int_in(self.top_k, 0, MAX_COUNT):
+            raise InvalidSamplingError(
+                "top_k", self.top_k, f"an integer in [0, {MAX_COUNT}] (0: disabled)"
+            )
+        if self.seed is not None and _not_int_in(self.seed, 0, MAX_SEED):
+            raise InvalidSamplingError(
+                "seed", self.seed, f"None or an integer in [0, {MAX_SEED}] (a signed 64-bit seed)"
+            )
         if any(t < 0 for t in self.stop_token_ids):
             raise InvalidSamplingError("stop_token_ids", self.stop_token_ids, "token ids >= 0")
+
+
+def _not_int_in(value: object, low: int, high: int) -> bool:
+    """Whether ``value`` is anything but an integer (a bool is not one) in ``[low, high]``."""
+    return isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from pydantic import Field
 
 from grove.capture.lifecycle import CallOutcome
 from grove.capture.wire import JSONObject, TokenLogprob, WireReply, WireRequest
+from grove.ledger.bounds import MAX_COUNT
 
 __all__ = [
     "LOGPROBS_INCLUDE",
@@ -57,7 +58,7 @@ class ResponsesRequest(WireRequest):
     model: str
     input: str | list[JSONObject]
     instructions: str | None = None
-    max_output_tokens: int | None = None
+    max_output_tokens: int | None = Field(default=None, le=MAX_COUNT)
     temperature: float | None = None
     top_p: float | None = None
     stream: bool | None = None

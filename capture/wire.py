@@ -17,13 +17,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from grove.capture import errors as capture_errors
 from grove.capture import vllm
+from grove.capture.surrogates import lone_surrogate_at
 from grove.ledger import admission
 from grove.ledger import errors as ledger_errors
 from grove.ledger.attempt import AttemptError, AttemptState, CallStatus, StaleAttemptState
+from grove.ledger.bounds import MAX_NAME_CHARS, Count, Name, Seed
 from grove.storage import errors as storage_errors
 
 __all__ = [
@@ -49,15 +51,35 @@ __all__ = [
     "attempt_status",
     "error_body",
     "error_status",
+    "refuse_lone_surrogates",
 ]
 
 JSONObject = dict[str, Any]
 
 
+def refuse_lone_surrogates(body: Any) -> Any:
+    """``body`` (parsed JSON) unchanged; ``ValueError`` naming where it holds a lone surrogate,
+    which no store can hold (``capture/surrogates.py``). Every request model runs it first."""
+    where = lone_surrogate_at(body)
+    if where is not None:
+        raise ValueError(
+            f"{where or 'the body'} holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff "
+            "escape), which is not text; send valid Unicode (pair the surrogates, or escape the "
+            "character's code point)"
+        )
+    return body
+
+
 class WireRequest(BaseModel):
-    """A request body: unknown fields are refused, never silently ignored."""
+    """A request body: unknown fields are refused, never silently ignored; a lone surrogate
+    anywhere in it is refused before any field is read."""
 
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_is_unicode(cls, body: Any) -> Any:
+        return refuse_lone_surrogates(body)
 
 
 class WireReply(BaseModel):
@@ -208,24 +230,26 @@ class TokenLogprob(WireReply):
 class OpenAttemptRequest(WireRequest):
     """``POST /v1/attempts``: start one execution of the harness for one logical rollout."""
 
-    capture_key: str = Field(description="names the attempt's event stream and blob partition")
-    rollout_id: str
-    prompt_group: str
-    rollout_index: int = Field(ge=0)
-    policy_version: int = Field(default=0, ge=0)
+    capture_key: str = Field(
+        description="names the attempt's event stream and blob partition: 1-200 of "
+        "'A-Z a-z 0-9 . _ : @ -', a letter or digit first, no '..'"
+    )
+    rollout_id: Name
+    prompt_group: Name
+    rollout_index: Count
+    policy_version: Count = 0
     forest_mode: bool | None = Field(
         default=None, description="None: the server's setting (token_capture.forest_training)"
     )
     selection_policy: str | None = Field(
         default=None,
         min_length=1,
+        max_length=MAX_NAME_CHARS,
         description="a built-in (returned_history, all_captured) or a policy registered in the "
         "server's configuration; None: the server's own (capture/attempt_settings.py)",
     )
-    seed: int | None = Field(
+    seed: Seed | None = Field(
         default=None,
-        ge=0,
-        le=2**63 - 1,
         description="seeds the calls that send no seed (default: derived from the rollout id)",
     )
 
@@ -246,7 +270,12 @@ class HarnessResult(BaseModel):
     responses: list[JSONObject] | None = None
     model_calls: list[str | JSONObject] | None = None
     trajectory: JSONObject | None = None
-    terminal_response_id: str | None = None
+    terminal_response_id: Name | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_is_unicode(cls, body: Any) -> Any:
+        return refuse_lone_surrogates(body)
 
 
 class RejectRequest(WireRequest):

@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from grove.ledger.admission import AdmissionItem, CallStatus, CandidateCall, prefix_digests
+from grove.ledger.bounds import Code, Count, Name, Seed, Size
 from grove.ledger.errors import InvalidEventPayload, UnknownEventType
 
 __all__ = [
@@ -147,17 +148,17 @@ class AttemptOpened(Event):
 
     type: ClassVar[str] = "attempt.opened"
     schema_version: ClassVar[int] = 2
-    capture_key: str
-    rollout_id: str
-    prompt_group: str
-    rollout_index: int = Field(ge=0)
-    policy_version: int = Field(ge=0)
+    capture_key: Name
+    rollout_id: Name
+    prompt_group: Name
+    rollout_index: Count
+    policy_version: Count
     model_fingerprint: str
     template_fingerprint: str
     forest_mode: bool = True
-    selection_policy: str = "returned_history"
-    seed: int | None = Field(
-        default=None, ge=0, description="seeds the attempt's calls that send none (None: derived)"
+    selection_policy: Name = "returned_history"
+    seed: Seed | None = Field(
+        default=None, description="seeds the attempt's calls that send none (None: derived)"
     )
 
 
@@ -173,21 +174,21 @@ class CallIntended(Event):
     """
 
     type: ClassVar[str] = "call.intended"
-    call_id: str
+    call_id: Name
     decision: Literal["root", "continuation"]
-    parent_call_id: str | None = None
-    root_reason: str | None = Field(
+    parent_call_id: Name | None = None
+    root_reason: Code | None = Field(
         default=None, description="why the call is a root (initial request, rewrite, failed check)"
     )
     replay_summary: ReplaySummary
     equivalences: tuple[str, ...] = ()
-    prompt_tokens: int = Field(ge=0)
+    prompt_tokens: Count
     admission: dict[str, Any] = Field(
         default_factory=dict,
         description="the full admission decision record, so replay can re-run the decision",
     )
-    policy_version: int | None = Field(
-        default=None, ge=0, description="optimizer steps in the weights served at admission"
+    policy_version: Count | None = Field(
+        default=None, description="optimizer steps in the weights served at admission"
     )
     constraint: dict[str, Any] | None = Field(
         default=None,
@@ -204,25 +205,25 @@ class CallCommitted(Event):
     """
 
     type: ClassVar[str] = "call.committed"
-    call_id: str
-    parent_call_id: str | None = None
-    prev_len: int = Field(ge=0, description="tokens inherited from the parent chain")
-    delta_len: int = Field(ge=0, description="new tokens: prompt delta plus generated")
-    cum_len: int = Field(ge=0)
-    prompt_delta_len: int = Field(ge=0)
-    generated_len: int = Field(ge=0)
-    blob_key: str
+    call_id: Name
+    parent_call_id: Name | None = None
+    prev_len: Count = Field(description="tokens inherited from the parent chain")
+    delta_len: Count = Field(description="new tokens: prompt delta plus generated")
+    cum_len: Count
+    prompt_delta_len: Count
+    generated_len: Count
+    blob_key: str = Field(max_length=512)
     blob_sha256: Digest
-    blob_bytes: int = Field(ge=0)
+    blob_bytes: Size
     chain_digest: Digest = Field(
         description="storage.chain_digest over the parent's chain digest and this delta's tokens"
     )
-    finish_reason: str
-    response_id: str
+    finish_reason: str = Field(max_length=32)
+    response_id: Name
     output_fingerprint: Digest
     replay_summary: ReplaySummary
-    policy_version: int | None = Field(
-        default=None, ge=0, description="optimizer steps in the weights that sampled the call"
+    policy_version: Count | None = Field(
+        default=None, description="optimizer steps in the weights that sampled the call"
     )
 
 
@@ -231,8 +232,8 @@ class CallFailed(Event):
     """The call ended without a usable capture."""
 
     type: ClassVar[str] = "call.failed"
-    call_id: str
-    reason: str = Field(description="a reason code, e.g. engine_error, storage_error")
+    call_id: Name
+    reason: Code = Field(description="a reason code, e.g. engine_error, storage_error")
     detail: str = ""
 
 
@@ -257,10 +258,10 @@ class RolloutSelected(Event):
     """The selection policy's result for the attempt: the ordered calls that count for training."""
 
     type: ClassVar[str] = "rollout.selected"
-    policy: str
+    policy: Name
     call_ids: tuple[str, ...]
-    terminal_response_id: str | None = None
-    reward: float
+    terminal_response_id: Name | None = None
+    reward: float = Field(allow_inf_nan=False)
     result: dict[str, Any] | None = Field(
         default=None,
         description="the harness's result as the policy read it, so replay can re-run the policy",
@@ -273,9 +274,9 @@ class RolloutFinalized(Event):
     under (``forest_training``, ``max_row_tokens``) so that replay re-runs it alike."""
 
     type: ClassVar[str] = "rollout.finalized"
-    rollout_id: str
+    rollout_id: Name
     trainable: bool
-    masked_reason: str | None = None
+    masked_reason: Code | None = None
     paths: tuple[tuple[str, ...], ...] = ()
     owned: tuple[tuple[str, ...], ...] = Field(
         default=(), description="per path, the call ids whose generated span it owns"
@@ -293,7 +294,7 @@ class BatchPublished(Event):
     """Rows handed to training for one optimizer step."""
 
     type: ClassVar[str] = "batch.published"
-    step: int = Field(ge=0)
+    step: Count
     rollout_ids: tuple[str, ...]
     row_ids: tuple[str, ...]
     padding_row_ids: tuple[str, ...] = ()
