@@ -38,6 +38,7 @@ from grove.capture.grammar import (
     TokenizerGrammar,
     grammar_text,
 )
+from grove.capture.tiny_decoder import seeded, tiny_decoder_config
 
 __all__ = [
     "CHATML_TEMPLATE",
@@ -150,23 +151,11 @@ def build_model(
 
     The global torch random state is left as it was.
     """
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        intermediate_size=2 * hidden_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=context_length,
-        tie_word_embeddings=True,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        use_sliding_window=False,
+    shape = tiny_decoder_config(
+        tokenizer, hidden_size=hidden_size, num_layers=num_layers, context_length=context_length
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config)
-    return model.eval()
+    config = Qwen2Config(**shape, use_sliding_window=False)
+    return seeded(seed, lambda: Qwen2ForCausalLM(config))
 
 
 def sample_token(

@@ -26,6 +26,8 @@ from typing import Final
 import torch
 from transformers import PreTrainedTokenizerFast, Qwen2MoeConfig, Qwen2MoeForCausalLM
 
+from grove.capture.tiny_decoder import seeded, tiny_decoder_config
+
 __all__ = [
     "EMBEDDED_MOE_MODEL_NAME",
     "ROUTER_CLASSES",
@@ -63,10 +65,11 @@ def build_moe_model(
     at near-ties in any MoE (``docs/moe.md``, "The value of replay"). None leaves the routers
     as drawn. The global torch random state is left as it was.
     """
+    shape = tiny_decoder_config(
+        tokenizer, hidden_size=hidden_size, num_layers=num_layers, context_length=context_length
+    )
     config = Qwen2MoeConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        intermediate_size=2 * hidden_size,
+        **shape,
         moe_intermediate_size=hidden_size,
         shared_expert_intermediate_size=hidden_size,
         num_experts=num_experts,
@@ -76,23 +79,14 @@ def build_moe_model(
         norm_topk_prob=True,
         output_router_logits=False,
         router_aux_loss_coef=0.0,
-        num_hidden_layers=num_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=context_length,
-        tie_word_embeddings=True,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
         use_sliding_window=False,
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Qwen2MoeForCausalLM(config)
-        if near_tie is not None:
-            with torch.no_grad():
-                for router in router_modules(model):
-                    router.weight[1] = router.weight[0] * (1.0 + near_tie)
-    return model.eval()
+    model = seeded(seed, lambda: Qwen2MoeForCausalLM(config))
+    if near_tie is not None:
+        with torch.no_grad():
+            for router in router_modules(model):
+                router.weight[1] = router.weight[0] * (1.0 + near_tie)
+    return model
 
 
 def router_modules(model: torch.nn.Module) -> list[torch.nn.Module]:

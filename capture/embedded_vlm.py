@@ -36,6 +36,7 @@ from grove.capture.embedded import EmbeddedEngine, build_tokenizer, chat_templat
 from grove.capture.engine import Generation, SamplingParams
 from grove.capture.errors import InvalidPromptError, PromptTooLongError, UnsupportedSamplingError
 from grove.capture.media import ImageInput, MediaRenderer, VisionProcessor
+from grove.capture.tiny_decoder import seeded, tiny_decoder_config
 
 __all__ = [
     "EMBEDDED_VLM_NAME",
@@ -123,18 +124,14 @@ def build_vlm_model(
     sections = [half - 2 * (half // 3), half // 3, half // 3]
     config = Qwen2VLConfig(
         text_config={
-            "vocab_size": len(tokenizer),
-            "hidden_size": hidden_size,
-            "intermediate_size": 2 * hidden_size,
-            "num_hidden_layers": num_layers,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "max_position_embeddings": context_length,
+            **tiny_decoder_config(
+                tokenizer,
+                hidden_size=hidden_size,
+                num_layers=num_layers,
+                context_length=context_length,
+            ),
             "rope_scaling": {"type": "mrope", "mrope_section": sections},
-            "tie_word_embeddings": True,
             "bos_token_id": None,
-            "eos_token_id": tokenizer.eos_token_id,
-            "pad_token_id": tokenizer.pad_token_id,
         },
         vision_config={
             "depth": 1,
@@ -153,10 +150,7 @@ def build_vlm_model(
         bos_token_id=None,
         tie_word_embeddings=True,
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Qwen2VLForConditionalGeneration(config)
-    return model.eval()
+    return seeded(seed, lambda: Qwen2VLForConditionalGeneration(config))
 
 
 class EmbeddedVLMEngine(EmbeddedEngine):
