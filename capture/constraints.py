@@ -16,7 +16,9 @@ value refused here (``grove.capture.refusals.Refused``), before anything is reco
    format). ``parallel_tool_calls: false`` allows a single call.
 3. **No constraint** when the content is free and no call is forced: the engine samples as usual.
 
-A schema the grammar cannot enforce is refused (``unsupported_schema``, the keyword named).
+A schema the grammar cannot enforce is refused (``unsupported_schema``, the keyword named), and
+so is a ``$ref`` outside the schema (``http://``, ``file://``, anything not starting with ``#``).
+The size of every schema is bounded before it gets here (``capture/limits.py``).
 """
 
 from __future__ import annotations

@@ -45,12 +45,15 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from grove.capture import errors as capture_errors
 from grove.capture.attempt_settings import AttemptSettings
+from grove.capture.body_limits import BodyLimits
 from grove.capture.chat_api import ChatCompletion, ChatCompletionRequest, chat_completion
 from grove.capture.conflicts import opened_differences, selection_differences
 from grove.capture.conversion import ConvertedCall, RequestConverter
 from grove.capture.delivery import CALLER_GONE, DeliveredStream, caller_disconnected
 from grove.capture.engine import SamplingParams
 from grove.capture.lifecycle import CallOutcome, CaptureService
+from grove.capture.limits import GatewayLimits
+from grove.capture.media import MediaRenderer
 from grove.capture.refusals import Refused, install_error_handlers
 from grove.capture.responses_api import ResponseObject, ResponsesRequest, response_object
 from grove.capture.streaming import chat_sse, responses_sse
@@ -433,6 +436,7 @@ def create_app(
     default_max_tokens: int = DEFAULT_MAX_TOKENS,
     settle_timeout_s: float = DEFAULT_SETTLE_TIMEOUT_S,
     attempts: AttemptSettings | None = None,
+    limits: GatewayLimits | None = None,
     on_shutdown: Callable[[], None] | None = None,
 ) -> FastAPI:
     """The gateway as a FastAPI application over ``service``.
@@ -446,6 +450,10 @@ def create_app(
     ``settle_timeout_s`` bounds the wait for pending calls when a result arrives. ``attempts``:
     the selection policies an attempt may name and the defaults of one that names none (default:
     the built-in policies, ``returned_history``, forest mode on).
+    ``limits`` bound what one request may make the gateway read, hold and store (default:
+    ``GatewayLimits()``; ``capture/limits.py``): bodies are checked before the app sees them
+    (``capture/body_limits.py``), images by the renderer, heads by the server
+    (``app.state.limits``, ``capture/slow_clients.py``).
     ``on_shutdown`` runs when the application stops (e.g. closing the ledger).
     """
     if max_context is not None and max_context < 1:
@@ -477,6 +485,10 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.gateway = gateway
+    app.state.limits = limits = limits or GatewayLimits()
+    app.add_middleware(BodyLimits, limits=limits)
+    if isinstance(service.renderer, MediaRenderer):
+        service.renderer.vision.limits = limits
     install_error_handlers(app)
 
     dependencies = [] if auth_token is None else [Depends(_bearer(auth_token))]

@@ -13,7 +13,8 @@ The grammar (:func:`grammar_text`, xgrammar's EBNF) of a ``grove.capture.engine.
 
 Both engines decode under this same text: the embedded engine through :class:`TokenizerGrammar`
 here, the vLLM engine by sending it as vLLM's ``structured_outputs.grammar``. Schema keywords the
-grammar could not enforce are refused (:class:`GrammarError`), never silently dropped.
+grammar could not enforce are refused (:class:`GrammarError`), never silently dropped; so is a
+``$ref`` to anything outside the schema itself (a web address, a file): Grove fetches no schema.
 
 Sampling under a grammar (:class:`GrammarMask`), at each step: the logits of the tokens the
 grammar does not allow next are set to ``-inf``; the token is drawn from the softmax of the masked
@@ -173,21 +174,40 @@ def _json_format(schema: Any, where: str) -> GrammarFormat:
     return GrammarFormat(grammar=str(grammar))
 
 
-def _unsupported_keyword(schema: Any, path: str = "#") -> str | None:
+def _unsupported_keyword(schema: Any) -> str | None:
     """The first keyword the grammar would not enforce, described; None when there is none.
 
     xgrammar ignores these rather than refusing them: array ``uniqueItems`` and ``contains``
-    (and its bounds), a string ``format`` it does not know, and a string's length bounds beside a
-    ``pattern`` or ``format``.
+    (and its bounds), a string ``format`` it does not know, a string's length bounds beside a
+    ``pattern`` or ``format``, and a ``$ref`` outside the schema (``http://``, ``file://``, any
+    reference not starting with ``#``), which Grove never fetches. Walked with a stack, never
+    recursion, in document order.
     """
-    if isinstance(schema, list):
-        for index, item in enumerate(schema):
-            found = _unsupported_keyword(item, f"{path}/{index}")
+    pending: list[tuple[Any, str]] = [(schema, "#")]
+    while pending:
+        value, path = pending.pop()
+        if isinstance(value, list):
+            children = [(item, f"{path}/{index}") for index, item in enumerate(value)]
+        elif isinstance(value, Mapping):
+            found = _unsupported_here(value, path)
             if found is not None:
                 return found
-        return None
-    if not isinstance(schema, Mapping):
-        return None
+            children = [(item, f"{path}/{key}") for key, item in value.items()]
+        else:
+            continue
+        pending.extend(reversed(children))
+    return None
+
+
+def _unsupported_here(schema: Mapping[str, Any], path: str) -> str | None:
+    """The unsupported keyword of one schema object itself (not of its subschemas)."""
+    reference = schema.get("$ref")  # a Mapping there is a property named "$ref"
+    local = isinstance(reference, str) and reference.startswith("#")
+    if "$ref" in schema and not local and not isinstance(reference, Mapping):
+        return (
+            f"{path}: $ref {reference!r} is not a reference inside the schema: only local "
+            "references (starting with '#') are supported; Grove fetches no schema"
+        )
     types = schema.get("type")
     kinds = {types} if isinstance(types, str) else set(types or ())
     if "array" in kinds:
@@ -201,10 +221,6 @@ def _unsupported_keyword(schema: Any, path: str = "#") -> str | None:
         generative = "pattern" in schema or "format" in schema
         if generative and ("minLength" in schema or "maxLength" in schema):
             return f"{path}: minLength/maxLength beside a pattern or format is not supported"
-    for key, value in schema.items():
-        found = _unsupported_keyword(value, f"{path}/{key}")
-        if found is not None:
-            return found
     return None
 
 

@@ -22,6 +22,15 @@ The rules (``docs/media.md``):
   behind a new root.
 - The engine receives every image of the prompt in prompt order (:class:`ImageInput`).
 
+An image comes only from the bytes of its data URL (:func:`decode_data_url`): the text after
+``base64,`` is decoded strictly (the base64 alphabet and padding, nothing else) and the bytes are
+opened as an image in memory. It is never a path, a file name or a web address: Grove opens no
+file and fetches nothing for a client (``docs/security.md``, "Images"). Before decoding, the
+decoded size is bounded (``GatewayLimits.max_image_bytes``, worked out from the base64 length);
+before the pixels are decoded, the width and height read from the image's header are bounded
+(``GatewayLimits.max_image_pixels``), so a small file that would decode to a huge image is
+refused without decoding it.
+
 Descriptors (``storage.MediaDescriptor``) record an image's geometry as the processor's patch
 grid: ``frames`` x ``height`` x ``width`` patches (Qwen2-VL's ``image_grid_thw``), which is what a
 trainer feeds back with the pixels.
@@ -32,6 +41,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import io
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -40,8 +50,8 @@ from typing import Any, Final
 
 import numpy as np
 import torch
+from PIL import Image, ImageOps
 from transformers import PreTrainedTokenizerBase
-from transformers.image_utils import load_image
 
 from grove.capture.errors import (
     ImagesNotSupportedError,
@@ -50,6 +60,7 @@ from grove.capture.errors import (
     RetainedMediaMismatchError,
     SpliceError,
 )
+from grove.capture.limits import GatewayLimits
 from grove.capture.render import Renderer, RenderOptions
 from grove.capture.splice import PromptPlan
 from grove.storage import MediaDescriptor, MediaTensor, describe_media, media_digest
@@ -63,6 +74,7 @@ __all__ = [
     "ProcessedImage",
     "VisionProcessor",
     "chain_media",
+    "decode_data_url",
     "plan_media",
     "request_images",
 ]
@@ -151,7 +163,8 @@ class VisionProcessor:
     ``image_processor`` maps a list of PIL images to ``pixel_values`` ``(patches, patch_dim)``
     and ``image_grid_thw`` ``(images, 3)``; an image takes ``t * h * w / merge_size**2``
     ``image_token`` placeholders. Processed images are kept by the sha256 of their URL (a
-    continuation re-sends its retained images), up to ``cached_images``. Thread-safe.
+    continuation re-sends its retained images), up to ``cached_images``. ``limits`` bound each
+    image's decoded bytes and pixels (the gateway sets its own). Thread-safe.
     """
 
     def __init__(
@@ -161,8 +174,10 @@ class VisionProcessor:
         image_token: str,
         image_token_id: int,
         cached_images: int = DEFAULT_CACHED_IMAGES,
+        limits: GatewayLimits | None = None,
     ) -> None:
         self.image_processor = image_processor
+        self.limits = limits or GatewayLimits()
         self.image_token = image_token
         self.image_token_id = image_token_id
         self.merge_size = int(image_processor.merge_size)
@@ -186,7 +201,7 @@ class VisionProcessor:
         return processed
 
     def _process(self, ref: ImageRef) -> ProcessedImage:
-        image = _decode_data_url(ref)
+        image = decode_data_url(ref, self.limits)
         try:
             out = self.image_processor(images=[image], return_tensors="np")
         except (ValueError, TypeError) as exc:
@@ -398,22 +413,59 @@ def _placeholder_spans(
     return spans
 
 
-def _decode_data_url(ref: ImageRef) -> Any:
-    """The RGB PIL image of an inline ``data:image/...;base64,`` URL; anything else (a web
-    address, a path) is refused: Grove fetches nothing."""
+def decode_data_url(ref: ImageRef, limits: GatewayLimits) -> Image.Image:
+    """The RGB image of an inline ``data:image/...;base64,`` URL, from its decoded bytes only
+    (module docstring); anything else (a web address, a path, text that is not strict base64,
+    bytes that are no image, an image over ``limits``) is refused without echoing it."""
     url = ref.url
     head, comma, body = url.partition(",")
     if not (url.startswith("data:image/") and comma and head.endswith(";base64")):
+        scheme = url.split(":", 1)[0][:16] if ":" in url else "no scheme"
         raise InvalidImageError(
             ref.message_index,
             ref.image_index,
-            "only inline data:image/...;base64, URLs are accepted (Grove fetches nothing)",
-            url[:60],
+            "only inline data:image/...;base64, URLs are accepted (Grove opens no file and "
+            "fetches nothing)",
+            f"a URL with {scheme!r}",
         )
+    decoded_size = len(body) // 4 * 3
+    if decoded_size > limits.max_image_bytes:
+        raise _too_large(ref, f"{decoded_size} bytes", f"{limits.max_image_bytes} bytes", "bytes")
     try:
-        base64.b64decode(body, validate=True)
-        return load_image(body)  # base64 only: checked above
-    except (binascii.Error, ValueError, OSError) as exc:
+        data = base64.b64decode(body, validate=True)
+    except (binascii.Error, ValueError) as exc:
         raise InvalidImageError(
-            ref.message_index, ref.image_index, f"the data is not a readable image ({exc})", head
+            ref.message_index, ref.image_index, f"the data is not strict base64 ({exc})", head
         ) from None
+    try:
+        image = Image.open(io.BytesIO(data))  # reads the header only
+        width, height = image.size
+    except (OSError, ValueError, Image.DecompressionBombError) as exc:
+        raise _unreadable(ref, head, exc) from None
+    if width * height > limits.max_image_pixels:
+        shown = f"{width} x {height} = {width * height} pixels"
+        raise _too_large(ref, shown, f"{limits.max_image_pixels} pixels", "pixels")
+    try:
+        image.load()
+        return ImageOps.exif_transpose(image).convert("RGB")
+    except (OSError, ValueError, Image.DecompressionBombError) as exc:
+        raise _unreadable(ref, head, exc) from None
+
+
+def _unreadable(ref: ImageRef, head: str, exc: Exception) -> InvalidImageError:
+    return InvalidImageError(
+        ref.message_index,
+        ref.image_index,
+        f"the bytes are not a readable image ({type(exc).__name__})",
+        head,
+    )
+
+
+def _too_large(ref: ImageRef, found: str, limit: str, what: str) -> InvalidImageError:
+    return InvalidImageError(
+        ref.message_index,
+        ref.image_index,
+        f"the image holds {found}, over the gateway's limit of {limit} (raise "
+        f"gateway.limits.max_image_{what} to allow more)",
+        "an image too large",
+    )

@@ -258,7 +258,8 @@ def _rows_html(
     if forest is None:
         return f'<p class="note">{html.escape(note)}</p>'
     if not forest.trainable:
-        return f'<p class="note">masked: {html.escape(str(forest.masked_reason))}. {note}</p>'
+        masked = f"masked: {forest.masked_reason}. {note}"
+        return f'<p class="note">{html.escape(masked)}</p>'
     parts = [f'<p class="note">{html.escape(note)}</p>'] if note else []
     for index, row in enumerate(forest.rows):
         color = _ROW_COLORS[index % len(_ROW_COLORS)]

@@ -1,0 +1,176 @@
+"""The gateway's door: an ASGI middleware that bounds every request body before the app sees it.
+
+``BodyLimits`` wraps the application (``grove.capture.gateway.create_app`` installs it) and, for
+each HTTP request (``capture/limits.py`` states the rules):
+
+1. refuses a request line and headers over ``max_header_bytes`` (431; a head that arrives in
+   pieces is bounded by the server itself, ``capture/slow_clients.py``);
+2. refuses a ``Content-Length`` over ``max_body_bytes`` at once (413), reading none of the body;
+3. reads the body from ``receive()``, counting bytes as they arrive, and answers 413 as soon as
+   the count passes ``max_body_bytes``: at most the limit and one chunk are ever held, whatever
+   the client sends; the whole body must arrive within ``body_timeout_s`` (408);
+4. measures the body's JSON depth on the bytes (no parsing), then parses it and checks its
+   structure (``grove.capture.limits.check_document``);
+5. hands the application the body it read, then the client's own ``receive()`` (so the app still
+   sees a disconnect).
+
+A refusal is answered here, as every gateway refusal is, with OpenAI's error object and
+``Connection: close`` (the rest of an unread body is never read), and the application never
+runs, so nothing is written. A body that is not JSON passes on to the application, which
+refuses it with its own message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from grove.capture.limits import GatewayLimits, LimitExceeded, check_document, json_depth
+from grove.capture.wire import ErrorBody, ErrorDetail
+
+__all__ = ["BodyLimits"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class BodyLimits:
+    """ASGI middleware: every request body bounded by ``limits`` before ``app`` runs."""
+
+    def __init__(self, app: ASGIApp, limits: GatewayLimits) -> None:
+        self.app = app
+        self.limits = limits
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Read, bound and check the body; then run the app on it (module docstring)."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        try:
+            self._check_head(scope)
+            body = await self._read(scope, receive)
+            if body is None:
+                return  # the client went away before its body arrived: nothing to answer
+            self._check(scope, body)
+        except LimitExceeded as refusal:
+            await _refuse(send, refusal)
+            return
+        delivered = False
+
+        async def replay() -> Message:
+            nonlocal delivered
+            if delivered:
+                return await receive()
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    def _check_head(self, scope: Scope) -> None:
+        """The request line and headers within ``max_header_bytes`` (as they came: path, query,
+        each ``name: value`` line)."""
+        size = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"")
+        size += sum(len(name) + len(value) + 4 for name, value in scope.get("headers", ()))
+        if size > self.limits.max_header_bytes:
+            raise LimitExceeded(
+                431,
+                "request_header_too_large",
+                "max_header_bytes",
+                f"the request line and headers hold {size} bytes; the gateway reads at most "
+                f"{self.limits.max_header_bytes}",
+            )
+
+    async def _read(self, scope: Scope, receive: Receive) -> bytes | None:
+        """The whole body, refused past ``max_body_bytes`` or ``body_timeout_s``; None when
+        the client disconnected first."""
+        limit = self.limits.max_body_bytes
+        declared = _content_length(scope)
+        if declared is not None and declared > limit:
+            raise _too_large(f"Content-Length says {declared} bytes", limit)
+        deadline = time.monotonic() + self.limits.body_timeout_s
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                message = await asyncio.wait_for(receive(), timeout=max(remaining, 0.0))
+            except TimeoutError:
+                raise LimitExceeded(
+                    408,
+                    "body_timeout",
+                    "body_timeout_s",
+                    f"the request body did not arrive within {self.limits.body_timeout_s} s "
+                    f"({size} bytes came)",
+                ) from None
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(f"the body passed {limit} bytes while it streamed in", limit)
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return b"".join(chunks)
+
+    def _check(self, scope: Scope, body: bytes) -> None:
+        """JSON depth on the bytes, then the parsed body's structure."""
+        if not body:
+            return
+        depth = json_depth(body)
+        if depth > self.limits.max_json_depth:
+            raise LimitExceeded(
+                400,
+                "request_too_deep",
+                "max_json_depth",
+                f"the body nests arrays and objects {depth} levels deep; the gateway reads at "
+                f"most {self.limits.max_json_depth}",
+            )
+        try:
+            document = json.loads(body)
+        except (ValueError, RecursionError):
+            return  # not JSON: the application refuses it with its own message
+        check_document(document, scope.get("path", ""), self.limits)
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name.lower() == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+def _too_large(found: str, limit: int) -> LimitExceeded:
+    return LimitExceeded(
+        413,
+        "request_too_large",
+        "max_body_bytes",
+        f"Request body too large: {found}; the gateway reads at most {limit} bytes per request",
+    )
+
+
+async def _refuse(send: Send, refusal: LimitExceeded) -> None:
+    """The refusal as OpenAI's error object, closing the connection."""
+    detail = ErrorDetail(
+        message=refusal.message,
+        type="invalid_request_error",
+        code=refusal.code,
+        param=refusal.param,
+    )
+    payload = json.dumps(ErrorBody(error=detail).model_dump()).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(payload)).encode()),
+        (b"connection", b"close"),
+    ]
+    await send({"type": "http.response.start", "status": refusal.status, "headers": headers})
+    await send({"type": "http.response.body", "body": payload})
