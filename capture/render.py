@@ -29,6 +29,7 @@ from tokenizers import decoders
 from transformers import PreTrainedTokenizerBase
 
 from grove.capture.errors import NormalizationError, RenderError
+from grove.capture.template_tokens import RenderedText, SpecialTokenText, TemplateTokenError
 from grove.ledger.admission import ASSISTANT_ROLE, PREFIX_DIGEST_SEED, AdmissionItem
 from grove.ledger.events import ReplaySummary
 
@@ -36,6 +37,7 @@ __all__ = [
     "NORMALIZATION_VERSION",
     "NormalizedRequest",
     "RenderOptions",
+    "RenderedText",
     "Renderer",
     "ReplaySummary",
     "admission_items",
@@ -223,22 +225,29 @@ class Renderer:
         prefixes without one). Raises ``RenderError`` where the template treats special-token
         text inside message text unlike other text."""
         generation = (
-            options.add_generation_prompt if add_generation_prompt is None else add_generation_prompt
+            options.add_generation_prompt
+            if add_generation_prompt is None
+            else add_generation_prompt
         )
+        kwargs = dict(options.template_kwargs)
+        if options.reasoning_effort is not None:
+            kwargs["reasoning_effort"] = options.reasoning_effort
+        tools = None if options.tools is None else [dict(t) for t in options.tools]
+        plain = ([dict(m) for m in messages], tools, kwargs)
         table: list[str] = []
         special = self.special_text
         escaped = (
-            special.escape(list(messages), table, keep_role=True),
-            None if options.tools is None else special.escape(list(options.tools), table),
-            special.escape(dict(options.template_kwargs), table),
+            special.escape(plain[0], table, keep_role=True),
+            special.escape(tools, table),
+            {k: special.escape(v, table) for k, v in kwargs.items()},
         )
         if not table:
-            return special.rendered(self._apply(options, messages, generation))
+            return special.rendered(self._apply(options, *plain, generation))
         try:
             rendered = special.restore(self._apply(options, *escaped, generation), table)
         except TemplateTokenError as exc:
             raise RenderError(options.model, str(exc)) from None
-        if rendered != self._apply(options, messages, generation):
+        if rendered != self._apply(options, *plain, generation):
             raise RenderError(
                 options.model,
                 "the chat template renders special-token text inside message text differently "
@@ -250,14 +259,26 @@ class Renderer:
     def _apply(
         self,
         options: RenderOptions,
-        messages: Sequence[Mapping[str, Any]],
-        generation: bool,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        kwargs: Mapping[str, Any] | None = None,
-        *,
-        escaped: bool = False,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        kwargs: dict[str, Any],
+        add_generation_prompt: bool,
     ) -> str:
-        raise NotImplementedError
+        """The chat template applied as it stands: no escaping, no special-token spans."""
+        try:
+            text = self.tokenizer.apply_chat_template(
+                messages,
+                tools=tools,
+                chat_template=self.chat_template(options),
+                add_generation_prompt=add_generation_prompt,
+                tokenize=False,
+                **kwargs,
+            )
+        except jinja2.TemplateError as exc:
+            raise RenderError(options.model, f"{type(exc).__name__}: {exc}") from None
+        if not isinstance(text, str):
+            raise RenderError(options.model, f"expected text, got {type(text).__name__}")
+        return text
 
     def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
         """Token ids of ``text``; special tokens are added only when asked. A

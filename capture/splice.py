@@ -55,6 +55,7 @@ from grove.capture.render import (
     admission_items,
     replay_summary,
 )
+from grove.capture.template_tokens import RenderedText, rendered_join, rendered_slice
 from grove.ledger.admission import (
     UNEXPLAINED_ROOT_REASONS,
     AdmissionDecision,
@@ -216,7 +217,7 @@ def _plan(
         )
     prefix = request.messages[: decision.boundary.prefix_item_count]
     prefix_text = renderer.render(prefix, options, add_generation_prompt=False)
-    if not full_text.startswith(prefix_text):
+    if not _rendered_prefix(prefix_text, full_text):
         rooted = decision.rooted(RootReason.TEMPLATE_NOT_APPEND_COMPATIBLE)
         root = _root(renderer, options, rooted, full_text, summary)
         whole = () if options.add_special_tokens else root.prompt_token_ids  # reused as encoded
@@ -229,20 +230,34 @@ def _plan(
         return replace(root, divergence=divergence)
     chain_text = renderer.decode(parent_token_ids)
     exact_text = _exact_prefix_text(renderer, prefix, options, prefix_text, raw_outputs)
-    trailer = exact_text[len(chain_text) :]
+    trailer = rendered_slice(exact_text, len(chain_text))
     if not exact_text.startswith(chain_text) or not prefix_text.endswith(trailer):
         rooted = decision.rooted(RootReason.RENDERED_HISTORY_DIFFERS)
         sides = _history_sides(renderer, parent_token_ids, chain_text, exact_text, prefix_text)
         known = {len(prefix): len(prefix_text)}
         divergence = _diagnosed(renderer, request.messages, options, known, *sides)
         return _root(renderer, options, rooted, full_text, summary, divergence)
-    suffix = renderer.encode(trailer + full_text[len(prefix_text) :])
+    suffix = renderer.encode(rendered_join(trailer, rendered_slice(full_text, len(prefix_text))))
     return PromptPlan(
         decision=decision,
         prompt_token_ids=(*parent_token_ids, *suffix),
         prev_len=len(parent_token_ids),
         request_summary=summary,
     )
+
+
+def _rendered_prefix(prefix_text: str, full_text: str) -> bool:
+    """Whether ``prefix_text`` renders as a prefix of ``full_text``: its text, and (for
+    renderings that know them) the special tokens the template wrote in it
+    (``capture/template_tokens.py``), so the splice and a root encode the prefix alike."""
+    if not full_text.startswith(prefix_text):
+        return False
+    if isinstance(prefix_text, RenderedText) and isinstance(full_text, RenderedText):
+        head = rendered_slice(full_text, 0, len(prefix_text))
+        return (
+            isinstance(head, RenderedText) and head.template_tokens == prefix_text.template_tokens
+        )
+    return True
 
 
 def _root(
@@ -277,8 +292,8 @@ def _history_sides(
             Side("parent", "the parent chain's exact tokens", chain_text, tuple(chain)),
             _rendered("request", "the history rendered, outputs as their exact text", exact_text),
         )
-    trailer = exact_text[len(chain_text) :]
-    own = prefix_text[max(0, len(prefix_text) - len(trailer)) :]
+    trailer = rendered_slice(exact_text, len(chain_text))
+    own = rendered_slice(prefix_text, max(0, len(prefix_text) - len(trailer)))
     return (
         Side(
             "parent",
@@ -312,7 +327,9 @@ def _diagnosed(
     parent, request = (
         side
         if side.token_ids
-        else replace(side, token_ids=tuple(renderer.encode(side.text[: at + _ENCODED_PAST])))
+        else replace(
+            side, token_ids=tuple(renderer.encode(rendered_slice(side.text, 0, at + _ENCODED_PAST)))
+        )
         for side in (parent, request)
     )
     index = _message_at(renderer, messages, options, at, len(request.text), known)
