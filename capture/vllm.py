@@ -60,7 +60,7 @@ from typing import Any, Final, Literal
 
 import httpx
 
-from grove.capture.engine import FINISH_REASONS, Generation, SamplingParams
+from grove.capture.engine import FINISH_REASONS, FinishReason, Generation, SamplingParams
 from grove.capture.errors import (
     EngineError,
     InvalidPromptError,
@@ -77,6 +77,8 @@ __all__ = [
     "ModelNotServedError",
     "VllmEngine",
     "WeightUpdateUnavailableError",
+    "checked_finish",
+    "only_choice",
 ]
 
 LogprobsMode = Literal["raw_logprobs", "processed_logprobs"]
@@ -420,10 +422,7 @@ class VllmEngine:
 
     def _generation(self, body: Any, prompt: list[int], sampling: SamplingParams) -> Generation:
         url = self._url("/v1/completions")
-        choices = body.get("choices") if isinstance(body, dict) else None
-        if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
-            raise EngineResponseError(url, "a completion has exactly one choice", choices)
-        choice = choices[0]
+        choice = only_choice(url, body, "a completion")
         echoed = choice.get("prompt_token_ids")
         if echoed != prompt:
             raise EngineResponseError(
@@ -445,23 +444,39 @@ class VllmEngine:
             isinstance(v, float | int) and not isinstance(v, bool) for v in values
         ):
             raise EngineResponseError(url, "token_logprobs is a list of numbers", values)
-        finish = choice.get("finish_reason")
-        if finish not in FINISH_REASONS:
-            raise EngineResponseError(
-                url, f"finish_reason is one of {sorted(FINISH_REASONS)}", finish
-            )
-        if finish == "length" and len(token_ids) != sampling.max_tokens:
-            raise EngineResponseError(
-                url,
-                f"a length finish has max_tokens={sampling.max_tokens} tokens (the server must "
-                "not lower max_tokens)",
-                len(token_ids),
-            )
         return Generation(
             token_ids=tuple(token_ids),
             logprobs=tuple(float(v) for v in values),
-            finish_reason=finish,
+            finish_reason=checked_finish(url, choice, sampling, len(token_ids)),
         )
+
+
+def only_choice(url: str, body: Any, what: str) -> dict[str, Any]:
+    """The one choice of a generation's reply body (``what`` names the reply in the error);
+    ``EngineResponseError`` unless ``body["choices"]`` is a list of exactly one object."""
+    choices = body.get("choices") if isinstance(body, dict) else None
+    if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
+        raise EngineResponseError(url, f"{what} has exactly one choice", choices)
+    return choices[0]
+
+
+def checked_finish(
+    url: str, choice: dict[str, Any], sampling: SamplingParams, generated: int
+) -> FinishReason:
+    """The choice's finish reason, once it is one Grove records and, for ``length``, the
+    ``generated`` tokens are ``sampling.max_tokens`` (vLLM lowers ``max_tokens`` to fit the
+    context without saying so; Grove checks the length first, so a shorter one is refused)."""
+    finish = choice.get("finish_reason")
+    if finish not in FINISH_REASONS:
+        raise EngineResponseError(url, f"finish_reason is one of {sorted(FINISH_REASONS)}", finish)
+    if finish == "length" and generated != sampling.max_tokens:
+        raise EngineResponseError(
+            url,
+            f"a length finish has max_tokens={sampling.max_tokens} tokens (the server must "
+            "not lower max_tokens)",
+            generated,
+        )
+    return finish
 
 
 def _error_message(body: Any, response: httpx.Response) -> str:

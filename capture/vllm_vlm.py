@@ -22,10 +22,16 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Final
 
-from grove.capture.engine import FINISH_REASONS, Generation, SamplingParams
+from grove.capture.engine import Generation, SamplingParams
 from grove.capture.errors import InvalidPromptError, UnsupportedSamplingError
 from grove.capture.media import ImageInput
-from grove.capture.vllm import EngineResponseError, LogprobsMode, VllmEngine
+from grove.capture.vllm import (
+    EngineResponseError,
+    LogprobsMode,
+    VllmEngine,
+    checked_finish,
+    only_choice,
+)
 
 __all__ = ["GENERATE_PATH", "VISION_LOGIT_BIAS", "VllmVLMEngine"]
 
@@ -134,29 +140,17 @@ class VllmVLMEngine(VllmEngine):
                 "grids and placeholders)",
                 echoed if not isinstance(echoed, list) else echoed[:40],
             )
-        choices = body.get("choices")
-        if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
-            raise EngineResponseError(url, "a generation has exactly one choice", choices)
-        choice = choices[0]
+        choice = only_choice(url, body, "a generation")
         token_ids = choice.get("token_ids")
         content = (choice.get("logprobs") or {}).get("content")
         if not isinstance(token_ids, list) or not token_ids or not isinstance(content, list):
             raise EngineResponseError(url, "token_ids and logprobs.content are returned", choice)
         if [entry.get("token_id") for entry in content] != token_ids:
             raise EngineResponseError(url, "logprobs.content names token_ids in order", content)
-        finish = choice.get("finish_reason")
-        if finish not in FINISH_REASONS:
-            raise EngineResponseError(
-                url, f"finish_reason is one of {sorted(FINISH_REASONS)}", finish
-            )
-        if finish == "length" and len(token_ids) != sampling.max_tokens:
-            raise EngineResponseError(
-                url, f"a length finish has max_tokens={sampling.max_tokens} tokens", len(token_ids)
-            )
         return Generation(
             token_ids=tuple(int(t) for t in token_ids),
             logprobs=tuple(float(entry["logprob"]) for entry in content),
-            finish_reason=finish,
+            finish_reason=checked_finish(url, choice, sampling, len(token_ids)),
         )
 
 

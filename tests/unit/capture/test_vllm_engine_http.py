@@ -269,6 +269,8 @@ def test_public_surface_is_pinned() -> None:
         "ModelNotServedError",
         "VllmEngine",
         "WeightUpdateUnavailableError",
+        "checked_finish",
+        "only_choice",
     ]
 
 
