@@ -14,7 +14,10 @@ config = context.config
 
 def _url() -> str:
     given = config.attributes.get("url") or context.get_x_argument(as_dictionary=True).get("url")
-    return given or os.environ.get("GROVE_DATABASE_URL") or config.get_main_option("sqlalchemy.url")
+    url = given or os.environ.get("GROVE_DATABASE_URL") or config.get_main_option("sqlalchemy.url")
+    if not url:
+        raise SystemExit("Grove's migrations need a database URL: -x url=URL or GROVE_DATABASE_URL")
+    return str(url)
 
 
 def _include_object(obj, name, type_, reflected, compare_to):

@@ -231,7 +231,10 @@ def _pad_rows(
     routes = None
     if routed:
         no_route = torch.full((1, *top_ks.pop()), ROUTE_MISSING_SENTINEL, dtype=torch.int32)
-        routes = _padded([r.routes if r else no_route for r in rows], ROUTE_MISSING_SENTINEL)
+        routes = _padded(
+            [r.routes if r and r.routes is not None else no_route for r in rows],
+            ROUTE_MISSING_SENTINEL,
+        )
     return TrainingBatch(
         rollout_ids=rollout_ids,
         rollout_groups=torch.tensor(rollout_groups, dtype=torch.int64),

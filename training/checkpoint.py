@@ -200,7 +200,9 @@ def _fsync(path: Path) -> None:
 
 def _rng_state() -> dict[str, Any]:
     version, internal, gauss = random.getstate()
-    name, keys, position, has_gauss, cached = np.random.get_state()
+    numpy_state = np.random.get_state()
+    assert isinstance(numpy_state, tuple)  # the legacy form, get_state's default
+    name, keys, position, has_gauss, cached = numpy_state
     state: dict[str, Any] = {
         "python": (version, internal, gauss),
         "numpy": (name, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, cached),

@@ -332,7 +332,9 @@ def _batch_rollouts(store: EventStore, wait_s: float) -> tuple[set[str], set[str
     """The rollout ids every ``batch.published`` names: those it trains, and those of the prompt
     groups it dropped (one ledger scan, after waiting up to ``wait_s`` for the horizon)."""
     store.wait_for_horizon(wait_s)
-    mark, trained, dropped = LedgerPosition(position=0), set(), set()
+    trained: set[str] = set()
+    dropped: set[str] = set()
+    mark = LedgerPosition(position=0)
     while True:
         batch = store.read_after(mark, 1000)
         if not batch.events:

@@ -391,6 +391,17 @@ def _resolve_references(index: CaptureIndex, references: list[Any]) -> list[Capt
     return selected
 
 
+def _response_id(call: CapturedCall) -> str:
+    """The response id ``call`` served: a committed call without one is an invalid record."""
+    if call.response_id is None:
+        raise SelectionError(
+            SelectionRule.INVALID_RECORD,
+            f"committed call {call.call_id!r} has no response_id",
+            call_id=call.call_id,
+        )
+    return call.response_id
+
+
 def attributed_terminal(index: CaptureIndex, result: Mapping[str, Any]) -> str:
     """The scored response id from the result's explicit terminal or its returned response."""
     terminal = explicit_terminal(result)
@@ -405,14 +416,14 @@ def attributed_terminal(index: CaptureIndex, result: Mapping[str, Any]) -> str:
     if "responses" in result:
         responses = _match_responses(index, result["responses"])
         if responses:
-            return responses[-1].response_id
+            return _response_id(responses[-1])
     if "output" in result:
         generated = [i for i in _items(result["output"], "output") if is_generated_item(i)]
         if generated:
-            return _final_generation(index, generated).response_id
+            return _response_id(_final_generation(index, generated))
     references = _references(result)
     if references:
-        return _resolve_references(index, references)[-1].response_id
+        return _response_id(_resolve_references(index, references)[-1])
     raise SelectionError(
         SelectionRule.MISSING_TERMINAL,
         "no scored terminal: give terminal_response_id or return the scored response "

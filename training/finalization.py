@@ -206,7 +206,7 @@ def finalization_event(
 
 def _records(
     state: AttemptState, selected: Sequence[str], blobs: BlobStore
-) -> tuple[list[CallRecord], dict[str, CallExtras], str | None]:
+) -> tuple[list[CallRecord], dict[str, CallExtras], MaskReason | None]:
     """Call records for the forest: tokens from the blobs of the selected calls."""
     wanted = set(selected)
     records, extras = [], {}
@@ -271,11 +271,15 @@ def _owns_tokens(row: ForestRow) -> bool:
 
 def _chain_mismatch(
     state: AttemptState, forest: Forest, extras: dict[str, CallExtras]
-) -> str | None:
+) -> MaskReason | None:
     """``blob_invalid`` when a row's tokens do not hash to its calls' recorded chain."""
     for row in forest.rows:
         lengths = [(s.generated_start - s.start, s.end - s.generated_start) for s in row.segments]
-        recorded = [state.calls[c].committed.chain_digest for c in row.call_ids]
+        recorded = []
+        for call_id in row.call_ids:
+            committed = state.calls[call_id].committed
+            assert committed is not None  # a trainable forest's rows: selected, committed calls
+            recorded.append(committed.chain_digest)
         if row_chain_digests(_row_token_ids(row, extras), lengths) != recorded:
             return MaskReason.BLOB_INVALID
     return None

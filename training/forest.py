@@ -304,6 +304,10 @@ class ForestRow:
         "owned_call_ids",
         "segments",
     )
+    _token_ids: list[int]
+    _loss_mask: list[int]
+    _logprobs: list[float]
+    _path: list[CallRecord] | None  # None once built (or for a row given its lists)
     call_ids: list[str]
     owned_call_ids: list[str]
     segments: list[RowSegment]
@@ -400,7 +404,7 @@ class ForestRow:
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
             return NotImplemented
-        return self._fields() == other._fields()  # type: ignore[attr-defined]
+        return self._fields() == other._fields()
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -486,9 +490,9 @@ def build_forest(
     )
     violation = _first_violation(by_id, order, position, terminal)
     if violation is not None:
-        reason, call_id, detail = violation
+        reason, offender, detail = violation
         if strict:
-            raise ForestError(reason, call_id, detail)
+            raise ForestError(reason, offender, detail)
         return Forest([], [], reason, order, terminal, truncated)
     _check_acyclic(by_id, order)
     has_selected_child = {by_id[call_id].parent_id for call_id in order}

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Final
+from typing import Final, cast
 
 import torch
 
@@ -144,10 +144,16 @@ def recompute_logprobs(
     return torch.cat(parts)
 
 
+def _count(router: torch.nn.Module, name: str) -> int:
+    """The router's integer attribute ``name`` (``top_k``, ``num_experts``), which ``Module``'s
+    types cannot name."""
+    return int(getattr(router, name))
+
+
 def _check_routes(routers: Sequence[torch.nn.Module], routes: torch.Tensor) -> None:
     if not routers:
         raise RouteReplayError("not_moe", "the model has no replayable router to override")
-    top_ks = {int(r.top_k) for r in routers}
+    top_ks = {_count(r, "top_k") for r in routers}
     expected = f"(rows, tokens, {len(routers)}, {top_ks.pop() if len(top_ks) == 1 else top_ks})"
     if (
         routes.ndim != 4
@@ -167,7 +173,7 @@ def _check_routes(routers: Sequence[torch.nn.Module], routes: torch.Tensor) -> N
         if captured.numel() == 0:
             continue
         low, high = int(captured.min()), int(captured.max())
-        if low < 0 or high >= router.num_experts:
+        if low < 0 or high >= _count(router, "num_experts"):
             raise RouteReplayError(
                 "expert_out_of_range",
                 f"MoE layer {layer} has experts [0, {router.num_experts}), but its captured "
@@ -188,13 +194,14 @@ Hook = Callable[[torch.nn.Module, object, object], object]
 def _replay_hook(router: torch.nn.Module, layer_routes: torch.Tensor) -> Hook:
     """A forward hook that replaces the router's ``(logits, scores, indices)`` with the captured
     experts and their gate weights (the module's steps 2 and 3)."""
-    top_k = int(router.top_k)
+    top_k = _count(router, "top_k")
     flat = layer_routes.reshape(-1, top_k)  # (B*T, top_k), the router's token order
     own = (flat == ROUTE_MISSING_SENTINEL).any(-1, keepdim=True)  # (B*T, 1)
     renormalize = bool(getattr(router, "norm_topk_prob", True))
 
     def replay(_module: torch.nn.Module, _inputs: object, output: object) -> object:
-        logits, scores, indices = output  # type: ignore[misc]
+        # the router's forward returns (logits, scores, indices), the module's step 1
+        logits, scores, indices = cast("tuple[torch.Tensor, torch.Tensor, torch.Tensor]", output)
         if indices.shape != flat.shape:
             raise RouteReplayError(
                 "routes_shape",

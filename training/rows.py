@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, cast
 
 import numpy
 import torch
@@ -218,7 +218,7 @@ def _tensor(values: list[int] | list[float], dtype: torch.dtype) -> torch.Tensor
     on a list)."""
     if dtype == torch.bool:
         return (
-            torch.frombuffer(bytearray(values), dtype=torch.bool)
+            torch.frombuffer(bytearray(cast("list[int]", values)), dtype=torch.bool)  # 0/1
             if values
             else torch.empty(0, dtype=torch.bool)
         )
