@@ -30,7 +30,7 @@ __all__ = ["CALLER_GONE", "DeliveredStream", "caller_disconnected"]
 
 CALLER_GONE: Final = "request_finished_without_staged_coordinates"
 """The failure reason a committed call records when its client went away before the answer was
-delivered (one of ``grove.capture.lifecycle.FAILURE_REASONS``)."""
+delivered (one of ``grove.capture.failure_reasons.FAILURE_REASONS``)."""
 
 
 def caller_disconnected(connection: Request) -> bool:

@@ -1,96 +1,70 @@
 """The capture write path: one model call from request to committed delta, or a recorded failure.
 
-For each call: normalize the request, admit it against the attempt's committed calls
-(``ledger/admission.py``), plan its prompt (``capture/splice.py``: the parent chain's exact tokens
-plus the rendered suffix, or a root), record the intent (before inference), generate through the
-engine, store the delta blob (before the commit event: the ledger event is the commit marker),
-then commit. An engine or storage failure is recorded as ``call.failed`` with its reason code and
-re-raised. ``measure`` runs the same normalization, admission and planning and writes nothing.
-The intent records the policy version the engine served at admission (its ``policy_version``
-attribute, if it has one); the commit, the version of the weights that sampled the generation.
+A call goes through five stages:
 
-The committed output is the generated text parsed into an assistant message (reasoning, and tool
-calls when the request offers tools: ``capture/toolcalls.py``); its fingerprint and the replay
-summary describe that message, so a client that echoes it back continues the call. The splice
-still resumes from the exact generated tokens (``capture/splice.py``, ``RawOutput``).
+1. *prepare*, writing nothing: normalize the request, admit it against the attempt's committed
+   calls (``ledger/admission.py``), plan its prompt (``capture/splice.py``: the parent chain's
+   exact tokens plus the rendered suffix, or a root), fit its sampling and let the engine check
+   it (``Engine.check``). ``measure`` stops here.
+2. *intend*: record ``call.intended``, once per call id; the call is pending from here on.
+3. *infer*: generate through the engine and build the delta to store.
+4. *store*: write the delta blob (before the commit event: the ledger event is the commit marker).
+5. *commit*: build ``call.committed`` (``capture/call_events.py``) and append it.
 
-The service keeps, per attempt, the folded state and the admission index in memory and brings them
-up to date by reading only the events after the version it has, so admitting a call costs the
-same at call 1,000 as at call 10. Parent chains are read from their blobs (digests verified)
-once and cached. The ledger is read outside any lock, and the view is brought up to date under a
-lock of its own attempt, so calls of different attempts never wait for each other. The service
-folds its own intents and commits into the view as they land, so a gateway's call reads nothing
-while the view holds all this process appended (``current_state``): it is planned against the
-view (``generate(refresh=False)``) and its intent appended only at the view's version, so a plan
-that another process's append made stale fails with ``StaleAttemptState`` before anything is
-written, and is read and planned again. A call is planned once (``fit`` adjusts its sampling to
-the planned prompt before anything is written).
+The call fails closed. Any exception after the intent and before the commit is appended (the
+point of no return) is recorded, in one place, as ``call.failed`` with its stage's reason
+(``capture/failure_reasons.py``: ``engine_error`` for stage 3, ``storage_error`` for 4,
+``internal_error`` for 5), then re-raised, so a failed call never waits out the settle timeout.
+When recording the failure fails too (the ledger unreachable), the original error still
+surfaces, with a note naming the second, and the call stays pending: the attempt's settle waits
+for it up to its timeout and records it still pending, which masks the rollout
+(``docs/gateway.md``, "Failures after the intent"). A failure after the commit records nothing:
+the call is committed, and a harness that never received it does not select it. The intent
+records the policy version the engine served at admission (its ``policy_version`` attribute, if
+it has one); the commit, the version of the weights that sampled the generation.
+
+The service plans against its view of each attempt (``capture/attempt_views.py``), brought up to
+date by reading only the events it has not seen, and folds its own intents and commits into it
+as they land, so a gateway's call reads nothing while the view holds all this process appended
+(``current_state``): it is planned against the view (``generate(refresh=False)``) and its intent
+appended only at the view's version, so a plan that another process's append made stale fails
+with ``StaleAttemptState`` before anything is written, and is read and planned again. A call is
+planned once (``fit`` adjusts its sampling to the planned prompt before anything is written).
 """
 
 from __future__ import annotations
 
 import hashlib
-import threading
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
+from grove.capture.attempt_views import DEFAULT_CACHED_VIEWS, AttemptView, AttemptViews
+from grove.capture.call_events import CommittedOutput, commit_event, intent_event
 from grove.capture.engine import Engine, Generation, SamplingParams
-from grove.capture.media import MediaPlan, chain_media, plan_media, request_images
-from grove.capture.render import (
-    NormalizedRequest,
-    Renderer,
-    RenderOptions,
-    admission_items,
-    normalize_messages,
+from grove.capture.failure_reasons import (
+    ENGINE_ERROR,
+    FAILURE_REASONS,
+    INTERNAL_ERROR,
+    STORAGE_ERROR,
+    failure_detail,
 )
+from grove.capture.media import MediaPlan, plan_media, request_images
+from grove.capture.render import NormalizedRequest, Renderer, RenderOptions, normalize_messages
 from grove.capture.splice import PromptPlan, RawOutput, plan_call
-from grove.capture.toolcalls import assistant_message, parse_output
-from grove.ledger.admission import AdmissionDecision, AdmissionIndex
-from grove.ledger.attempt import (
-    AttemptError,
-    AttemptLog,
-    AttemptState,
-    fold_attempt,
-    index_call_event,
-)
-from grove.ledger.attempt import CallStatus as LedgerCallStatus
-from grove.ledger.events import (
-    AttemptOpened,
-    CallCommitted,
-    CallFailed,
-    CallIntended,
-    RolloutSelected,
-)
-from grove.ledger.fingerprint import fingerprint_output
-from grove.storage import (
-    BlobRef,
-    BlobStore,
-    CallDelta,
-    MediaDescriptor,
-    StorageError,
-    chain_digest,
-    staging_key,
-)
+from grove.ledger.admission import AdmissionDecision
+from grove.ledger.attempt import AttemptError, AttemptLog, AttemptState
+from grove.ledger.events import AttemptOpened, CallFailed, RolloutSelected
+from grove.storage import BlobRef, BlobStore, CallDelta, staging_key
 
 __all__ = [
-    "FAILURE_REASONS",
     "CallOutcome",
     "CaptureService",
     "MeasuredCall",
     "ModelCall",
     "derived_seed",
-    "output_message",
 ]
-
-FAILURE_REASONS = (
-    "engine_error",
-    "storage_error",
-    "request_finished_without_staged_coordinates",
-    "rejected_by_harness",
-)
 
 
 @dataclass(frozen=True)
@@ -134,38 +108,9 @@ class CallOutcome:
     finish_reason: str = "stop"
 
 
-def output_message(text: str, *, tools: bool = False) -> dict[str, Any]:
-    """The assistant message a harness sends back for a generation with this text: reasoning and,
-    when the request offered ``tools``, tool calls parsed (each given a fresh ``call_…`` id)."""
-    parsed = parse_output(text, tool_calls=tools)
-    return assistant_message(parsed, [f"call_{uuid.uuid4().hex[:24]}" for _ in parsed.tool_calls])
-
-
 Fit = Callable[[int], SamplingParams]
 """``prompt tokens -> sampling``: the sampling a call runs with once its prompt is planned (max
 tokens fitted to the context), or an error that refuses the call before anything is written."""
-
-DEFAULT_CACHED_VIEWS = 4096
-
-
-def _committed_parent(state: AttemptState, call_id: str) -> CallCommitted:
-    """The commit of ``call_id``, a parent admission picked (it picks committed calls only)."""
-    call = state.calls[call_id]
-    if call.committed is None or call.status is not LedgerCallStatus.COMMITTED:
-        raise AttemptError(
-            state.capture_key, f"a parent must be committed, but is {call.status.value}", call_id
-        )
-    return call.committed
-
-
-@dataclass
-class _AttemptView:
-    state: AttemptState
-    index: AdmissionIndex
-    chains: dict[str, tuple[int, ...]]
-    outputs: dict[str, tuple[RawOutput, ...]]
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    media: dict[str, tuple[MediaDescriptor, ...]] = field(default_factory=dict)
 
 
 def derived_seed(state: AttemptState, ordinal: int) -> int:
@@ -184,6 +129,29 @@ def derived_seed(state: AttemptState, ordinal: int) -> int:
         origin = opened.rollout_id if opened.seed is None else opened.seed
     digest = hashlib.sha256(f"grove-seed/{origin}/{ordinal}".encode()).digest()
     return int.from_bytes(digest[:8], "big") >> 1  # a non-negative int64
+
+
+@dataclass(frozen=True)
+class _PreparedCall:
+    """A call admitted and planned against ``state`` (the view as it was), with the sampling it
+    runs with and the engine's extra arguments (a vision engine's images); nothing written."""
+
+    capture_key: str
+    call_id: str
+    state: AttemptState
+    plan: PromptPlan
+    media: MediaPlan
+    sampling: SamplingParams
+    images: tuple[Any, ...]
+    tools: bool
+
+
+@dataclass(frozen=True)
+class _Inference:
+    """What the engine generated for a call, and the delta to store for it."""
+
+    generation: Generation
+    delta: CallDelta
 
 
 class CaptureService:
@@ -206,9 +174,7 @@ class CaptureService:
         self.engine = engine
         self.model_fingerprint = model_fingerprint
         self.strict = strict  # refuse unexplained roots (docs/normalization.md, "Strict mode")
-        self.cached_views = cached_views
-        self._views: OrderedDict[str, _AttemptView] = OrderedDict()
-        self._lock = threading.Lock()  # guards _views only; each view has its own lock
+        self.views = AttemptViews(log, blobs, renderer, capacity=cached_views)
 
     # -- attempts ----------------------------------------------------------------------------
 
@@ -244,17 +210,17 @@ class CaptureService:
                 seed=seed,
             )
         )
-        self._adopt(capture_key)
+        self.views.adopt(capture_key)
 
     def close(self, capture_key: str) -> None:
         """The harness returned: refuse later calls of this attempt."""
         self.log.close_admissions(capture_key)
-        self._adopt(capture_key)
+        self.views.adopt(capture_key)
 
     def settle(self, capture_key: str, timeout_s: float = 300.0) -> AttemptState:
         """Close admissions, wait for pending calls up to ``timeout_s``, record the outcome."""
         settled = self.log.settle(capture_key, timeout_s)
-        self._adopt(capture_key)
+        self.views.adopt(capture_key)
         return settled
 
     def settle_selecting(
@@ -266,35 +232,35 @@ class CaptureService:
         (``AttemptLog.settle_selecting``)."""
         settled = self.log.settle_selecting(capture_key, selected, at=at)
         if settled is not None:
-            self._adopt(capture_key)
+            self.views.adopt(capture_key)
         return settled
 
     def select(self, capture_key: str, selected: RolloutSelected) -> None:
         """Record the selection policy's result for the attempt."""
         self.log.select(capture_key, selected)
-        self._adopt(capture_key)
+        self.views.adopt(capture_key)
 
     def state(self, capture_key: str) -> AttemptState:
         """The attempt's state, brought up to date from the ledger (only the events not yet seen);
         ``generate(refresh=False)`` then plans against it without reading again."""
-        return self._view(capture_key).state
+        return self.views.view(capture_key).state
 
     def current_state(self, capture_key: str) -> AttemptState:
         """The attempt's state as this service last knew it, read from the ledger only when the
         view is behind this process's own appends (or absent). Another process's appends since
         are not seen: ``generate(refresh=False)`` then fails with ``StaleAttemptState`` before
         writing anything, and the caller reads (``state``) and tries again."""
-        view = self._view(capture_key, read=False)
+        view = self.views.view(capture_key, read=False)
         if view.state.version != self.log.known_version(capture_key):
-            view = self._view(capture_key)
+            view = self.views.view(capture_key)
         return view.state
 
     # -- calls -------------------------------------------------------------------------------
 
     def measure(self, capture_key: str, call: ModelCall) -> MeasuredCall:
         """The prompt length and decision ``call`` would get now; writes nothing."""
-        view = self._view(capture_key)
-        self._require_open(view.state, capture_key, call.call_id)
+        view = self.views.view(capture_key)
+        _require_open(view.state, capture_key, call.call_id)
         plan, request = self._plan(view, call)
         self._media(view, request, plan, call.options.model)  # refusals only
         return MeasuredCall(prompt_tokens=plan.prompt_len, decision=plan.decision)
@@ -307,126 +273,29 @@ class CaptureService:
         fit: Fit | None = None,
         refresh: bool = True,
     ) -> CallOutcome:
-        """Run one model call: admit, plan, intend, generate, store, commit.
+        """Run one model call: prepare (admit, plan, fit, check), intend, infer, store, commit.
 
         ``fit`` (given the planned prompt length) decides the sampling the call runs with, or
         refuses it, before the intent. ``refresh=False``: the call is planned against the view
         as the caller last brought it up to date (``state``, ``current_state``), unread, and its
         intent is appended only at that view's version: another writer's append since raises
-        ``StaleAttemptState`` with nothing written (read again and retry).
+        ``StaleAttemptState`` with nothing written (read again and retry). Any failure after the
+        intent and before the commit is recorded as ``call.failed`` and re-raised.
         """
-        call_id = call.call_id or f"call-{uuid.uuid4().hex[:16]}"
-        view = self._view(capture_key, read=refresh)
-        planned = view.state
-        self._require_open(planned, capture_key, call_id)
-        plan, request = self._plan(view, call)
-        media = self._media(view, request, plan, call.options.model)
-        images = (media.inputs,) if media.inputs else ()  # a vision engine's extra argument
-        decision, summary = plan.decision, plan.request_summary
-        sampling = call.sampling if fit is None else fit(plan.prompt_len)
-        if sampling.seed is None:
-            sampling = replace(sampling, seed=derived_seed(planned, len(planned.calls)))
-        self.engine.check(plan.prompt_token_ids, sampling, *images)  # refuse before recording
-        intended = CallIntended(
-            call_id=call_id,
-            decision=decision.kind.value,
-            parent_call_id=decision.parent_call_id,
-            root_reason=None if decision.reason is None else decision.reason.value,
-            replay_summary=summary,
-            equivalences=tuple(e.value for e in decision.equivalences),
-            prompt_tokens=plan.prompt_len,
-            admission=plan.admission_record(),
-            policy_version=getattr(self.engine, "policy_version", None),
-            constraint=None if sampling.constraint is None else sampling.constraint.record(),
-        )
-        recorded = self.log.intend(capture_key, intended, at=None if refresh else planned)
-        if recorded and not refresh:
-            self._fold_own(view, planned.version + 1, intended)
-        if not recorded:
-            # Another request with this call id recorded the intent first (a racing retry):
-            # it alone infers, stores and commits the call.
-            raise AttemptError(
-                capture_key,
-                "the call id is already intended by another request; each call is inferred "
-                "once: send a new call id",
-                call_id,
-            )
+        view = self.views.view(capture_key, read=refresh)
+        prepared = self._prepare(view, call, fit)
+        self._intend(view, prepared, refresh=refresh)
+        reason = ENGINE_ERROR
         try:
-            generation = self.engine.generate(plan.prompt_token_ids, sampling, *images)
-            routes = generation.delta_routes(len(plan.delta_token_ids))  # docs/moe.md
-        except Exception as error:
-            self._fail(capture_key, call_id, "engine_error", error)
+            inference = self._infer(prepared)
+            reason = STORAGE_ERROR
+            blob = self._store(prepared, inference.delta)
+            reason = INTERNAL_ERROR
+            committed = self._commit(view, prepared, inference, blob)
+        except BaseException as error:
+            self._record_failure(prepared, reason, error)
             raise
-        delta = CallDelta.from_lists(
-            plan.delta_token_ids,
-            generation.token_ids,
-            generation.logprobs,
-            routes=routes,
-            media=media.stored,
-        )
-        try:
-            blob = self.blobs.put_delta(staging_key(capture_key, call_id), delta)
-        except StorageError as error:
-            self._fail(capture_key, call_id, "storage_error", error)
-            raise
-        text = self._text(generation)
-        message = output_message(text, tools=call.options.tools is not None)
-        normalized = normalize_messages([message])
-        output_items = admission_items(normalized)
-        response_id = f"resp-{uuid.uuid4().hex}"
-        finish_reason = (
-            "tool_calls"
-            if generation.finish_reason == "stop" and message.get("tool_calls")
-            else generation.finish_reason
-        )
-        committed_summary = summary.extended(output_items)
-        committed = CallCommitted(
-            call_id=call_id,
-            parent_call_id=decision.parent_call_id,
-            prev_len=plan.prev_len,
-            delta_len=delta.delta_len,
-            cum_len=plan.prev_len + delta.delta_len,
-            prompt_delta_len=len(plan.delta_token_ids),
-            generated_len=len(generation.token_ids),
-            blob_key=blob.key,
-            blob_sha256=blob.sha256,
-            blob_bytes=blob.size,
-            chain_digest=chain_digest(
-                self._parent_chain_digest(view, decision.parent_call_id),
-                delta.prompt_delta,
-                delta.generated,
-            ),
-            finish_reason=finish_reason,
-            response_id=response_id,
-            output_fingerprint=fingerprint_output(normalized.messages),
-            replay_summary=committed_summary,
-            policy_version=generation.policy_version,
-        )
-        version = self.log.commit(capture_key, committed)
-        if version is not None:
-            self._fold_own(view, version, committed)
-        own = RawOutput(committed_summary.item_count - 1, text)
-        with view.lock:
-            view.chains[call_id] = (*plan.prompt_token_ids, *generation.token_ids)
-            view.outputs[call_id] = (*self._parent_outputs(view, decision.parent_call_id), own)
-            if media.stored or decision.parent_call_id in view.media:
-                view.media[call_id] = chain_media(
-                    self._chain_media(view, decision.parent_call_id),
-                    [item.descriptor for item in media.stored],
-                    plan.prev_len,
-                )
-        return CallOutcome(
-            capture_key=capture_key,
-            call_id=call_id,
-            response_id=response_id,
-            message=message,
-            generation=generation,
-            decision=decision,
-            prompt_tokens=plan.prompt_len,
-            blob=blob,
-            text=text,
-            finish_reason=finish_reason,
-        )
+        return self._remember(view, prepared, inference, blob, committed)
 
     def fail(self, capture_key: str, call_id: str, reason: str, detail: str = "") -> None:
         """Record that a call ended without a usable capture (e.g. the harness rejected it)."""
@@ -436,89 +305,164 @@ class CaptureService:
             )
         self.log.fail(capture_key, CallFailed(call_id=call_id, reason=reason, detail=detail))
 
-    # -- internals ---------------------------------------------------------------------------
+    # -- the stages of a call ----------------------------------------------------------------
 
-    def _fail(self, capture_key: str, call_id: str, reason: str, error: Exception) -> None:
-        detail = f"{type(error).__name__}: {error}"[:2000]
-        self.log.fail(capture_key, CallFailed(call_id=call_id, reason=reason, detail=detail))
+    def _prepare(self, view: AttemptView, call: ModelCall, fit: Fit | None) -> _PreparedCall:
+        """Admit and plan ``call`` against the view, fit its sampling and let the engine check
+        it: every refusal before anything is written."""
+        state = view.state
+        capture_key = state.capture_key
+        call_id = call.call_id or f"call-{uuid.uuid4().hex[:16]}"
+        _require_open(state, capture_key, call_id)
+        plan, request = self._plan(view, call)
+        media = self._media(view, request, plan, call.options.model)
+        images = (media.inputs,) if media.inputs else ()  # a vision engine's extra argument
+        sampling = call.sampling if fit is None else fit(plan.prompt_len)
+        if sampling.seed is None:
+            sampling = replace(sampling, seed=derived_seed(state, len(state.calls)))
+        self.engine.check(plan.prompt_token_ids, sampling, *images)  # refuse before recording
+        return _PreparedCall(
+            capture_key=capture_key,
+            call_id=call_id,
+            state=state,
+            plan=plan,
+            media=media,
+            sampling=sampling,
+            images=images,
+            tools=call.options.tools is not None,
+        )
 
-    def _text(self, generation: Generation) -> str:
-        return self.renderer.decode(generation.content_token_ids)
-
-    @staticmethod
-    def _require_open(state: AttemptState, capture_key: str, call_id: str | None) -> None:
-        if state.opened is None:
-            raise AttemptError(capture_key, "unknown attempt: open it first", call_id)
-        if state.admissions_closed:
+    def _intend(self, view: AttemptView, prepared: _PreparedCall, *, refresh: bool) -> None:
+        """Record the call's intent (at the planned version unless ``refresh``); the call is
+        pending from here on. Refused, with nothing written, when the call id is intended
+        already."""
+        intended = intent_event(
+            prepared.call_id,
+            prepared.plan,
+            prepared.sampling,
+            getattr(self.engine, "policy_version", None),
+        )
+        planned = prepared.state
+        recorded = self.log.intend(prepared.capture_key, intended, at=None if refresh else planned)
+        if not recorded:
+            # Another request with this call id recorded the intent first (a racing retry):
+            # it alone infers, stores and commits the call.
             raise AttemptError(
-                capture_key, "admissions are closed: the harness already returned", call_id
+                prepared.capture_key,
+                "the call id is already intended by another request; each call is inferred "
+                "once: send a new call id",
+                prepared.call_id,
+            )
+        if not refresh:
+            self.views.fold_own(view, planned.version + 1, intended)
+
+    def _infer(self, prepared: _PreparedCall) -> _Inference:
+        """Generate the call and build its delta: the new prompt tokens, the generation and its
+        logprobs, routes (``docs/moe.md``) and the media the call stores."""
+        plan = prepared.plan
+        generation = self.engine.generate(
+            plan.prompt_token_ids, prepared.sampling, *prepared.images
+        )
+        delta = CallDelta.from_lists(
+            plan.delta_token_ids,
+            generation.token_ids,
+            generation.logprobs,
+            routes=generation.delta_routes(len(plan.delta_token_ids)),
+            media=prepared.media.stored,
+        )
+        return _Inference(generation, delta)
+
+    def _store(self, prepared: _PreparedCall, delta: CallDelta) -> BlobRef:
+        """Write the call's delta blob (write-once), before its commit event."""
+        return self.blobs.put_delta(staging_key(prepared.capture_key, prepared.call_id), delta)
+
+    def _commit(
+        self, view: AttemptView, prepared: _PreparedCall, inference: _Inference, blob: BlobRef
+    ) -> CommittedOutput:
+        """Parse the output and append ``call.committed``: the point of no return."""
+        generation = inference.generation
+        output = commit_event(
+            prepared.call_id,
+            prepared.plan,
+            generation,
+            inference.delta,
+            blob,
+            text=self.renderer.decode(generation.content_token_ids),
+            tools=prepared.tools,
+            parent_chain_digest=self.views.parent_chain_digest(
+                view, prepared.plan.decision.parent_call_id
+            ),
+        )
+        version = self.log.commit(prepared.capture_key, output.event)
+        if version is not None:
+            self.views.fold_own(view, version, output.event)
+        return output
+
+    def _remember(
+        self,
+        view: AttemptView,
+        prepared: _PreparedCall,
+        inference: _Inference,
+        blob: BlobRef,
+        output: CommittedOutput,
+    ) -> CallOutcome:
+        """Cache the committed call's chain in the view, and answer it. (After the commit: a
+        failure here records nothing, since the call is committed.)"""
+        plan, generation, committed = prepared.plan, inference.generation, output.event
+        self.views.remember(
+            view,
+            prepared.call_id,
+            plan.decision.parent_call_id,
+            tokens=(*plan.prompt_token_ids, *generation.token_ids),
+            output=RawOutput(committed.replay_summary.item_count - 1, output.text),
+            media=[item.descriptor for item in prepared.media.stored],
+            prev_len=plan.prev_len,
+        )
+        return CallOutcome(
+            capture_key=prepared.capture_key,
+            call_id=prepared.call_id,
+            response_id=committed.response_id,
+            message=output.message,
+            generation=generation,
+            decision=plan.decision,
+            prompt_tokens=plan.prompt_len,
+            blob=blob,
+            text=output.text,
+            finish_reason=committed.finish_reason,
+        )
+
+    def _record_failure(self, prepared: _PreparedCall, reason: str, error: BaseException) -> None:
+        """Record ``call.failed`` for ``error``, raised after the call's intent. When that
+        record fails too, ``error`` carries a note saying so and the call stays pending (its
+        attempt's settle timeout resolves it); ``error`` is re-raised by the caller either way."""
+        failed = CallFailed(call_id=prepared.call_id, reason=reason, detail=failure_detail(error))
+        try:
+            self.log.fail(prepared.capture_key, failed)
+        except Exception as unrecorded:
+            error.add_note(
+                f"Grove could not record call.failed ({reason}) for call {prepared.call_id!r} "
+                f"of attempt {prepared.capture_key!r}: {failure_detail(unrecorded)}; the call "
+                "stays pending until the attempt's settle timeout"
             )
 
-    def _view(self, capture_key: str, *, read: bool = True) -> _AttemptView:
-        """The attempt's state and admission index, updated from the events not yet seen
-        (``read=False``: as last read, unless the service holds no view of it yet)."""
-        with self._lock:
-            view = self._views.get(capture_key)
-            if view is None:
-                view = _AttemptView(AttemptState(capture_key), AdmissionIndex(), {}, {})
-                self._views[capture_key] = view
-                read = True
-            self._views.move_to_end(capture_key)
-            while len(self._views) > self.cached_views:
-                self._views.popitem(last=False)
-        if not read:
-            return view
-        # Read outside every lock; concurrent readers of one attempt may read overlapping
-        # events, and each folds only those after the version the view has reached.
-        stored = self.log.store.read_stream(capture_key, after_version=view.state.version)
-        with view.lock:
-            fresh = [s.decode() for s in stored if s.stream_version > view.state.version]
-            view.state = fold_attempt(capture_key, fresh, view.state)
-            for event in fresh:
-                index_call_event(view.index, view.state, event)
-            self.log.keep(view.state)  # the log's next append expects this version, unread
-        return view
+    # -- planning ----------------------------------------------------------------------------
 
-    def _adopt(self, capture_key: str) -> None:
-        """Take the log's state after this service's own attempt-level append (opened, closed,
-        settled, selected) into the attempt's view when the two differ by no call: the view's
-        admission index, built from call events alone, then stays exact, and the next request
-        finds the view current (``current_state``) without reading. Otherwise the view stays
-        as it is, and is read when next needed."""
-        held = self.log.held(capture_key)
-        with self._lock:
-            view = self._views.get(capture_key)
-        if held is None or view is None:
-            return
-        with view.lock:
-            if held.version > view.state.version and held.calls == view.state.calls:
-                view.state = held
-
-    @staticmethod
-    def _fold_own(view: _AttemptView, version: int, event: CallIntended | CallCommitted) -> None:
-        """Fold this service's own append, landed at ``version``, into the view when the view
-        is at the version just before it (otherwise the next call reads what it missed)."""
-        with view.lock:
-            if view.state.version == version - 1:
-                view.state = fold_attempt(view.state.capture_key, [event], view.state)
-                index_call_event(view.index, view.state, event)
-
-    def _plan(self, view: _AttemptView, call: ModelCall) -> tuple[PromptPlan, NormalizedRequest]:
+    def _plan(self, view: AttemptView, call: ModelCall) -> tuple[PromptPlan, NormalizedRequest]:
         request = normalize_messages(call.items)
         plan = plan_call(
             self.renderer,
             request,
             call.options,
             view.index,
-            lambda call_id: self._chain_tokens(view, call_id),
-            lambda call_id: self._parent_outputs(view, call_id),
+            lambda call_id: self.views.chain_tokens(view, call_id),
+            lambda call_id: self.views.parent_outputs(view, call_id),
             attempt=view.state,
             strict=self.strict,
         )
         return plan, request
 
     def _media(
-        self, view: _AttemptView, request: NormalizedRequest, plan: PromptPlan, model: str
+        self, view: AttemptView, request: NormalizedRequest, plan: PromptPlan, model: str
     ) -> MediaPlan:
         """The images the call stores and generates from, its retained images verified against
         the chain of the call admission chose (``capture/media.py``); none for text."""
@@ -529,59 +473,18 @@ class CaptureService:
             self.renderer,
             request.messages,
             plan,
-            None if candidate is None else self._chain_media(view, candidate),
-            None if candidate is None else self._chain_tokens(view, candidate),
+            None if candidate is None else self.views.chain_media(view, candidate),
+            None if candidate is None else self.views.chain_tokens(view, candidate),
             capture_key=view.state.capture_key,
             model=model,
         )
 
-    def _chain_media(self, view: _AttemptView, call_id: str | None) -> tuple[MediaDescriptor, ...]:
-        """The media of ``call_id``'s chain in chain coordinates, root first (none for none)."""
-        if call_id is None:
-            return ()
-        if call_id not in view.chains:
-            self._load_chain(view, call_id)
-        return view.media.get(call_id, ())
 
-    @staticmethod
-    def _parent_chain_digest(view: _AttemptView, parent_call_id: str | None) -> str | None:
-        if parent_call_id is None:
-            return None
-        return _committed_parent(view.state, parent_call_id).chain_digest
-
-    def _chain_tokens(self, view: _AttemptView, call_id: str) -> tuple[int, ...]:
-        """The exact tokens of ``call_id``'s chain: every ancestor's delta and generation."""
-        cached = view.chains.get(call_id)
-        if cached is None:
-            self._load_chain(view, call_id)
-            cached = view.chains[call_id]
-        return cached
-
-    def _parent_outputs(self, view: _AttemptView, call_id: str | None) -> tuple[RawOutput, ...]:
-        """The exact output texts of ``call_id``'s chain, root first (none for no call)."""
-        if call_id is None:
-            return ()
-        cached = view.outputs.get(call_id)
-        if cached is None:
-            self._load_chain(view, call_id)
-            cached = view.outputs[call_id]
-        return cached
-
-    def _load_chain(self, view: _AttemptView, call_id: str) -> None:
-        """Read ``call_id``'s chain from its blobs (digests verified) into the view's caches."""
-        committed = _committed_parent(view.state, call_id)
-        parent = view.state.calls[call_id].parent_call_id
-        delta = self.blobs.get_delta(
-            BlobRef(committed.blob_key, committed.blob_sha256, committed.blob_bytes)
+def _require_open(state: AttemptState, capture_key: str, call_id: str | None) -> None:
+    """Refuse a call of an attempt never opened, or one whose harness already returned."""
+    if state.opened is None:
+        raise AttemptError(capture_key, "unknown attempt: open it first", call_id)
+    if state.admissions_closed:
+        raise AttemptError(
+            capture_key, "admissions are closed: the harness already returned", call_id
         )
-        generated = delta.generated.tolist()
-        content = generated if committed.finish_reason == "length" else generated[:-1]
-        output = RawOutput(committed.replay_summary.item_count - 1, self.renderer.decode(content))
-        parent_tokens = () if parent is None else self._chain_tokens(view, parent)
-        view.chains[call_id] = (*parent_tokens, *delta.prompt_delta.tolist(), *generated)
-        view.outputs[call_id] = (*self._parent_outputs(view, parent), output)
-        own_media = [item.descriptor for item in delta.media]
-        if own_media or parent in view.media:
-            view.media[call_id] = chain_media(
-                self._chain_media(view, parent), own_media, committed.prev_len
-            )
