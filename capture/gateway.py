@@ -34,20 +34,25 @@ call; a committed call whose answer was not delivered records the cancellation
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Annotated, Any, Final
 
 from fastapi import APIRouter, Depends, FastAPI, Header, Request, Response
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from grove.capture import errors as capture_errors
 from grove.capture.attempt_settings import AttemptSettings
 from grove.capture.body_limits import BodyLimits
+from grove.capture.capabilities import (
+    AttemptToken,
+    OpenedAttempt,
+    gateway_token_check,
+    open_with_token,
+    require_attempt_token,
+)
 from grove.capture.chat_api import ChatCompletion, ChatCompletionRequest, chat_completion
-from grove.capture.conflicts import opened_differences, selection_differences
+from grove.capture.conflicts import selection_differences
 from grove.capture.conversion import ConvertedCall, RequestConverter
 from grove.capture.delivery import CALLER_GONE, DeliveredStream, caller_disconnected
 from grove.capture.engine import SamplingParams
@@ -56,6 +61,7 @@ from grove.capture.limits import GatewayLimits
 from grove.capture.media import MediaRenderer
 from grove.capture.refusals import Refused, install_error_handlers
 from grove.capture.responses_api import ResponseObject, ResponsesRequest, response_object
+from grove.capture.reward_bound import DEFAULT_MAX_ABS_REWARD, check_reward, checked_bound
 from grove.capture.streaming import chat_sse, responses_sse
 from grove.capture.wire import (
     AttemptStatus,
@@ -107,7 +113,7 @@ the result cannot select calls. Injected by the application (``grove/jobs/serve.
 
 
 _ANSWERS: Final[dict[int | str, dict[str, Any]]] = {
-    status: {"model": ErrorBody} for status in (400, 401, 404, 409, 422, 500, 501, 502, 503)
+    status: {"model": ErrorBody} for status in (400, 401, 403, 404, 409, 422, 500, 501, 502, 503)
 }
 
 
@@ -123,10 +129,12 @@ class _Gateway:
         default_max_tokens: int,
         settle_timeout_s: float,
         attempts: AttemptSettings,
+        max_abs_reward: float,
     ) -> None:
         self.service = service
         self.selector = selector
         self.attempts = attempts
+        self.max_abs_reward = checked_bound(max_abs_reward)
         self.model_name = model_name
         self.max_context = max_context
         self.default_max_tokens = default_max_tokens
@@ -143,10 +151,7 @@ class _Gateway:
     def opened(self, capture_key: str, *, read: bool = True) -> AttemptState:
         """The state of an attempt that was opened; 404 otherwise. ``read=False``: the state as
         this process last knew it, read only when it is behind its own appends or unknown."""
-        key = validate_stream_id(capture_key)
-        state = self.service.state(key) if read else self.service.current_state(key)
-        if state.opened is None and not read:
-            state = self.service.state(key)  # never refuse from a view that was not read
+        state = self._read(capture_key, read)
         if state.opened is None:
             raise Refused(
                 404,
@@ -156,11 +161,26 @@ class _Gateway:
             )
         return state
 
+    def authorized(self, capture_key: str, token: str | None, *, read: bool = True) -> AttemptState:
+        """The state of attempt ``capture_key`` when ``token`` is its token; 401 or 403 otherwise,
+        the same whether or not it exists (``capture/capabilities.py``; ``read``: as in
+        ``opened``)."""
+        state = self._read(capture_key, read)
+        require_attempt_token(state, token)
+        return state
+
+    def _read(self, capture_key: str, read: bool) -> AttemptState:
+        key = validate_stream_id(capture_key)
+        state = self.service.state(key) if read else self.service.current_state(key)
+        if state.opened is None and not read:
+            state = self.service.state(key)  # never refuse from a view that was not read
+        return state
+
     def admitting(
-        self, capture_key: str | None, call_id: str | None, *, read: bool = True
+        self, capture_key: str | None, call_id: str | None, token: str | None, *, read: bool = True
     ) -> AttemptState:
-        """The state of an attempt that admits a new call ``call_id``; refused otherwise
-        (``read``: as in ``opened``)."""
+        """The state of an attempt that admits a new call ``call_id`` and whose token is
+        ``token``; refused otherwise (``read``: as in ``opened``)."""
         if not capture_key:
             raise Refused(
                 400,
@@ -168,7 +188,7 @@ class _Gateway:
                 f"Every model call names its attempt: send the {CAPTURE_KEY_HEADER} header "
                 "(with the openai client: default_headers={'" + CAPTURE_KEY_HEADER + "': KEY})",
             )
-        state = self.opened(capture_key, read=read)
+        state = self.authorized(capture_key, token, read=read)
         if state.admissions_closed:
             raise Refused(
                 409,
@@ -187,33 +207,23 @@ class _Gateway:
                 )
         return state
 
-    def open(self, request: OpenAttemptRequest) -> AttemptStatus:
-        """Open an attempt (idempotent for the same fields; 409 naming the fields that differ),
-        with the server's policy and forest mode where the request gives none."""
+    def open(self, request: OpenAttemptRequest, proposed: str | None) -> OpenedAttempt:
+        """Open an attempt and answer its token (``capture/capabilities.py``), with the server's
+        policy and forest mode where the request gives none."""
         validate_stream_id(request.capture_key)
-        request = self.attempts.resolve(request)
-        self._refuse_reopening(self.state(request.capture_key), request)
-        self.service.open_attempt(
-            request.capture_key,
-            rollout_id=request.rollout_id,
-            prompt_group=request.prompt_group,
-            rollout_index=request.rollout_index,
-            policy_version=request.policy_version,
-            seed=request.seed,
-            forest_mode=request.forest_mode,
-            selection_policy=request.selection_policy,
-        )
-        return attempt_status(self.opened(request.capture_key, read=False))
+        return open_with_token(self.service, self.attempts.resolve(request), proposed)
 
-    def close(self, capture_key: str) -> AttemptStatus:
+    def close(self, capture_key: str, token: str | None) -> AttemptStatus:
         """Close admissions: the harness returned."""
-        self.opened(capture_key)
+        self.authorized(capture_key, token)
         self.service.close(capture_key)
         return attempt_status(self.opened(capture_key, read=False))
 
-    def reject(self, capture_key: str, call_id: str, detail: str) -> AttemptStatus:
+    def reject(
+        self, capture_key: str, call_id: str, detail: str, token: str | None
+    ) -> AttemptStatus:
         """Record that the harness rejected a committed call's response (it will resample)."""
-        call = self.opened(capture_key).calls.get(call_id)
+        call = self.authorized(capture_key, token).calls.get(call_id)
         if call is None:
             raise Refused(
                 404, "unknown_call", f"Attempt {capture_key!r} has no call {call_id!r} to reject"
@@ -261,7 +271,7 @@ class _Gateway:
         response.headers.update(headers)
         return answer
 
-    def result(self, capture_key: str, result: dict[str, Any]) -> AttemptStatus:
+    def result(self, capture_key: str, result: dict[str, Any], token: str | None) -> AttemptStatus:
         """Settle the attempt (the harness returned) and record the selection of its result.
 
         When nothing is pending the selector first runs on the current state, so a result
@@ -269,10 +279,12 @@ class _Gateway:
         settling and the selection are then one append, unless another writer appended since
         (then step by step, selecting again on the settled state). An attempt with no accepted
         generation selects no call: its result is recorded whatever its evidence, so its
-        rollout is finalized (masked) and its prompt group completes.
+        rollout is finalized (masked) and its prompt group completes. A reward that is not
+        finite or beyond the bound is refused first (``capture/reward_bound.py``).
         """
         self._selector()  # refused before anything is read
-        state = self.opened(capture_key)
+        state = self.authorized(capture_key, token)
+        check_reward(capture_key, result.get("reward"), self.max_abs_reward)
         if state.selection is not None:
             self._refuse_second_result(state, result)
             return attempt_status(state)
@@ -294,20 +306,6 @@ class _Gateway:
                 "so it cannot record a result (serve it through grove serve)",
             )
         return self.selector
-
-    def _refuse_reopening(self, state: AttemptState, request: OpenAttemptRequest) -> None:
-        """409 when the attempt is already open with other fields (naming them)."""
-        if state.opened is None:
-            return
-        differences = opened_differences(state.opened, request.model_dump())
-        if differences:
-            raise Refused(
-                409,
-                "conflicting_event",
-                f"Attempt {state.capture_key!r} is already open with other fields: "
-                f"{differences}. Opening again is idempotent only with the same fields; open "
-                "another capture key for another rollout",
-            )
 
     def _refuse_second_result(self, state: AttemptState, result: dict[str, Any]) -> None:
         """Posting the recorded result again is idempotent; any other result is a 409."""
@@ -339,7 +337,9 @@ class _Gateway:
 
     # -- model calls -------------------------------------------------------------------------
 
-    def generate(self, capture_key: str | None, converted: ConvertedCall) -> CallOutcome:
+    def generate(
+        self, capture_key: str | None, converted: ConvertedCall, token: str | None
+    ) -> CallOutcome:
         """Capture one model call: checks that write nothing first, then the lifecycle, which
         plans the call against the state these checks saw (one plan per call). That state is
         the service's view, read from the ledger only when it is behind this process's own
@@ -349,7 +349,7 @@ class _Gateway:
         limit = self.max_context
         fit = None if limit is None else lambda prompt: self._fit(converted, prompt, limit)
         for attempt in range(_STALE_RETRIES):
-            state = self.admitting(capture_key, converted.call.call_id, read=attempt > 0)
+            state = self.admitting(capture_key, converted.call.call_id, token, read=attempt > 0)
             try:
                 return self.service.generate(
                     state.capture_key, converted.call, fit=fit, refresh=False
@@ -359,9 +359,9 @@ class _Gateway:
                     raise  # every try met another writer's append
         raise AssertionError("unreachable")
 
-    def measure(self, capture_key: str, converted: ConvertedCall) -> Measurement:
+    def measure(self, capture_key: str, converted: ConvertedCall, token: str | None) -> Measurement:
         """The prompt length and decision the call would get now; writes nothing."""
-        self.admitting(capture_key, None)
+        self.admitting(capture_key, None, token)
         measured = self.service.measure(capture_key, converted.call)
         decision = measured.decision
         return Measurement(
@@ -416,10 +416,6 @@ CaptureKey = Annotated[
     str | None,
     Header(alias=CAPTURE_KEY_HEADER, description="the attempt this model call belongs to"),
 ]
-BearerCredentials = Annotated[
-    HTTPAuthorizationCredentials | None,
-    Depends(HTTPBearer(auto_error=False, description="the gateway's auth token")),
-]
 CallId = Annotated[
     str | None,
     Header(alias=CALL_ID_HEADER, description="the call id to record (default: a fresh one)"),
@@ -436,6 +432,7 @@ def create_app(
     default_max_tokens: int = DEFAULT_MAX_TOKENS,
     settle_timeout_s: float = DEFAULT_SETTLE_TIMEOUT_S,
     attempts: AttemptSettings | None = None,
+    max_abs_reward: float = DEFAULT_MAX_ABS_REWARD,
     limits: GatewayLimits | None = None,
     on_shutdown: Callable[[], None] | None = None,
 ) -> FastAPI:
@@ -449,7 +446,9 @@ def create_app(
     ``max_tokens`` (``default_max_tokens``, used when a request gives none) to the room left.
     ``settle_timeout_s`` bounds the wait for pending calls when a result arrives. ``attempts``:
     the selection policies an attempt may name and the defaults of one that names none (default:
-    the built-in policies, ``returned_history``, forest mode on).
+    the built-in policies, ``returned_history``, forest mode on). ``max_abs_reward``: the largest
+    reward magnitude a result may carry (``grpo.max_abs_reward``). Opening an attempt returns
+    its token, which every later request on it must carry (``capture/capabilities.py``).
     ``limits`` bound what one request may make the gateway read, hold and store (default:
     ``GatewayLimits()``; ``capture/limits.py``): bodies are checked before the app sees them
     (``capture/body_limits.py``), images by the renderer, heads by the server
@@ -468,6 +467,7 @@ def create_app(
         default_max_tokens,
         settle_timeout_s,
         attempts or AttemptSettings(),
+        max_abs_reward,
     )
 
     @asynccontextmanager
@@ -491,7 +491,7 @@ def create_app(
         service.renderer.vision.limits = limits
     install_error_handlers(app)
 
-    dependencies = [] if auth_token is None else [Depends(_bearer(auth_token))]
+    dependencies = [] if auth_token is None else [Depends(gateway_token_check(auth_token))]
     api = APIRouter(prefix="/v1", dependencies=dependencies, responses=_ANSWERS)
 
     @app.get("/health", response_model=HealthStatus)
@@ -515,11 +515,12 @@ def create_app(
         connection: Request,
         capture_key: CaptureKey = None,
         call_id: CallId = None,
+        token: AttemptToken = None,
     ) -> Any:
         """One model call in OpenAI Chat Completions form (``n`` = 1); ``stream=true`` answers
         with buffered chunks."""
         converted = gateway.converter.chat_call(request, call_id)
-        outcome = gateway.generate(capture_key, converted)
+        outcome = gateway.generate(capture_key, converted, token)
         logprobs = gateway.token_logprobs(outcome) if converted.logprobs else None
         answer = chat_completion(outcome, model_name, logprobs)
         usage = bool((request.stream_options or {}).get("include_usage"))
@@ -537,65 +538,61 @@ def create_app(
         connection: Request,
         capture_key: CaptureKey = None,
         call_id: CallId = None,
+        token: AttemptToken = None,
     ) -> Any:
         """One model call in OpenAI Responses form; ``stream=true`` answers with buffered SSE."""
         converted = gateway.converter.responses_call(request, call_id)
-        outcome = gateway.generate(capture_key, converted)
+        outcome = gateway.generate(capture_key, converted, token)
         logprobs = gateway.token_logprobs(outcome) if converted.logprobs else None
         answer = response_object(outcome, model_name, request, logprobs)
         events = responses_sse(answer) if request.stream else None
         return gateway.deliver(connection, response, outcome, answer, events)
 
-    @api.post("/attempts", response_model=AttemptStatus)
-    def open_attempt(request: OpenAttemptRequest) -> AttemptStatus:
-        """Open an attempt: one execution of the harness for one logical rollout."""
-        return gateway.open(request)
+    @api.post("/attempts", response_model=OpenedAttempt)
+    def open_attempt(request: OpenAttemptRequest, token: AttemptToken = None) -> OpenedAttempt:
+        """Open an attempt: one execution of the harness for one logical rollout. Answers its
+        token (``token``: the caller's proposal, or the token of a repeated opening)."""
+        return gateway.open(request, token)
 
     @api.get("/attempts/{capture_key}", response_model=AttemptStatus)
-    def get_attempt(capture_key: str) -> AttemptStatus:
+    def get_attempt(capture_key: str, token: AttemptToken = None) -> AttemptStatus:
         """The attempt's calls (status, parent, decision), pending calls, and selection."""
-        return attempt_status(gateway.opened(capture_key))
+        return attempt_status(gateway.authorized(capture_key, token))
 
     @api.post("/attempts/{capture_key}/close", response_model=AttemptStatus)
-    def close_attempt(capture_key: str) -> AttemptStatus:
+    def close_attempt(capture_key: str, token: AttemptToken = None) -> AttemptStatus:
         """The harness returned: the attempt admits no more calls."""
-        return gateway.close(capture_key)
+        return gateway.close(capture_key, token)
 
     @api.post("/attempts/{capture_key}/result", response_model=AttemptStatus)
-    def post_result(capture_key: str, result: HarnessResult) -> AttemptStatus:
+    def post_result(
+        capture_key: str, result: HarnessResult, token: AttemptToken = None
+    ) -> AttemptStatus:
         """The harness's ordinary result: settle, then record the selection and reward."""
-        return gateway.result(capture_key, result.model_dump(exclude_unset=True))
+        return gateway.result(capture_key, result.model_dump(exclude_unset=True), token)
 
     @api.post("/attempts/{capture_key}/calls/{call_id}/reject", response_model=AttemptStatus)
     def reject_call(
-        capture_key: str, call_id: str, request: RejectRequest | None = None
+        capture_key: str,
+        call_id: str,
+        request: RejectRequest | None = None,
+        token: AttemptToken = None,
     ) -> AttemptStatus:
         """The harness rejected this completed response (``rejected_by_harness``)."""
-        return gateway.reject(capture_key, call_id, "" if request is None else request.detail)
+        detail = "" if request is None else request.detail
+        return gateway.reject(capture_key, call_id, detail, token)
 
     @api.post("/attempts/{capture_key}/measure", response_model=Measurement)
-    def measure(capture_key: str, request: ChatCompletionRequest | ResponsesRequest) -> Measurement:
+    def measure(
+        capture_key: str,
+        request: ChatCompletionRequest | ResponsesRequest,
+        token: AttemptToken = None,
+    ) -> Measurement:
         """Prompt tokens and decision for a chat or responses body; writes nothing."""
+        converter = gateway.converter
         if isinstance(request, ChatCompletionRequest):
-            return gateway.measure(capture_key, gateway.converter.chat_call(request, None))
-        return gateway.measure(capture_key, gateway.converter.responses_call(request, None))
+            return gateway.measure(capture_key, converter.chat_call(request, None), token)
+        return gateway.measure(capture_key, converter.responses_call(request, None), token)
 
     app.include_router(api)
     return app
-
-
-def _bearer(token: str) -> Callable[..., None]:
-    expected = token.encode()
-
-    def authorize(credentials: BearerCredentials) -> None:
-        if credentials is None or not hmac.compare_digest(
-            credentials.credentials.encode(), expected
-        ):
-            raise Refused(
-                401,
-                "invalid_api_key",
-                "This gateway needs 'Authorization: Bearer <token>' with its auth token (the "
-                "openai client sends its api_key so)",
-            )
-
-    return authorize

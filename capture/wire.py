@@ -183,6 +183,7 @@ ERROR_STATUS: Final[Mapping[type[Exception], ErrorStatus]] = {
 ERROR_TYPES: Final = {
     400: "invalid_request_error",
     401: "authentication_error",
+    403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
     409: "conflict_error",

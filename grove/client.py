@@ -2,8 +2,9 @@
 an ``openai`` client bound to it, reject a response, post the result (``docs/train.md``).
 
 An attempt is one execution of the harness for one logical rollout. Every model call of the
-attempt carries its capture key in the ``X-Grove-Capture-Key`` header; the bound clients set it
-once, so the harness code is ordinary ``openai`` code::
+attempt carries its capture key in the ``X-Grove-Capture-Key`` header and the attempt's secret in
+``X-Grove-Attempt-Token`` (``docs/security.md``); the bound clients set both once, so the harness
+code is ordinary ``openai`` code::
 
     grove = GroveClient("http://127.0.0.1:8000/v1")
     attempt = grove.open_attempt("run1-g0-r0", rollout_id="g0-r0", prompt_group="g0",
@@ -13,18 +14,27 @@ once, so the harness code is ordinary ``openai`` code::
     attempt.post_result({"output": [..., answer.choices[0].message.model_dump()], "reward": 1.0})
 
 The gateway's refusals arrive as ``GroveClientError`` with the gateway's stable ``code``.
+
+``open_attempt`` proposes the attempt's token itself (``secrets.token_urlsafe(32)``), repeats the
+opening with the same token when the connection fails, and opens a capture key it opened before
+with the token it proposed then (the last ``REMEMBERED_TOKENS`` keys), so a lost answer neither
+locks the harness out of its attempt nor makes a second token. Tokens go only to the gateway.
 """
 
 from __future__ import annotations
 
+import secrets
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import openai
 
 __all__ = [
+    "ATTEMPT_TOKEN_HEADER",
     "CALL_ID_HEADER",
     "CAPTURE_KEY_HEADER",
     "Attempt",
@@ -35,6 +45,9 @@ __all__ = [
 
 CAPTURE_KEY_HEADER = "X-Grove-Capture-Key"
 CALL_ID_HEADER = "X-Grove-Call-Id"
+ATTEMPT_TOKEN_HEADER = "X-Grove-Attempt-Token"
+OPEN_TRIES = 3  # openings sent, with one token, before a failing connection is reported
+REMEMBERED_TOKENS = 10_000  # capture keys whose proposed token a client keeps for a re-opening
 
 
 class GroveClientError(RuntimeError):
@@ -72,6 +85,8 @@ class GroveClient:
             headers={"Authorization": f"Bearer {api_key}"},
             timeout=timeout_s,
         )
+        self._tokens: OrderedDict[str, str] = OrderedDict()
+        self._tokens_lock = threading.Lock()  # harness threads share one client
 
     def close(self) -> None:
         """Close the HTTP connections."""
@@ -106,34 +121,55 @@ class GroveClient:
         starts the rollout under (each call also records the version it was sampled with).
         ``forest_mode`` and ``selection_policy`` default to the server's configuration; a policy
         must be a built-in or one the server registered (else 400
-        ``unregistered_selection_policy``)."""
-        _checked(
-            self.http.post(
-                "/attempts",
-                json={
-                    "capture_key": capture_key,
-                    "rollout_id": rollout_id,
-                    "prompt_group": prompt_group,
-                    "rollout_index": rollout_index,
-                    "forest_mode": forest_mode,
-                    "selection_policy": selection_policy,
-                    "seed": seed,
-                    "policy_version": policy_version,
-                },
-            )
-        )
-        return Attempt(self, capture_key)
+        ``unregistered_selection_policy``). The attempt's token is made here and sent with the
+        opening (repeated up to ``OPEN_TRIES`` times when the connection fails)."""
+        body = {
+            "capture_key": capture_key,
+            "rollout_id": rollout_id,
+            "prompt_group": prompt_group,
+            "rollout_index": rollout_index,
+            "forest_mode": forest_mode,
+            "selection_policy": selection_policy,
+            "seed": seed,
+            "policy_version": policy_version,
+        }
+        token = self._proposed_token(capture_key)
+        headers = {ATTEMPT_TOKEN_HEADER: token}
+        for tries in range(1, OPEN_TRIES + 1):
+            try:
+                opened = _checked(self.http.post("/attempts", json=body, headers=headers))
+                break
+            except httpx.TransportError:
+                if tries == OPEN_TRIES:
+                    raise
+        return Attempt(self, capture_key, str(opened["attempt_token"]))
+
+    def _proposed_token(self, capture_key: str) -> str:
+        """The token to open ``capture_key`` with: the one proposed before, else a new one."""
+        with self._tokens_lock:
+            token = self._tokens.pop(capture_key, None) or secrets.token_urlsafe(32)
+            self._tokens[capture_key] = token
+            while len(self._tokens) > REMEMBERED_TOKENS:
+                self._tokens.popitem(last=False)
+        return token
 
 
 @dataclass(frozen=True)
 class Attempt:
-    """One opened attempt: bound ``openai`` clients, rejection, status and the result."""
+    """One opened attempt: bound ``openai`` clients, rejection, status and the result.
+    ``attempt_token`` is its secret, sent with every request on it (never shown in ``repr``)."""
 
     grove: GroveClient
     capture_key: str
+    attempt_token: str = field(repr=False)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The headers every request on this attempt carries: its capture key and token."""
+        return {CAPTURE_KEY_HEADER: self.capture_key, ATTEMPT_TOKEN_HEADER: self.attempt_token}
 
     def _bound(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        headers = {**kwargs.pop("default_headers", {}), CAPTURE_KEY_HEADER: self.capture_key}
+        headers = {**kwargs.pop("default_headers", {}), **self.headers}
         return {
             "base_url": self.grove.base_url,
             "api_key": self.grove.api_key,
@@ -154,23 +190,21 @@ class Attempt:
 
     def status(self) -> dict[str, Any]:
         """The attempt as the ledger knows it now (``GET /v1/attempts/{capture_key}``)."""
-        return dict(_checked(self.grove.http.get(f"/attempts/{self.capture_key}")))
+        path = f"/attempts/{self.capture_key}"
+        return dict(_checked(self.grove.http.get(path, headers=self.headers)))
 
     def reject(self, response_id: str, detail: str = "rejected by the harness") -> None:
         """Record that the harness rejected the completed response ``response_id`` (the
         completion's ``id``); it never trains, and the harness may sample again."""
         call_id = _call_of_response(self.status(), response_id)
-        _checked(
-            self.grove.http.post(
-                f"/attempts/{self.capture_key}/calls/{call_id}/reject", json={"detail": detail}
-            )
-        )
+        path = f"/attempts/{self.capture_key}/calls/{call_id}/reject"
+        _checked(self.grove.http.post(path, json={"detail": detail}, headers=self.headers))
 
     def post_result(self, result: Mapping[str, Any]) -> dict[str, Any]:
         """The harness returned: ``result`` is its ordinary output (``output``: the returned
         history) and ``reward``. Grove settles the attempt and selects the calls that train."""
         path = f"/attempts/{self.capture_key}/result"
-        return dict(_checked(self.grove.http.post(path, json=dict(result))))
+        return dict(_checked(self.grove.http.post(path, json=dict(result), headers=self.headers)))
 
 
 def _call_of_response(status: Mapping[str, Any], response_id: str) -> str:
@@ -192,13 +226,15 @@ def reject(
     """Reject ``response_id`` through an ``openai.OpenAI`` client bound to an attempt (the one an
     in-process harness receives): the same as :meth:`Attempt.reject`."""
     capture_key = client.default_headers.get(CAPTURE_KEY_HEADER)
-    if not isinstance(capture_key, str):
+    token = client.default_headers.get(ATTEMPT_TOKEN_HEADER)
+    if not isinstance(capture_key, str) or not isinstance(token, str):
         raise ValueError(
             f"this openai client is not bound to an attempt: it sends no {CAPTURE_KEY_HEADER} "
-            "header (use Attempt.openai() or the client grove train hands the harness)"
+            f"and {ATTEMPT_TOKEN_HEADER} headers (use Attempt.openai() or the client grove train "
+            "hands the harness)"
         )
     grove = GroveClient(str(client.base_url), api_key=client.api_key, timeout_s=60.0)
     try:
-        Attempt(grove, capture_key).reject(response_id, detail)
+        Attempt(grove, capture_key, token).reject(response_id, detail)
     finally:
         grove.close()

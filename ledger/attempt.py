@@ -150,6 +150,12 @@ class AttemptState:
             if c.status is CallStatus.COMMITTED and not c.late
         )
 
+    @property
+    def attempt_token_digest(self) -> str | None:
+        """The digest of the attempt's secret its ``attempt.opened`` event recorded; None when
+        the attempt was never opened, or was opened before attempts had a secret."""
+        return None if self.opened is None else self.opened.attempt_token_digest
+
     def recorded_opening(self) -> AttemptOpened:
         """The ``attempt.opened`` event, for a reader that only takes opened attempts."""
         if self.opened is None:

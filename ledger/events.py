@@ -144,6 +144,9 @@ class AttemptOpened(Event):
 
     Version 2 added ``forest_mode`` and ``selection_policy``; version-1 payloads are upcast
     (``upcasting.py``) to the behaviour they were written under: no forest, returned history.
+    ``attempt_token_digest`` is the digest of the attempt's secret (``capture/capabilities.py``),
+    never the secret; None: the attempt was opened before attempts had one, and no HTTP request
+    can drive it (``docs/security.md``).
     """
 
     type: ClassVar[str] = "attempt.opened"
@@ -159,6 +162,11 @@ class AttemptOpened(Event):
     selection_policy: Name = "returned_history"
     seed: Seed | None = Field(
         default=None, description="seeds the attempt's calls that send none (None: derived)"
+    )
+    attempt_token_digest: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{64}$",  # pydantic: Rust regex, where $ is the end of text
+        description="sha256 of the attempt's secret, bound to its capture key (None: it has none)",
     )
 
 

@@ -7,9 +7,17 @@ import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
+import openai
 import pytest
+from openai import OpenAI
 
-from grove.client import GroveClient, GroveClientError, reject
+from grove.client import (
+    ATTEMPT_TOKEN_HEADER,
+    CAPTURE_KEY_HEADER,
+    GroveClient,
+    GroveClientError,
+    reject,
+)
 from grove.jobs.serve import ServerThread, build_gateway
 from grove.workspace import Workspace
 
@@ -74,8 +82,6 @@ def test_reject_works_from_the_bound_openai_client_alone(grove: GroveClient) -> 
 
 
 def test_reject_refuses_a_client_not_bound_to_an_attempt(grove: GroveClient) -> None:
-    from openai import OpenAI
-
     with pytest.raises(ValueError, match="not bound to an attempt"):
         reject(OpenAI(base_url=grove.base_url, api_key="grove"), "resp-x")
 
@@ -128,3 +134,38 @@ def test_reopening_an_attempt_with_the_same_fields_is_idempotent(grove: GroveCli
     first = _open(grove, "twice")
     again = _open(grove, "twice")
     assert first.status() == again.status()
+
+
+def test_the_bound_clients_carry_the_attempts_token(grove: GroveClient) -> None:
+    attempt = _open(grove, "token-headers")
+    headers = attempt.openai().default_headers
+    assert headers[ATTEMPT_TOKEN_HEADER] == attempt.attempt_token
+    assert headers[CAPTURE_KEY_HEADER] == "token-headers"
+    assert attempt.attempt_token not in repr(attempt)
+
+
+def test_a_client_without_the_attempts_token_cannot_call_in_it(grove: GroveClient) -> None:
+    _open(grove, "token-thief")
+    thief = OpenAI(
+        base_url=grove.base_url,
+        api_key="grove",
+        default_headers={CAPTURE_KEY_HEADER: "token-thief"},
+    )
+    with pytest.raises(openai.AuthenticationError) as caught:
+        thief.chat.completions.create(model=grove.model(), messages=MESSAGES, max_tokens=4)
+    assert caught.value.code == "missing_attempt_token"
+
+
+def test_another_client_cannot_take_over_an_open_attempt(grove: GroveClient) -> None:
+    _open(grove, "taken")
+    with GroveClient(grove.base_url) as other, pytest.raises(GroveClientError) as caught:
+        _open(other, "taken")
+    assert (caught.value.status, caught.value.code) == (409, "attempt_exists")
+
+
+def test_a_reward_beyond_the_bound_is_refused_by_the_client(grove: GroveClient) -> None:
+    attempt = _open(grove, "huge-reward")
+    with pytest.raises(GroveClientError) as caught:
+        attempt.post_result({"output": [], "reward": 1e300})
+    assert (caught.value.status, caught.value.code) == (422, "reward_out_of_range")
+    assert attempt.status()["selection"] is None

@@ -7,10 +7,18 @@ port) in a thread over a real ledger and blob store, with the application's sele
 each call with chosen text, for the flows a random tiny model almost never produces by itself
 (tool calls, reasoning, multi-byte text); without a script it samples from the embedded engine
 (one per process; its calls are serialized).
+
+Every request on an attempt carries the attempt's token (``capture/capabilities.py``). The
+gateway's clients (``Gateway.http`` and ``Gateway.client()``) keep the tokens the gateway answered
+when they opened attempts (``AttemptTokens``) and send the one of the attempt a request names (by
+``X-Grove-Capture-Key`` or the ``/v1/attempts/{key}`` path) unless the request sends its own, so
+the suites exercise capture as a token holder does; ``Gateway.bare`` sends none, for the tests of
+the rule itself.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -22,6 +30,7 @@ from typing import Any
 import httpx
 from openai import OpenAI
 
+from grove.capture.capabilities import ATTEMPT_TOKEN_HEADER
 from grove.capture.embedded import EmbeddedEngine, build_tokenizer
 from grove.capture.engine import Engine, Generation, SamplingParams
 from grove.capture.gateway import CAPTURE_KEY_HEADER, create_app
@@ -36,6 +45,7 @@ from grove.storage import BlobRef, open_blob_store
 __all__ = [
     "CONTEXT",
     "MODEL",
+    "AttemptTokens",
     "Gateway",
     "HeldEngine",
     "ScriptedEngine",
@@ -105,14 +115,59 @@ class HeldEngine:
         return engine().generate(prompt_token_ids, sampling)
 
 
+class AttemptTokens:
+    """The attempt tokens a gateway answered, by capture key, as httpx event hooks: ``remember``
+    keeps the token of each attempt opened, ``attach`` sends it with the requests on it."""
+
+    def __init__(self) -> None:
+        self.by_key: dict[str, str] = {}
+
+    @property
+    def hooks(self) -> dict[str, list[Any]]:
+        """``event_hooks`` for an ``httpx.Client``."""
+        return {"request": [self.attach], "response": [self.remember]}
+
+    def attach(self, request: httpx.Request) -> None:
+        """Send the token of the attempt ``request`` names, unless it carries a token already."""
+        if ATTEMPT_TOKEN_HEADER in request.headers:
+            return
+        parts = request.url.path.split("/")
+        key = request.headers.get(CAPTURE_KEY_HEADER)
+        if key is None and parts[1:3] == ["v1", "attempts"]:
+            key = parts[3] if len(parts) > 3 else _opened_key(request)
+        if key in self.by_key:
+            request.headers[ATTEMPT_TOKEN_HEADER] = self.by_key[key]
+
+    def remember(self, response: httpx.Response) -> None:
+        """Keep the token an opening answered."""
+        request = response.request
+        opening = request.method == "POST" and request.url.path == "/v1/attempts"
+        if opening and response.status_code == 200:
+            response.read()
+            body = response.json()
+            self.by_key[body["capture_key"]] = body["attempt_token"]
+
+
+def _opened_key(request: httpx.Request) -> str | None:
+    """The capture key an opening names (its retry sends the token the first one answered)."""
+    try:
+        key = json.loads(request.content).get("capture_key")
+    except (ValueError, AttributeError):
+        return None
+    return key if isinstance(key, str) else None
+
+
 @dataclass
 class Gateway:
-    """A running gateway, its capture service (to inspect the ledger and blobs) and clients."""
+    """A running gateway, its capture service (to inspect the ledger and blobs) and clients:
+    ``http`` and ``client()`` send the tokens of the attempts they opened, ``bare`` none."""
 
     base_url: str
     service: CaptureService
     http: httpx.Client
     server: ServerThread | None = None
+    tokens: AttemptTokens | None = None
+    bare: httpx.Client | None = None
 
     @property
     def engine(self) -> ScriptedEngine:
@@ -121,12 +176,20 @@ class Gateway:
         return self.service.engine
 
     def client(self, capture_key: str | None = "att-1", **options: Any) -> OpenAI:
-        """The official client, naming ``capture_key`` in its default headers."""
+        """The official client, naming ``capture_key`` in its default headers (and sending the
+        token of the attempt a request names, when this gateway's clients opened it)."""
         headers = {} if capture_key is None else {CAPTURE_KEY_HEADER: capture_key}
         options.setdefault("api_key", "unused")
+        if self.tokens is not None:
+            options.setdefault("http_client", httpx.Client(event_hooks=self.tokens.hooks))
         return OpenAI(
             base_url=f"{self.base_url}/v1", default_headers=headers, max_retries=0, **options
         )
+
+    def token(self, capture_key: str = "att-1") -> str:
+        """The token of attempt ``capture_key``, as opening it answered."""
+        assert self.tokens is not None
+        return self.tokens.by_key[capture_key]
 
     def open(self, capture_key: str = "att-1", **fields: Any) -> dict[str, Any]:
         """Open an attempt through the API."""
@@ -181,5 +244,10 @@ def serve(
     options.setdefault("selector", LedgerSelector())
     options.setdefault("max_context", CONTEXT)
     app = create_app(service, model_name=MODEL, on_shutdown=store.close, **options)
-    with ServerThread(app) as server, httpx.Client(base_url=server.base_url) as http:
-        yield Gateway(server.base_url, service, http, server)
+    tokens = AttemptTokens()
+    with (
+        ServerThread(app) as server,
+        httpx.Client(base_url=server.base_url, event_hooks=tokens.hooks) as http,
+        httpx.Client(base_url=server.base_url) as bare,
+    ):
+        yield Gateway(server.base_url, service, http, server, tokens, bare)

@@ -52,16 +52,15 @@ def test_an_attempt_with_a_negative_rollout_index_is_refused(local_gateway: Gate
     assert local_gateway.written() == (0, 0)
 
 
-def test_the_status_of_an_unknown_attempt_is_not_found(local_gateway: Gateway):
-    answer = local_gateway.http.get("/v1/attempts/att-none")
-    assert answer.status_code == 404
-    assert answer.json()["error"] == {
-        "message": "Unknown attempt 'att-none': open it with POST /v1/attempts first (the "
-        "X-Grove-Capture-Key header names an attempt that was opened)",
-        "type": "not_found_error",
-        "code": "unknown_attempt",
-        "param": None,
-    }
+def test_the_status_of_an_unknown_attempt_is_answered_as_a_known_one_without_its_token(
+    local_gateway: Gateway,
+):
+    local_gateway.open("att-known")
+    unknown = local_gateway.http.get("/v1/attempts/att-none")
+    known = local_gateway.bare.get("/v1/attempts/att-known")
+    assert unknown.status_code == known.status_code == 401
+    assert unknown.json()["error"]["code"] == known.json()["error"]["code"]
+    assert unknown.json()["error"]["code"] == "missing_attempt_token"
 
 
 def test_closing_an_attempt_is_shown_in_its_status(local_gateway: Gateway):

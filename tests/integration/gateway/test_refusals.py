@@ -73,7 +73,7 @@ REFUSALS = {
         lambda g: respond(g, truncation="auto"), 400, "unsupported_truncation", "never truncated"
     ),
     "unknown_attempt": Refusal(
-        lambda g: chat(g, "att-unknown"), 404, "unknown_attempt", "open it with POST /v1/attempts"
+        lambda g: chat(g, "att-unknown"), 401, "missing_attempt_token", "need its token"
     ),
     "closed_attempt": Refusal(
         lambda g: chat(g), 409, "attempt_closed", "admissions are closed", setup=close

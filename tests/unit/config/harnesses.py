@@ -19,7 +19,13 @@ import httpx
 import openai
 from openai import OpenAI
 
-from grove.client import CALL_ID_HEADER, CAPTURE_KEY_HEADER, Attempt, GroveClient
+from grove.client import (
+    ATTEMPT_TOKEN_HEADER,
+    CALL_ID_HEADER,
+    CAPTURE_KEY_HEADER,
+    Attempt,
+    GroveClient,
+)
 
 _LOCK = threading.Lock()
 _MEETING = threading.Condition()
@@ -212,7 +218,7 @@ def _call_quietly(client: OpenAI, model: str, messages: list[dict], call_id: str
 def _wait_until_pending(client: OpenAI, capture_key: str, call_id: str) -> None:
     grove = GroveClient(str(client.base_url), api_key=client.api_key)
     try:
-        attempt = Attempt(grove, capture_key)
+        attempt = Attempt(grove, capture_key, client.default_headers[ATTEMPT_TOKEN_HEADER])
         deadline = time.monotonic() + 30.0
         while call_id not in attempt.status()["pending"]:
             if time.monotonic() > deadline:
