@@ -22,6 +22,7 @@ from pydantic import BaseModel, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from grove.config.base import Section
+from grove.config.gateway import GatewayConfig
 from grove.config.job import (
     EMBEDDED,
     EXTERNAL,
@@ -74,6 +75,9 @@ class GroveConfig(Section):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     """The inference engine and the gateway."""
 
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
+    """How the gateway bounds its clients (left out of ``digest``: it shapes no computation)."""
+
     harness: HarnessConfig = Field(default_factory=HarnessConfig)
     """Who plays the rollouts."""
 
@@ -119,6 +123,7 @@ class GroveConfig(Section):
         for path in RUN_CONTROL_FIELDS:
             section, name = path.split(".")
             values[section].pop(name)
+        values.pop("gateway")  # how the gateway bounds clients, not what the run computes
         canonical = json.dumps(values, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 

@@ -40,7 +40,9 @@ from grove.capture.engine import Engine
 from grove.capture.errors import NormalizationError
 from grove.capture.gateway import create_app
 from grove.capture.lifecycle import CaptureService
+from grove.capture.limits import GatewayLimits
 from grove.capture.render import Renderer, normalize_messages
+from grove.capture.slow_clients import server_options
 from grove.capture.vllm import VllmEngine
 from grove.jobs.models import context_length
 from grove.ledger import migrate
@@ -134,6 +136,7 @@ def build_gateway(
     forest_mode: bool = True,
     strict: bool = False,
     image_processor: Any | None = None,
+    limits: GatewayLimits | None = None,
 ) -> FastAPI:
     """The gateway over ``workspace``: ledger checked and opened, blob store, engine, selector.
 
@@ -153,6 +156,10 @@ def build_gateway(
     An embedded vision-language engine (``capture/embedded_vlm.py``) gets a renderer that
     processes images with ``image_processor`` (default: the embedded one) and expands their
     placeholders (``docs/media.md``); any other engine's renderer refuses image parts.
+
+    ``limits`` (``gateway.limits``; default: ``GatewayLimits()``) bound every request
+    (``capture/limits.py``); ``run_server`` and ``ServerThread`` serve the application with the
+    server settings of its limits (``capture/slow_clients.py``).
     """
     policies = PolicyRegistry.of(selection_policy)
     migrate.require_current(workspace.database_url, create_embedded=True)
@@ -181,13 +188,19 @@ def build_gateway(
         default_max_tokens=default_max_tokens,
         settle_timeout_s=settle_timeout_s,
         attempts=AttemptSettings(policies.names, policies.default, forest_mode),
+        limits=limits,
         on_shutdown=store.close,
     )
 
 
 def run_server(app: FastAPI, host: str = "127.0.0.1", port: int = 8000) -> None:
     """Serve ``app`` with uvicorn on ``host``:``port`` until interrupted."""
-    uvicorn.run(app, host=host, port=port, log_level="info")
+    uvicorn.run(app, host=host, port=port, log_level="info", **_server_options(app))
+
+
+def _server_options(app: FastAPI) -> dict[str, Any]:
+    """uvicorn's settings for the limits of a gateway ``app`` (the defaults for another app)."""
+    return server_options(getattr(app.state, "limits", None))
 
 
 class ServerThread:
@@ -200,7 +213,9 @@ class ServerThread:
     def __init__(
         self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, *, log_level: str = "warning"
     ) -> None:
-        config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on")
+        config = uvicorn.Config(
+            app, host=host, port=port, log_level=log_level, lifespan="on", **_server_options(app)
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="grove-gateway", daemon=True)
 

@@ -149,7 +149,8 @@ def _graph_svg(lineage: AttemptLineage) -> str:
         if call.endpoint:
             classes.append("endpoint")
         parts.append(
-            f'<g class="{" ".join(classes)}" data-call="{cid}" transform="translate({x},{y})">'
+            f'<g class="{html.escape(" ".join(classes))}" data-call="{cid}" '
+            f'transform="translate({x},{y})">'
             f"<title>{html.escape(_node_title(call))}</title>"
         )
         if call.endpoint:

@@ -12,6 +12,8 @@ here to a test that changes it and shows what happens:
 - ``test_capture_keys``: capture keys (``token_capture.strict``), shown on a tiny run;
 - ``test_moe_run``: ``model.architecture``, shown on a tiny run of the embedded MoE model;
 - ``test_tree_packing_key``: ``policy.tree_packing``, shown on a training step of the run's trainer;
+- ``tests/integration/gateway/test_limits.py`` and ``test_image_limits.py``: the
+  ``gateway.limits`` keys, each shown on what a gateway built with it refuses over real HTTP;
 - ``tests/unit/jobs/test_engines.py``: the engine keys (``engine.kind``, ``engine.vllm_*``), shown
   on what the run launches or connects to (a real vLLM run is ``make test-vllm``'s).
 """
@@ -22,6 +24,8 @@ import inspect
 from collections.abc import Callable
 
 from grove.config import config_field_paths
+from tests.integration.gateway import test_image_limits as image_limits
+from tests.integration.gateway import test_limits as limits
 from tests.unit.config import test_capture_keys as capture
 from tests.unit.config import test_learner_keys as learner
 from tests.unit.config import test_moe_run as moe
@@ -55,6 +59,38 @@ EFFECTS: dict[str, Callable[..., None]] = {
     ),
     "engine.vllm_weights_dir": (
         engines.test_vllm_weights_dir_is_where_the_weights_and_the_servers_log_go
+    ),
+    # the gateway's limits
+    "gateway.limits.max_body_bytes": (
+        limits.test_a_content_length_over_max_body_bytes_is_refused_before_the_body_is_sent
+    ),
+    "gateway.limits.body_timeout_s": (
+        limits.test_a_body_that_stops_arriving_is_refused_after_body_timeout_s
+    ),
+    "gateway.limits.header_timeout_s": (
+        limits.test_a_head_sent_too_slowly_is_cut_off_after_header_timeout_s
+    ),
+    "gateway.limits.keep_alive_timeout_s": (
+        limits.test_an_idle_keep_alive_connection_is_closed_after_keep_alive_timeout_s
+    ),
+    "gateway.limits.max_header_bytes": limits.test_a_head_over_max_header_bytes_is_refused,
+    "gateway.limits.max_json_depth": (
+        limits.test_a_body_deeper_than_max_json_depth_is_refused_before_parsing
+    ),
+    "gateway.limits.max_messages": (
+        limits.test_a_call_with_more_messages_than_max_messages_is_refused
+    ),
+    "gateway.limits.max_string_chars": (
+        limits.test_a_string_longer_than_max_string_chars_is_never_written
+    ),
+    "gateway.limits.max_schema_bytes": limits.test_a_schema_over_max_schema_bytes_is_refused,
+    "gateway.limits.max_schema_depth": limits.test_a_schema_over_max_schema_depth_is_refused,
+    "gateway.limits.max_schema_nodes": limits.test_a_schema_over_max_schema_nodes_is_refused,
+    "gateway.limits.max_image_bytes": (
+        image_limits.test_an_image_over_max_image_bytes_is_refused_before_it_is_decoded
+    ),
+    "gateway.limits.max_image_pixels": (
+        image_limits.test_an_image_over_max_image_pixels_is_refused
     ),
     "harness.target": run.test_harness_target_is_the_function_that_plays_each_rollout,
     "harness.concurrency": run.test_harness_concurrency_plays_that_many_rollouts_at_once,
@@ -181,6 +217,8 @@ def test_each_key_has_its_own_collected_test() -> None:
         capture.__name__,
         moe.__name__,
         tree.__name__,
+        limits.__name__,
+        image_limits.__name__,
     }
     for key, effect in EFFECTS.items():
         module = inspect.getmodule(effect)
