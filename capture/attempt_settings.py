@@ -8,16 +8,24 @@ server starts. Any other name is refused (400 ``unregistered_selection_policy``)
 is written, so no request can make the server import a module. An attempt that names no policy,
 or no forest mode, gets the server's own; ``attempt.opened`` records the resolved values
 (``docs/gateway.md``, "Attempts").
+
+``DEFAULT_FOREST_MODE`` (off) is written here once: it is the default of Grove's configuration key
+``token_capture.forest_training`` too, so a server and a training run that set nothing agree.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 from grove.capture.refusals import Refused
 from grove.capture.wire import OpenAttemptRequest
 
-__all__ = ["AttemptSettings"]
+__all__ = ["DEFAULT_FOREST_MODE", "AttemptSettings"]
+
+DEFAULT_FOREST_MODE: Final = False
+"""Forest mode of an attempt that gives none, on a server configured with none: off, so rollouts
+train as one row each unless forest training is turned on (``docs/forest.md``)."""
 
 
 @dataclass(frozen=True)
@@ -32,7 +40,7 @@ class AttemptSettings:
 
     selection_policies: tuple[str, ...] = ("returned_history", "all_captured")
     selection_policy: str = "returned_history"
-    forest_mode: bool = True
+    forest_mode: bool = DEFAULT_FOREST_MODE
 
     def __post_init__(self) -> None:
         if self.selection_policy not in self.selection_policies:

@@ -13,7 +13,8 @@ code is ordinary ``openai`` code::
     answer = llm.chat.completions.create(model=grove.model(), messages=[...])
     attempt.post_result({"output": [..., answer.choices[0].message.model_dump()], "reward": 1.0})
 
-The gateway's refusals arrive as ``GroveClientError`` with the gateway's stable ``code``.
+The gateway's refusals arrive as ``GroveClientError`` (a ``GroveError``) with the gateway's stable
+``code``; its own failures (5xx) as the subclass ``GatewayServerError``.
 
 ``open_attempt`` proposes the attempt's token itself (``secrets.token_urlsafe(32)``), repeats the
 opening with the same token when the connection fails, and opens a capture key it opened before
@@ -33,11 +34,14 @@ from typing import Any
 import httpx
 import openai
 
+from grove_errors import GroveError
+
 __all__ = [
     "ATTEMPT_TOKEN_HEADER",
     "CALL_ID_HEADER",
     "CAPTURE_KEY_HEADER",
     "Attempt",
+    "GatewayServerError",
     "GroveClient",
     "GroveClientError",
     "reject",
@@ -50,14 +54,20 @@ OPEN_TRIES = 3  # openings sent, with one token, before a failing connection is 
 REMEMBERED_TOKENS = 10_000  # capture keys whose proposed token a client keeps for a re-opening
 
 
-class GroveClientError(RuntimeError):
-    """The gateway refused a request: ``status``, its error ``code`` and ``message``."""
+class GroveClientError(GroveError, RuntimeError):
+    """The gateway refused a request: ``status``, its error ``code`` and ``message`` (a 4xx:
+    the request needs a change; ``grove train`` stops with exit status 1)."""
 
     def __init__(self, method: str, path: str, status: int, code: str, message: str) -> None:
         self.status = status
         self.code = code
         self.message = message
         super().__init__(f"{method} {path} answered {status} {code}: {message}")
+
+
+class GatewayServerError(GroveClientError):
+    """The gateway failed on its side (a 5xx, e.g. ``internal_error`` with an incident id that its
+    log explains): ``grove train`` stops with exit status 75, the same run may succeed later."""
 
 
 def _checked(response: httpx.Response) -> Any:
@@ -69,7 +79,8 @@ def _checked(response: httpx.Response) -> Any:
     except (ValueError, KeyError, TypeError, AttributeError):
         code, message = "http_error", response.text[:500]
     request = response.request
-    raise GroveClientError(request.method, request.url.path, response.status_code, code, message)
+    kind = GatewayServerError if response.status_code >= 500 else GroveClientError
+    raise kind(request.method, request.url.path, response.status_code, code, message)
 
 
 class GroveClient:

@@ -2,14 +2,17 @@
 
 ::
 
-    grove_errors.GroveError               the one root (``except GroveError`` catches them all)
-    ├── grove.ledger.errors.LedgerError         the event ledger, admission and the attempt
-    lifecycle ├── grove.storage.errors.StorageError       object storage: keys, codec, integrity,
-    availability ├── grove.capture.errors.CaptureError       normalization, rendering, splice,
-    engines ├── grove.training.errors.TrainingError     selection, forest, rows, batches, loss,
-    checkpoints ├── grove.config.ConfigurationError   a configuration refused whole, every problem
-    listed └── grove.errors.JobError             a job cannot run: model, harness, task file, run,
-    export
+    grove_errors.GroveError                 the one root (``except GroveError`` catches them all)
+    ├── grove.ledger.errors.LedgerError           the event ledger, admission, the attempt lifecycle
+    │   └── grove.ledger.database.UnsupportedDatabaseURL, DatabaseError (unknown database errors)
+    ├── grove.storage.errors.StorageError         object storage: keys, codec, integrity
+    ├── grove.capture.errors.CaptureError         normalization, rendering, splice, engines
+    ├── grove.training.errors.TrainingError       selection, forest, rows, batches, checkpoints
+    │   └── grove.training.selection.SelectionPolicyFailed   a selection policy that raised
+    ├── grove.config.ConfigurationError     a configuration refused whole, every problem listed
+    ├── grove.errors.JobError               a job cannot run: model, harness, task file, run, export
+    └── grove.client.GroveClientError       the gateway refused a request of grove.client (4xx)
+        └── GatewayServerError              the gateway failed on its side (5xx)
 
 Each layer owns its branch, so that ``ledger`` and ``storage`` stay independent of each other and
 of everything above them; the root sits below them all in ``grove_errors``, which imports
@@ -17,10 +20,12 @@ nothing. This module is the one place that names every branch.
 
 The command line prints any of them as one ``error: …`` line, without a trace, and exits with
 :func:`exit_status`: 75 (``EX_TEMPFAIL`` of ``sysexits.h``) when a service Grove needs did not
-answer — the ledger database, the blob store, the inference server — so the same command may
-succeed later unchanged; 1 for every other error, which needs a change (input, configuration,
-data) before running again. Usage errors exit 2; ``grove serve`` stopped by SIGTERM exits 143
-(docs/reliability.md, "Errors and exit statuses").
+answer or failed on its side — the ledger database, the blob store, the inference server, the
+gateway (a 5xx) — so the same command may succeed later unchanged; 2 for a usage error (an
+unknown option, a missing argument, a database URL Grove does not support, an empty
+``GROVE_AUTH_TOKEN``); 1 for every other error, which needs a change (input, configuration,
+data) before running again. ``grove serve`` stopped by SIGTERM exits 143 (docs/reliability.md,
+"Errors and exit statuses").
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ __all__ = [
     "EXIT_ERROR",
     "EXIT_STATUS",
     "EXIT_UNAVAILABLE",
+    "EXIT_USAGE",
     "GROVE_ERRORS",
     "GroveError",
     "JobError",
@@ -67,11 +73,16 @@ EXIT_ERROR: Final = 1
 EXIT_UNAVAILABLE: Final = 75
 """The exit status when a service did not answer: try the same command again later."""
 
+EXIT_USAGE: Final = 2
+"""The exit status of a usage error: the command line names something Grove does not take."""
+
 EXIT_STATUS: Final[Mapping[str, int]] = {
     "grove_errors.GroveError": EXIT_ERROR,
     "grove.ledger.errors.DatabaseUnavailable": EXIT_UNAVAILABLE,
     "grove.storage.errors.StorageUnavailableError": EXIT_UNAVAILABLE,
     "grove.capture.vllm.EngineUnavailableError": EXIT_UNAVAILABLE,
+    "grove.client.GatewayServerError": EXIT_UNAVAILABLE,
+    "grove.ledger.database.UnsupportedDatabaseURL": EXIT_USAGE,
 }
 """Exit statuses by error class (``module.Class``; a class not listed takes its closest listed
 base's). Named rather than imported, so that the command line starts without loading the

@@ -18,15 +18,15 @@ class GroveError(Exception):
     ::
 
         GroveError
-        ├── grove.ledger.errors.LedgerError         the event ledger, admission, the attempt
-        lifecycle ├── grove.storage.errors.StorageError       object storage: keys, codec,
-        integrity, availability ├── grove.capture.errors.CaptureError       normalization,
-        rendering, splice, engines │   └── EngineError                   (grove.capture.vllm adds
-        the vLLM server's errors) ├── grove.training.errors.TrainingError     selection, forest,
-        rows, batches, loss, checkpoints ├── grove.config.ConfigurationError   a configuration
-        refused whole, every problem listed └── grove.errors.JobError             a job cannot run:
-        model, harness, task file, run,
-                                              export
+        ├── grove.ledger.errors.LedgerError        the ledger, admission, the attempt lifecycle
+        ├── grove.storage.errors.StorageError      object storage: keys, codec, integrity
+        ├── grove.capture.errors.CaptureError      normalization, rendering, splice, engines
+        │   └── EngineError                        (grove.capture.vllm: the vLLM server's)
+        ├── grove.training.errors.TrainingError    selection, forest, rows, batches, checkpoints
+        ├── grove.config.ConfigurationError        a configuration refused, every problem listed
+        ├── grove.errors.JobError                  a job cannot run: model, harness, run, export
+        └── grove.client.GroveClientError          the gateway refused a request (4xx, or 5xx:
+                                                   GatewayServerError)
 
     Each root's module draws its own branch. The command line prints any of them as one line
     and exits with the status ``grove.errors.exit_status`` gives it; the gateway answers each

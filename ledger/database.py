@@ -22,6 +22,16 @@ answers (a server restart, or an idle timeout while it was unused). A connection
 use is caught by SQLAlchemy's disconnect handling, which invalidates the whole pool: the failure
 is translated to ``DatabaseUnavailable``, and the next checkout connects afresh.
 
+``translate_errors`` is the one place database errors become ledger errors: the rules it knows
+(append-only triggers, privileges, a missing schema, an unreachable server) get their own
+classes, and every other database error becomes ``DatabaseError``, which names the driver's
+error class and the first line of its message (never the statement's parameters, nor the URL:
+the gateway answers it as 500 ``ledger_error``). The one exception is ``IntegrityError`` (a
+unique index): it is the store's to decide from the committed rows, which it turns into
+``WrongExpectedVersion``, ``EventIdConflict`` or ``ImportConflict`` (``ledger/store.py``). A URL
+of a database Grove does not run on is ``UnsupportedDatabaseURL``, a usage error (exit status
+2), never ``DatabaseUnavailable`` (75: "try again").
+
 A PostgreSQL engine keeps up to ``POSTGRES_POOL_SIZE`` connections open between uses, opened as
 concurrency first needs them, and opens at most ``POSTGRES_POOL_OVERFLOW`` more for a burst. A new
 connection starts a server process, which cost PostgreSQL about 8 ms of CPU per captured call
@@ -58,6 +68,8 @@ __all__ = [
     "POSTGRES_POOL_OVERFLOW",
     "POSTGRES_POOL_SIZE",
     "SQLITE_SYNCHRONOUS",
+    "DatabaseError",
+    "UnsupportedDatabaseURL",
     "autocommit",
     "dialect_of",
     "open_engine",
@@ -76,11 +88,39 @@ SQLITE_SYNCHRONOUS = "FULL"
 """SQLite's ``synchronous`` setting: every commit is on disk when it returns (module docstring)."""
 _CHECKED_IN_AT = "grove_checked_in_at"
 INSUFFICIENT_PRIVILEGE = "42501"  # PostgreSQL's SQLSTATE for "permission denied"
+SUPPORTED_URLS = "sqlite:///PATH or postgresql+psycopg://USER@HOST/DB"
+
+
+class UnsupportedDatabaseURL(LedgerError, ValueError):
+    """A ledger URL that names no database Grove runs on (or is no URL): fix the URL."""
+
+    def __init__(self, url: str, detail: str) -> None:
+        self.url = url
+        super().__init__(f"Unsupported ledger database URL {url}: {detail}; use {SUPPORTED_URLS}")
+
+
+class DatabaseError(LedgerError):
+    """A database error no other ledger error describes; ``kind`` is the driver's error class
+    (``ProgrammingError``, ``DataError``, ...), the message its first line."""
+
+    def __init__(self, url: str, kind: str, detail: str) -> None:
+        self.url = url
+        self.kind = kind
+        self.detail = detail
+        # The URL is an attribute only: the gateway answers this message to clients.
+        super().__init__(f"A ledger database statement failed ({kind}): {detail}")
 
 
 def open_engine(url: str, *, pool: bool = True) -> Engine:
-    """An engine for ``url`` (``sqlite:///PATH`` or ``postgresql+psycopg://…``) for Grove."""
-    parsed = make_url(url)
+    """An engine for ``url`` (``sqlite:///PATH`` or ``postgresql+psycopg://…``) for Grove;
+    ``UnsupportedDatabaseURL`` for any other."""
+    try:
+        parsed = make_url(url)
+    except exc.ArgumentError as error:
+        scheme = url.split("://", 1)[0] if "://" in url else "?"
+        raise UnsupportedDatabaseURL(
+            f"{scheme}://…", "it is not a database URL (scheme://…)"
+        ) from error
     backend = parsed.get_backend_name()
     if backend == "sqlite":
         if parsed.database and parsed.database != ":memory:":
@@ -105,9 +145,7 @@ def open_engine(url: str, *, pool: bool = True) -> Engine:
         )
         _ping_when_idle(engine)
         return engine
-    raise DatabaseUnavailable(
-        url, f"unsupported database {backend!r}: use sqlite:///PATH or postgresql+psycopg://…"
-    )
+    raise UnsupportedDatabaseURL(_safe(url), f"Grove does not run on {backend!r}")
 
 
 def _configure_sqlite(engine: Engine) -> None:
@@ -161,7 +199,8 @@ def dialect_of(engine: Engine | Connection) -> str:
 
 @contextlib.contextmanager
 def translate_errors(url: str) -> Iterator[None]:
-    """Turn SQLAlchemy/driver errors into the ledger's error tree (the one translation point)."""
+    """Turn SQLAlchemy/driver errors into the ledger's error tree (the one translation point;
+    the module docstring says how)."""
     try:
         yield
     except LedgerError:
@@ -174,7 +213,8 @@ def translate_errors(url: str) -> Iterator[None]:
 
 
 def translate(error: exc.DBAPIError, url: str) -> LedgerError | exc.DBAPIError:
-    """The ledger error for a database error; unknown errors are returned unchanged."""
+    """The ledger error for a database error (``DatabaseError`` for one no rule names); an
+    ``IntegrityError`` is returned unchanged, for the store to decide."""
     text = str(error.orig)
     if APPEND_ONLY_MESSAGE in text:
         operation = next((op for op in ("UPDATE", "DELETE", "TRUNCATE") if op in text), "change")
@@ -193,7 +233,10 @@ def translate(error: exc.DBAPIError, url: str) -> LedgerError | exc.DBAPIError:
         "connection" in lowered or "unable to open" in lowered
     ):
         return DatabaseUnavailable(_safe(url), text.splitlines()[0])
-    return error
+    if isinstance(error, exc.IntegrityError):
+        return error
+    first = text.splitlines()[0] if text else type(error.orig).__name__
+    return DatabaseError(_safe(url), type(error).__name__, first)
 
 
 def _safe(url: str) -> str:

@@ -36,6 +36,11 @@ the rollout is masked (``capture_failed``, or ``empty_selection`` when nothing f
 prompt group still completes. Its result must then name no generation (one it names could only
 be a response no call served, or one the harness rejected).
 
+A policy that raises ``SelectionError`` refuses the result (the gateway answers 422, the
+client's to fix). Any other exception out of a policy is a fault of the server's own code, not
+of the result: it becomes ``SelectionPolicyFailed``, which is no ``ValueError``, so the gateway
+answers 500 ``internal_error`` with an incident id and logs the policy's traceback under it.
+
 The result dictionary (``result``) is the harness's ordinary output. Accepted keys:
 
 - ``reward`` (required): a finite number, the verifier's reward for the rollout.
@@ -73,7 +78,7 @@ from grove.training.captured import (
     CapturedCall,
     SelectionRule,
 )
-from grove.training.errors import SelectionError, SelectionPolicyError
+from grove.training.errors import SelectionError, SelectionPolicyError, TrainingError
 from grove.training.evidence import (
     GENERATED_ITEM_TYPES,
     CaptureIndex,
@@ -95,6 +100,7 @@ __all__ = [
     "PolicyRegistry",
     "RolloutSelection",
     "SelectionPolicy",
+    "SelectionPolicyFailed",
     "SelectionRule",
     "all_captured",
     "completion_mask_reason",
@@ -104,6 +110,22 @@ __all__ = [
     "returned_history",
     "select_rollout",
 ]
+
+
+class SelectionPolicyFailed(TrainingError):
+    """A selection policy raised something other than ``SelectionError``: a fault of the
+    server's policy code, not of the harness's result (never a ``ValueError``, so never a 4xx);
+    its ``rule`` is ``policy_raised``."""
+
+    def __init__(self, policy: str, error: Exception) -> None:
+        self.policy = policy
+        self.error = error
+        super().__init__(
+            "policy_raised",
+            f"selection policy {policy!r} raised {type(error).__name__}: {error}; fix the "
+            "policy (a result it cannot select should raise grove.training.errors.SelectionError)",
+        )
+
 
 _DOTTED_NAME: Final = re.compile(r"\A[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\Z")  # \Z: "$" passes "\n"
 
@@ -345,7 +367,12 @@ def _checked_selection(
             reward=reward,
             mask_reason=completion_mask_reason(records, ()) or MaskReason.EMPTY_SELECTION,
         )
-    returned = function(list(records), result)
+    try:
+        returned = function(list(records), result)
+    except SelectionError:
+        raise  # the policy refuses this result: the client's to fix
+    except Exception as error:
+        raise SelectionPolicyFailed(name, error) from error
     if not isinstance(returned, tuple | list) or len(returned) != 2:
         raise _policy_error(name, "it must return (selected_records, terminal_response_id)")
     chosen, terminal = returned

@@ -1,12 +1,13 @@
-"""What every ``grove`` command shares: the consoles, the workspace options, the selection-policy
-check, the signal handler and the ledger a tool reads."""
+"""What every ``grove`` command shares: the consoles, the workspace options, the configuration
+file of the long-running commands and its overrides, the selection-policy check, the signal
+handler and the ledger a tool reads."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -14,20 +15,25 @@ from rich.console import Console
 from grove.workspace import Workspace
 
 if TYPE_CHECKING:
+    from grove.config import GroveConfig
     from grove.ledger.store import EventStore
 
 __all__ = [
     "BlobOption",
+    "ConfigArgument",
+    "ConfigOption",
     "DatabaseOption",
     "HtmlOption",
     "JsonOption",
     "ResumeOption",
     "StepsOption",
     "WorkdirOption",
+    "configured",
     "console",
     "errors",
     "exit_on_signal",
     "ledger_store",
+    "overrides",
     "resolvable_policy",
     "workspace",
 ]
@@ -55,6 +61,41 @@ BlobOption = Annotated[
         help="Blob store (a directory or s3://bucket/prefix); default WORKDIR/blobs.",
     ),
 ]
+
+
+ConfigArgument = Annotated[
+    Path | None,
+    typer.Argument(
+        help="CONFIG.yaml: the configuration grove train reads (docs/train.md); keys it leaves "
+        "out, and every key without it, take the schema's defaults.",
+        show_default=False,
+        dir_okay=False,
+        metavar="CONFIG.yaml",
+    ),
+]
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option("--config", help="The same as the CONFIG argument.", dir_okay=False),
+]
+
+
+def overrides(key: str, text: str) -> str:
+    """An override flag's help: what it sets, then the configuration key it overrides."""
+    return f"{text} Overrides {key}."
+
+
+def configured(argument: Path | None, option: Path | None, flags: Mapping[str, Any]) -> GroveConfig:
+    """The configuration of CONFIG (the argument or ``--config``, not both) with ``flags``
+    (dotted key to value; ``None``: the flag was not given) set over it: one schema, one set of
+    defaults (``grove.config``). A ``ConfigurationError`` lists every problem."""
+    from grove.config import load_config
+
+    if argument is not None and option is not None and argument != option:
+        raise typer.BadParameter(
+            f"two configurations, {argument} and --config {option}: give one", param_hint="CONFIG"
+        )
+    given = {key: value for key, value in flags.items() if value is not None}
+    return load_config(argument or option, given)
 
 
 def existing_parent(html: Path) -> Path:

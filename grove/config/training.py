@@ -17,7 +17,9 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from grove.capture.attempt_settings import DEFAULT_FOREST_MODE
 from grove.config.base import Section
+from grove.ledger.attempt import DEFAULT_SETTLE_TIMEOUT_S
 from grove.training.selection import resolve_selection_policy
 
 __all__ = [
@@ -41,10 +43,11 @@ class TokenCaptureConfig(Section):
     """Record every model call's exact tokens into the ledger; Grove trains only on captured
     tokens, so ``false`` is refused."""
 
-    forest_training: bool = False
-    """Train on forest rows: selected calls become one or more rows per logical rollout. Off, a
-    rollout trains only as one row: one whose context was rewritten (or that branched) is masked
-    ``forest_training_disabled``."""
+    forest_training: bool = DEFAULT_FOREST_MODE
+    """Train on forest rows: selected calls become one or more rows per logical rollout. Off (the
+    default, for ``grove train``, ``grove serve`` and ``grove project`` alike), a rollout trains
+    only as one row: one whose context was rewritten (or that branched) is masked
+    ``forest_training_disabled``. It is also the forest mode of gateway attempts that give none."""
 
     selection_policy: str = "returned_history"
     """``returned_history``, ``all_captured`` or a custom ``module:function`` taking
@@ -61,8 +64,9 @@ class TokenCaptureConfig(Section):
     """Deferred routed-expert assembly by the policy; refused when true (routes are assembled
     with each call's capture)."""
 
-    pending_call_timeout_s: float = Field(default=300.0, gt=0.0, le=86_400.0)
-    """After the harness returns, how long pending calls are awaited before masking the rollout."""
+    pending_call_timeout_s: float = Field(default=DEFAULT_SETTLE_TIMEOUT_S, gt=0.0, le=86_400.0)
+    """After the harness returns, how long pending calls are awaited before masking the rollout
+    (the gateway's settle timeout; ``grove serve --settle-timeout``)."""
 
     strict: bool = False
     """Refuse (409, with its divergence diagnostic) a call the gateway would root unexplained:

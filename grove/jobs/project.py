@@ -10,7 +10,14 @@ published. Without ``steps`` it finalizes until stopped (SIGTERM, Ctrl-C).
 
 Every shard of a ledger must run with the settings of the run that trains on it (group size,
 forest mode, row limit): they decide ``rollout.finalized``, which ``grove replay --verify``
-checks against the same settings.
+checks against the same settings. So a shard reads the run's configuration file:
+``projector_settings`` maps its keys to the projector's settings as the training run does —
+``grpo.num_generations_per_prompt`` and ``grpo.num_prompts_per_step`` (group size, groups per
+step), ``policy.execution_row_multiple`` (data-parallel size x micro batch),
+``token_capture.forest_training``, ``policy.max_total_sequence_length`` (the row limit),
+``token_capture.min_valid_fraction_per_group`` and ``async_rl.max_policy_lag`` (the group
+rules) — and pads with the padding token of ``model.path``'s tokenizer (its end-of-sequence
+token when it has none).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import socket
 import time
 from dataclasses import dataclass
 
+from grove.config import EMBEDDED, GroveConfig
 from grove.ledger.leases import Leases
 from grove.ledger.store import EventStore
 from grove.storage import open_blob_store
@@ -27,7 +35,46 @@ from grove.training.projector import Projector, ProjectorSettings
 from grove.training.projector_shards import ProjectorShard
 from grove.workspace import Workspace
 
-__all__ = ["ShardReport", "holder_name", "run_shard"]
+__all__ = ["ShardReport", "holder_name", "pad_token_id", "projector_settings", "run_shard"]
+
+
+def pad_token_id(model_path: str) -> int:
+    """The padding token of ``model_path``'s tokenizer (``embedded``: the built-in one), or its
+    end-of-sequence token when it has none, as the training run pads."""
+    from grove.jobs.models import quiet_transformers
+
+    with quiet_transformers():
+        if model_path == EMBEDDED:
+            from grove.capture.embedded import build_tokenizer
+
+            tokenizer = build_tokenizer()
+        else:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(model_path)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return int(pad)
+
+
+def projector_settings(
+    config: GroveConfig, *, training_stream: str = "training", capture_prefix: str = ""
+) -> ProjectorSettings:
+    """The projector settings of ``config`` (the module docstring names each key), publishing
+    on ``training_stream`` and following the attempts whose capture keys start with
+    ``capture_prefix``."""
+    policy = config.policy
+    return ProjectorSettings(
+        rollouts_per_group=config.grpo.num_generations_per_prompt,
+        groups_per_step=config.grpo.num_prompts_per_step,
+        row_multiple=policy.execution_row_multiple,
+        pad_token_id=pad_token_id(config.model.path),
+        training_stream=training_stream,
+        capture_prefix=capture_prefix,
+        forest_training=config.token_capture.forest_training,
+        max_row_tokens=policy.max_total_sequence_length,
+        min_valid_fraction=config.token_capture.min_valid_fraction_per_group,
+        max_policy_lag=config.async_rl.max_policy_lag,
+    )
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ its attempt opened (the harness starts then), is abandoned (``grove.jobs.abandon
 prompt group is dropped (``harness_failed``, ``rollout_timeout``), the run goes on. A timed-out
 harness is not waited for: its thread is left to unwind (its calls are refused once admissions
 close) and whatever it returns is never posted. Errors that are not the harness's (the ledger,
-the gateway refusing to open an attempt) and ``KeyboardInterrupt`` stop the run.
+the gateway refusing or failing a request: ``grove.client.GroveClientError``, a ``GroveError``
+whose exit status says whether to retry) and ``KeyboardInterrupt`` stop the run.
 
 Replacement ``k`` of step ``s`` (``async_rl.rollout_failure.max_replacement_groups``) is group
 ``g = N + k``, where ``N`` is ``grpo.num_prompts_per_step``: the attempt ``{run}-s{s}-g{N+k}-r{r}``,
@@ -34,6 +35,7 @@ from dataclasses import dataclass, field
 
 from grove.client import GroveClient
 from grove.config import GroveConfig
+from grove.errors import JobError
 from grove.jobs.abandonment import abandon_attempt
 from grove.jobs.harness import (
     Harness,
@@ -65,7 +67,10 @@ def fresh_key(log: AttemptLog, rollout_id: str) -> str | None:
             return key
         if state.selection is not None:
             return None
-    raise RuntimeError(f"rollout {rollout_id} was abandoned {MAX_ABANDONED} times")
+    raise JobError(
+        f"rollout {rollout_id} was abandoned {MAX_ABANDONED} times (its attempts {rollout_id}, "
+        f"{rollout_id}-a1, ...): Grove plays no further attempt of it"
+    )
 
 
 def replacement_task(tasks: int, *, seed: int, step: int, index: int) -> int:

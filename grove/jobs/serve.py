@@ -6,7 +6,10 @@ the blob store, builds the embedded tokenizer and engine unless an engine is giv
 ``grove.capture.gateway.create_app`` a selector built from ``training/selection.py`` — the
 application layer is the one place that may join capture and training. ``run_server`` serves an
 application with uvicorn until interrupted; ``ServerThread`` serves one in a background thread
-(tests, and the demo's in-process gateway).
+(tests, and the demo's in-process gateway). ``gateway_options`` reads the gateway's keys of a
+configuration (``grove serve`` and ``grove train`` both pass it to ``build_gateway``), whose own
+defaults are the schema's (``grove.config``), so a gateway configured with nothing serves as a
+training run configured with nothing does.
 
 The selector (``LedgerSelector``) reads the attempt's calls as the projector does
 (``grove.training.projector.captured_calls``: late commits count as pending, calls the harness
@@ -24,9 +27,10 @@ rejected stay committed and are marked rejected; fingerprints are the ones captu
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import uvicorn
@@ -44,6 +48,8 @@ from grove.capture.limits import GatewayLimits
 from grove.capture.render import Renderer, normalize_messages
 from grove.capture.slow_clients import server_options
 from grove.capture.vllm import VllmEngine
+from grove.config import EngineConfig, GroveConfig, TokenCaptureConfig
+from grove.errors import JobError
 from grove.jobs.models import context_length
 from grove.ledger import migrate
 from grove.ledger.attempt import AttemptLog, AttemptState
@@ -54,7 +60,37 @@ from grove.training.projector import captured_calls
 from grove.training.selection import PolicyRegistry
 from grove.workspace import Workspace
 
-__all__ = ["LedgerSelector", "ServerThread", "build_gateway", "run_server"]
+__all__ = [
+    "GatewayStartError",
+    "LedgerSelector",
+    "ServerThread",
+    "build_gateway",
+    "gateway_options",
+    "run_server",
+]
+
+_CAPTURE = TokenCaptureConfig()  # the schema's defaults, the one place they are written
+_ENGINE = EngineConfig()
+
+
+class GatewayStartError(JobError):
+    """A gateway served in a thread did not bind its socket in time (its log says why)."""
+
+
+def gateway_options(config: GroveConfig) -> dict[str, Any]:
+    """``build_gateway``'s keyword arguments that ``config`` sets: ``engine.auth_token``,
+    ``engine.default_max_tokens``, ``token_capture.pending_call_timeout_s`` (the settle timeout),
+    ``token_capture.selection_policy``, ``token_capture.forest_training`` and
+    ``token_capture.strict``."""
+    capture = config.token_capture
+    return {
+        "auth_token": config.engine.auth_token,
+        "default_max_tokens": config.engine.default_max_tokens,
+        "settle_timeout_s": capture.pending_call_timeout_s,
+        "selection_policy": capture.selection_policy,
+        "forest_mode": capture.forest_training,
+        "strict": capture.strict,
+    }
 
 
 class LedgerSelector:
@@ -130,15 +166,17 @@ def build_gateway(
     tokenizer: PreTrainedTokenizerBase | None = None,
     model_name: str = EMBEDDED_MODEL_NAME,
     max_context: int | None = None,
-    default_max_tokens: int = 256,
-    settle_timeout_s: float = 300.0,
-    selection_policy: str = "returned_history",
-    forest_mode: bool = True,
-    strict: bool = False,
+    default_max_tokens: int = _ENGINE.default_max_tokens,
+    settle_timeout_s: float = _CAPTURE.pending_call_timeout_s,
+    selection_policy: str = _CAPTURE.selection_policy,
+    forest_mode: bool = _CAPTURE.forest_training,
+    strict: bool = _CAPTURE.strict,
     image_processor: Any | None = None,
     limits: GatewayLimits | None = None,
 ) -> FastAPI:
     """The gateway over ``workspace``: ledger checked and opened, blob store, engine, selector.
+    Each option a configuration key sets defaults to the schema's default (``gateway_options``
+    reads them all from a configuration).
 
     Defaults: the embedded tokenizer and engine (``capture/embedded.py``). ``max_context``
     defaults to the engine's context (the embedded model's, or the vLLM server's ``max_model_len``,
@@ -193,9 +231,34 @@ def build_gateway(
     )
 
 
-def run_server(app: FastAPI, host: str = "127.0.0.1", port: int = 8000) -> None:
-    """Serve ``app`` with uvicorn on ``host``:``port`` until interrupted."""
-    uvicorn.run(app, host=host, port=port, log_level="info", **_server_options(app))
+def run_server(
+    app: FastAPI,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    *,
+    on_listening: Callable[[str], None] | None = None,
+) -> None:
+    """Serve ``app`` with uvicorn on ``host``:``port`` until interrupted. The socket is bound
+    first, so ``on_listening`` gets the real ``http://host:port`` (port 0 picks a free one); a
+    port that cannot be bound is a ``GatewayStartError``."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        raise GatewayStartError(
+            f"cannot listen on {host}:{port} ({error.strerror or error}): pick another "
+            "engine.port (--port), or 0 for a free one"
+        ) from error
+    bound = sock.getsockname()[1]
+    if on_listening is not None:
+        on_listening(
+            f"http://[{host}]:{bound}" if family == socket.AF_INET6 else f"http://{host}:{bound}"
+        )
+    config = uvicorn.Config(app, host=host, port=bound, log_level="info", **_server_options(app))
+    uvicorn.Server(config).run(sockets=[sock])
 
 
 def _server_options(app: FastAPI) -> dict[str, Any]:
@@ -225,7 +288,10 @@ class ServerThread:
         deadline = time.monotonic() + timeout_s
         while not self.server.started:
             if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the gateway did not start (see the uvicorn log above)")
+                raise GatewayStartError(
+                    f"the gateway did not start within {timeout_s:g} s (see the uvicorn log "
+                    "above): is its port taken?"
+                )
             time.sleep(0.01)
         return self
 

@@ -118,7 +118,8 @@ def test_an_attempt_opened_without_policy_or_forest_mode_gets_the_servers(
     grove: GroveClient,
 ) -> None:
     status = _open(grove, "defaults").status()
-    assert (status["selection_policy"], status["forest_mode"]) == ("returned_history", True)
+    # the schema's defaults (token_capture.selection_policy, token_capture.forest_training)
+    assert (status["selection_policy"], status["forest_mode"]) == ("returned_history", False)
 
 
 def test_an_attempt_naming_a_policy_the_server_does_not_run_is_refused(grove: GroveClient) -> None:

@@ -11,11 +11,14 @@ import pytest
 
 from grove.capture.errors import InvalidSamplingError
 from grove.capture.vllm import EngineRejectedError, EngineUnavailableError
+from grove.client import GatewayServerError, GroveClientError
 from grove.config import ConfigurationError
 from grove.errors import EXIT_STATUS, GROVE_ERRORS, JobError, exit_status
+from grove.ledger.database import DatabaseError, UnsupportedDatabaseURL
 from grove.ledger.errors import DatabaseUnavailable, SchemaNotReady
 from grove.storage.errors import InvalidKeyError, StorageUnavailableError
 from grove.training.errors import SelectionError
+from grove.training.selection import SelectionPolicyFailed
 from grove_errors import GroveError
 
 PACKAGES = (
@@ -30,9 +33,6 @@ PACKAGES = (
 OUTSIDE_THE_TREE = {
     # answered as an error body inside the gateway, never raised out of it
     "grove.capture.refusals.Refused",
-    # raised to the harness that calls the gateway; grove train reports a harness's failure as
-    # grove.jobs.harness.HarnessError, a JobError
-    "grove.client.GroveClientError",
 }
 
 
@@ -90,6 +90,7 @@ def test_each_exit_status_names_an_error_class_of_the_tree(name: str):
         DatabaseUnavailable("postgresql://ledger", "connection refused"),
         StorageUnavailableError("get", "staging/a/b", "s3://bucket", "timed out"),
         EngineUnavailableError("http://vllm:8000/v1/models", "ConnectError"),
+        GatewayServerError("POST", "/v1/attempts/a/result", 500, "internal_error", "id 1"),
     ],
     ids=lambda error: type(error).__name__,
 )
@@ -107,11 +108,23 @@ def test_a_service_that_did_not_answer_exits_75_so_the_command_can_be_retried(er
         SelectionError("unknown_response", "no call answered resp-1"),
         ConfigurationError("demo.yaml", ["grpo.typo: unknown key"]),
         JobError("the harness failed"),
+        GroveClientError("POST", "/v1/attempts", 400, "unregistered_selection_policy", "x"),
+        DatabaseError("sqlite:///ledger.db", "ProgrammingError", "syntax error"),
+        SelectionPolicyFailed("mod:policy", KeyError("calls")),
     ],
     ids=lambda error: type(error).__name__,
 )
 def test_every_other_grove_error_exits_1(error: GroveError):
     assert exit_status(error) == 1
+
+
+def test_an_unsupported_database_url_is_a_usage_error_exiting_2():
+    assert exit_status(UnsupportedDatabaseURL("mysql://host/db", "not supported")) == 2
+
+
+def test_the_client_branch_is_drawn_in_the_roots_docstring():
+    assert ".GroveClientError " in (GroveError.__doc__ or "")
+    assert issubclass(GatewayServerError, GroveClientError)
 
 
 def test_a_subclass_takes_its_closest_listed_base_exit_status():

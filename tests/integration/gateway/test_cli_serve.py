@@ -59,7 +59,7 @@ def test_grove_serve_answers_health_and_lists_the_model(tmp_path: Path):
 
 
 def test_grove_serve_gives_attempts_its_selection_policy_and_forest_mode(tmp_path: Path):
-    options = ("--selection-policy", "all_captured", "--no-forest-training")
+    options = ("--selection-policy", "all_captured", "--forest-training")
     with grove_serve(tmp_path, *options) as base_url:
         body = {"capture_key": "a1", "rollout_id": "r1", "prompt_group": "g", "rollout_index": 0}
         opened = httpx.post(f"{base_url}/v1/attempts", json=body, timeout=10).json()
@@ -67,7 +67,7 @@ def test_grove_serve_gives_attempts_its_selection_policy_and_forest_mode(tmp_pat
         refused = httpx.post(
             f"{base_url}/v1/attempts", json={**body, "selection_policy": custom}, timeout=10
         )
-    assert (opened["selection_policy"], opened["forest_mode"]) == ("all_captured", False)
+    assert (opened["selection_policy"], opened["forest_mode"]) == ("all_captured", True)
     assert refused.status_code == 400
     assert refused.json()["error"]["code"] == "unregistered_selection_policy"
 

@@ -26,6 +26,8 @@ import pytest
 import torch
 from sqlalchemy import text
 
+from grove.config import load_config
+from grove.jobs.project import projector_settings
 from grove.ledger.leases import Leases, lease_key
 from grove.ledger.store import EventStore, ImportEvent
 from grove.storage import open_blob_store
@@ -37,8 +39,12 @@ from tests.reliability.rollouts import play, record_result
 pytestmark = pytest.mark.postgres
 
 GROUPS, PER_GROUP, STEPS, MAX_GROUPS = 4, 2, 2, 2
-SETTINGS = ProjectorSettings(rollouts_per_group=PER_GROUP, groups_per_step=2)
-SHARD_ARGS = ["--rollouts-per-group", "2", "--groups-per-step", "2", "--max-groups", "2"]
+RUN = {  # the training run's configuration, which every shard reads
+    "grpo": {"num_generations_per_prompt": PER_GROUP, "num_prompts_per_step": 2},
+    "policy": {"train_global_batch_size": 2 * PER_GROUP, "train_micro_batch_size": 1},
+    "token_capture": {"forest_training": True},
+}
+SETTINGS: ProjectorSettings = projector_settings(load_config(RUN))
 
 
 def _wait(what: str, done: Callable[[], bool], timeout_s: float = 90.0) -> None:
@@ -70,7 +76,10 @@ def _leased(store: EventStore, pid: int) -> set[int]:
 def _shard(tmp_path: Path, name: str, database_url: str, blob_url: str) -> subprocess.Popen:
     grove = str(Path(sys.executable).parent / "grove")
     log = (tmp_path / f"{name}.log").open("w")
-    argv = [grove, "project", *SHARD_ARGS, "--steps", str(STEPS), "--poll-interval", "0.05"]
+    config = tmp_path / "run.yaml"
+    config.write_text(json.dumps(RUN))  # JSON is YAML
+    argv = [grove, "project", str(config), "--max-groups", str(MAX_GROUPS)]
+    argv += ["--steps", str(STEPS), "--poll-interval", "0.05"]
     argv += ["--json", "--database-url", database_url, "--blob-url", blob_url]
     argv += ["--workdir", str(tmp_path / name)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
