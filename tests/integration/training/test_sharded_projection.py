@@ -43,6 +43,8 @@ RUN = {  # the training run's configuration, which every shard reads
     "grpo": {"num_generations_per_prompt": PER_GROUP, "num_prompts_per_step": 2},
     "policy": {"train_global_batch_size": 2 * PER_GROUP, "train_micro_batch_size": 1},
     "token_capture": {"forest_training": True},
+    # every group is played under policy version 0, and step 1 trains two of them
+    "async_rl": {"max_policy_lag": STEPS - 1},
 }
 SETTINGS: ProjectorSettings = projector_settings(load_config(RUN))
 
