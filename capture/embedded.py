@@ -30,7 +30,7 @@ from transformers import (
 )
 
 from grove.capture.embedded_moe import RouteMemory, RouteRecorder, router_modules
-from grove.capture.engine import Generation, OutputConstraint, SamplingParams
+from grove.capture.engine import FinishReason, Generation, OutputConstraint, SamplingParams
 from grove.capture.errors import InvalidPromptError, PromptTooLongError, UnsupportedSamplingError
 from grove.capture.grammar import (
     ConstraintUnsupportedError,
@@ -189,7 +189,7 @@ class EmbeddedEngine:
     compiler for it is built on the first constrained call and kept.
     """
 
-    name: Final = "embedded"
+    name: str = "embedded"  # EmbeddedVLMEngine names itself apart
 
     def __init__(
         self,
@@ -243,7 +243,7 @@ class EmbeddedEngine:
             )
             tokens: list[int] = []
             logprobs: list[float] = []
-            finish = "length"
+            finish: FinishReason = "length"
             routes: torch.Tensor | None = None  # an MoE model's, recorded below
             inputs = torch.tensor([list(prompt_token_ids)], dtype=torch.long)  # (1, T)
             cache = None
@@ -298,11 +298,12 @@ class EmbeddedEngine:
             grammar_text(sampling.constraint)  # a schema it cannot enforce is refused here
         if not prompt_token_ids:
             raise InvalidPromptError("a prompt has at least one token", list(prompt_token_ids))
-        vocab = self.model.config.vocab_size
+        text = self.model.config.get_text_config()  # a VLM's (EmbeddedVLMEngine): its text's
+        vocab = text.vocab_size
         outside = sorted({t for t in prompt_token_ids if not 0 <= t < vocab})
         if outside:
             raise InvalidPromptError(f"token ids must lie in [0, {vocab})", outside[:10])
-        context = self.model.config.max_position_embeddings
+        context = text.max_position_embeddings
         if len(prompt_token_ids) + sampling.max_tokens > context:
             raise PromptTooLongError(len(prompt_token_ids), sampling.max_tokens, context)
 
@@ -320,7 +321,7 @@ class EmbeddedEngine:
         if self._grammar is None:
             self._grammar = TokenizerGrammar(
                 self._tokenizer_for_grammar(),
-                vocab_size=self.model.config.vocab_size,
+                vocab_size=self.model.config.get_text_config().vocab_size,
                 stop_token_ids=self.stop_token_ids,
             )
         stops = self.stop_token_ids | set(sampling.stop_token_ids)

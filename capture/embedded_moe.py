@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Final
+from typing import Final, cast
 
 import torch
 from transformers import PreTrainedTokenizerFast, Qwen2MoeConfig, Qwen2MoeForCausalLM
@@ -85,7 +85,8 @@ def build_moe_model(
     if near_tie is not None:
         with torch.no_grad():
             for router in router_modules(model):
-                router.weight[1] = router.weight[0] * (1.0 + near_tie)
+                weight = cast(torch.Tensor, router.weight)  # the router's gate, a Parameter
+                weight[1] = weight[0] * (1.0 + near_tie)
     return model
 
 
@@ -130,7 +131,10 @@ class RouteRecorder:
         renormalize = bool(getattr(router, "norm_topk_prob", True))
 
         def keep(_module: torch.nn.Module, _inputs: object, output: object) -> object:
-            logits, scores, indices = output  # type: ignore[misc]  # indices: (tokens, top_k)
+            # the router's forward returns (logits, scores, indices); indices: (tokens, top_k)
+            logits, scores, indices = cast(
+                "tuple[torch.Tensor, torch.Tensor, torch.Tensor]", output
+            )
             if self.forced is not None and not self._chosen[layer]:  # the prefill
                 n = min(self.forced.shape[0], indices.shape[0])
                 indices = indices.clone()

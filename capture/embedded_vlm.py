@@ -22,7 +22,7 @@ calls.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import torch
 from transformers import (
@@ -30,10 +30,11 @@ from transformers import (
     Qwen2VLConfig,
     Qwen2VLForConditionalGeneration,
 )
+from transformers.models.qwen2_vl.configuration_qwen2_vl import Qwen2VLVisionConfig
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 from grove.capture.embedded import EmbeddedEngine, build_tokenizer, chat_template, sample_token
-from grove.capture.engine import Generation, SamplingParams
+from grove.capture.engine import FinishReason, Generation, SamplingParams
 from grove.capture.errors import InvalidPromptError, PromptTooLongError, UnsupportedSamplingError
 from grove.capture.media import ImageInput, MediaRenderer, VisionProcessor
 from grove.capture.tiny_decoder import seeded, tiny_decoder_config
@@ -80,7 +81,10 @@ def build_vlm_tokenizer() -> PreTrainedTokenizerFast:
 
 def vision_token_ids(tokenizer: PreTrainedTokenizerFast) -> dict[str, int]:
     """The ids of the vision tokens in ``tokenizer``, by token text."""
-    return {token: int(tokenizer.convert_tokens_to_ids(token)) for token in VISION_TOKENS}
+    # one token converts to one id (transformers types it int | list[int])
+    return {
+        token: int(cast(int, tokenizer.convert_tokens_to_ids(token))) for token in VISION_TOKENS
+    }
 
 
 def build_image_processor(
@@ -147,7 +151,8 @@ def build_vlm_model(
         video_token_id=ids[VIDEO_TOKEN],
         vision_start_token_id=ids[VISION_START],
         vision_end_token_id=ids[VISION_END],
-        bos_token_id=None,
+        # the config takes other keys at run time; its signature names only its own
+        bos_token_id=None,  # type: ignore[call-arg]
         tie_word_embeddings=True,
     )
     return seeded(seed, lambda: Qwen2VLForConditionalGeneration(config))
@@ -158,7 +163,7 @@ class EmbeddedVLMEngine(EmbeddedEngine):
     prompt's images (``grove.capture.media.ImageInput``, in prompt order), never sampling a vision
     token (see the module). Deterministic and serialized like :class:`EmbeddedEngine`."""
 
-    name: Final = "embedded-vl"
+    name = "embedded-vl"
 
     def __init__(
         self,
@@ -179,10 +184,12 @@ class EmbeddedVLMEngine(EmbeddedEngine):
         )
         self.excluded_token_ids = tuple(sorted(set(excluded_token_ids)))
         self.image_token_id = int(model.config.image_token_id)
-        self.merge_size = int(model.config.vision_config.spatial_merge_size)
+        vision = model.config.vision_config
+        assert isinstance(vision, Qwen2VLVisionConfig)  # the config builds it from its dict
+        self.merge_size = int(vision.spatial_merge_size)
 
     @classmethod
-    def build(  # type: ignore[override]
+    def build(
         cls, tokenizer: PreTrainedTokenizerFast, *, seed: int = 0, model_seed: int = 0
     ) -> EmbeddedVLMEngine:
         """An engine over :func:`build_vlm_model` for ``tokenizer``, stopping at end of turn."""
@@ -248,7 +255,9 @@ class EmbeddedVLMEngine(EmbeddedEngine):
                 if sampling.seed is None
                 else torch.Generator().manual_seed(sampling.seed)
             )
-            mask = None if sampling.constraint is None else self._mask(sampling)
+            mask = (
+                None if sampling.constraint is None else self._mask(sampling.constraint, sampling)
+            )
             inputs = torch.tensor([list(prompt_token_ids)], dtype=torch.long)  # (1, T)
             positions, delta = self._positions(inputs, media)  # (3, 1, T), (1, 1)
             extra: dict[str, Any] = {}
@@ -258,7 +267,7 @@ class EmbeddedVLMEngine(EmbeddedEngine):
             excluded = torch.tensor(self.excluded_token_ids, dtype=torch.long)
             tokens: list[int] = []
             logprobs: list[float] = []
-            finish = "length"
+            finish: FinishReason = "length"
             cache = None
             for step in range(sampling.max_tokens):
                 out = self.model(

@@ -78,7 +78,7 @@ def _attempt_values(
 ) -> list[tuple[str, Any, Any, str]]:
     """(option, the call's value, the attempt's value, what fixed it) for each fixed option the
     attempt has a value for, in the order they are checked."""
-    values = []
+    values: list[tuple[str, Any, Any, str]] = []
     opened = attempt.opened
     if opened is not None:
         values += [

@@ -148,7 +148,7 @@ def _grammar(recorded: str) -> str:
         schema = _ANY_OBJECT if record["schema"] is None else json.loads(record["schema"])
         elements.append(_json_format(schema, "the response format"))
     if record["tool_calls"] != "none":
-        calls = []
+        calls: list[Format] = []
         for index, tool in enumerate(record["tools"]):
             parameters = None if tool["parameters"] is None else json.loads(tool["parameters"])
             schema = call_schema(FunctionSchema(tool["name"], parameters))

@@ -268,7 +268,8 @@ class Renderer:
         try:
             text = self.tokenizer.apply_chat_template(
                 messages,
-                tools=tools,
+                # transformers annotates tools as a list (invariant) of dict | Callable
+                tools=tools,  # type: ignore[arg-type]
                 chat_template=self.chat_template(options),
                 add_generation_prompt=add_generation_prompt,
                 tokenize=False,
@@ -294,9 +295,11 @@ class Renderer:
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """The exact text of ``token_ids``: special tokens kept, no clean-up of spaces."""
-        return self.tokenizer.decode(
+        text = self.tokenizer.decode(
             list(token_ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
         )
+        assert isinstance(text, str)  # one list of ids decodes to one string
+        return text
 
     def token_bytes(self, token_id: int) -> bytes:
         """The exact bytes one token stands for, even when it ends inside a multi-byte character

@@ -56,7 +56,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from types import TracebackType
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
 
 import httpx
 
@@ -476,7 +476,7 @@ def checked_finish(
             "not lower max_tokens)",
             generated,
         )
-    return finish
+    return cast(FinishReason, finish)  # one of FINISH_REASONS, checked above
 
 
 def _error_message(body: Any, response: httpx.Response) -> str:

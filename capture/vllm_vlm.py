@@ -66,7 +66,7 @@ class VllmVLMEngine(VllmEngine):
         self.vision_token_ids = tuple(sorted(set(vision_token_ids)))
         self.merge_size = merge_size
 
-    def check(  # type: ignore[override]
+    def check(
         self, prompt: Sequence[int], sampling: SamplingParams, media: Sequence[ImageInput] = ()
     ) -> None:
         """Raise the refusal ``generate`` would give: the text engine's rules, processed
@@ -90,7 +90,7 @@ class VllmVLMEngine(VllmEngine):
         if any(not image.url for image in media):
             raise InvalidPromptError("every image sent to vLLM needs its data URL", len(media))
 
-    def generate(  # type: ignore[override]
+    def generate(
         self,
         prompt_token_ids: Sequence[int],
         sampling: SamplingParams,
