@@ -1,7 +1,9 @@
 """Forest reconstruction: selected calls become root-to-endpoint rows with once-only loss ownership.
 
 The pure forest API is a stable contract (``docs/forest.md``); it takes plain records and returns
-plain data, with no database, blob store or model.
+plain data, with no database, blob store or model. How the data is held lives beside it: a row
+builds its token lists on first read (``training/forest_rows.py``), and a record over a decoded
+blob's tensors turns them into lists only when read (``training/array_values.py``).
 
 The algorithm:
 
@@ -24,12 +26,14 @@ once, whatever the number of rows.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import FrozenInstanceError, dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Final, NamedTuple, Protocol
+from typing import Final
 
+from grove.training.array_values import Array1D, ArrayValues, values_total
 from grove.training.errors import ForestError
+from grove.training.forest_rows import ForestRow, RowSegment, row_of_path
 
 __all__ = [
     "CALL_STATUSES",
@@ -125,68 +129,6 @@ class RecordRule(StrEnum):
     EMPTY_ROOT_PROMPT = "empty_root_prompt"
 
 
-class _Array(Protocol):
-    """A 1-D tensor or array: what ``CallRecord.from_arrays`` takes (torch or numpy)."""
-
-    shape: Any
-
-    def tolist(self) -> Any: ...
-
-    def sum(self) -> Any: ...
-
-
-class _ArrayValues(Sequence[Any]):
-    """A 1-D array's values as a read-only sequence, converted to a Python list on first read
-    (its length and sum never convert it)."""
-
-    __slots__ = ("_array", "_list")
-
-    def __init__(self, array: _Array) -> None:
-        if len(array.shape) != 1:
-            raise ForestError(
-                RecordRule.INVALID_INPUT, None, f"arrays must be 1-D, got shape {array.shape}"
-            )
-        self._array = array
-        self._list: list[Any] | None = None
-
-    def values(self) -> list[Any]:
-        """The values as a Python list (converted once)."""
-        if self._list is None:
-            self._list = self._array.tolist()
-        return self._list
-
-    def total(self) -> float:
-        """The sum of the values: NaN or +inf exactly when a value is NaN or +inf."""
-        total = float(self._array.sum())
-        if math.isnan(total) or total == math.inf:
-            return sum(self.values())  # the exact check, on a float32 overflow too
-        return total
-
-    def __len__(self) -> int:
-        return int(self._array.shape[0])
-
-    def __getitem__(self, index: Any) -> Any:
-        return self.values()[index]
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self.values())
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, _ArrayValues):
-            other = other.values()
-        return self.values() == other if isinstance(other, list) else NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return repr(self.values())
-
-
-def _values(values: Sequence[Any]) -> list[Any]:
-    """A record field's values as a list (an array's converted once)."""
-    return values.values() if isinstance(values, _ArrayValues) else list(values)
-
-
 @dataclass(frozen=True, slots=True)
 class CallRecord:
     """One captured model call, as the forest sees it (producer: the projector, from the ledger's
@@ -235,9 +177,7 @@ class CallRecord:
                 f"one logprob per generated token: got {len(self.logprobs)} logprobs for "
                 f"{len(self.generated_tokens)} generated tokens",
             )
-        logprobs = self.logprobs
-        # NaN or +inf if any logprob is; one C loop on the fast path
-        total = logprobs.total() if isinstance(logprobs, _ArrayValues) else sum(logprobs)
+        total = values_total(self.logprobs)  # NaN or +inf if any logprob is
         if math.isnan(total) or total == math.inf:
             bad = [value for value in self.logprobs if math.isnan(value) or value == math.inf]
             raise ForestError(
@@ -251,172 +191,23 @@ class CallRecord:
         cls,
         call_id: str,
         parent_id: str | None,
-        prompt_tokens: _Array,
-        generated_tokens: _Array,
-        logprobs: _Array,
+        prompt_tokens: Array1D,
+        generated_tokens: Array1D,
+        logprobs: Array1D,
         status: str = "committed",
         finish_reason: str = "stop",
     ) -> CallRecord:
         """A record over 1-D tensors (or numpy arrays), e.g. a decoded blob's: the fields are
         read-only sequences that become Python lists only when their values are read (a forest
-        row's ``token_ids``, say); ``build_forest`` reads only their lengths and sums."""
-        return cls(
-            call_id,
-            parent_id,
-            _ArrayValues(prompt_tokens),
-            _ArrayValues(generated_tokens),
-            _ArrayValues(logprobs),
-            status,
-            finish_reason,
-        )
-
-
-class RowSegment(NamedTuple):
-    """Where one call's delta lies in a row: ``[start, generated_start)`` are its prompt (or
-    observation) tokens, ``[generated_start, end)`` its generated tokens; ``owned`` when this row
-    trains that generated span."""
-
-    call_id: str
-    start: int
-    generated_start: int
-    end: int
-    owned: bool
-
-
-class ForestRow:
-    """One path (physical row) from a root to an endpoint (producer: ``build_forest``; consumer:
-    ``grove.training.rows``, metrics, the projector's ``rollout.finalized`` event).
-
-    ``token_ids``, ``loss_mask`` (0/1) and ``logprobs`` have equal lengths. ``logprobs`` holds the
-    generation logprob where ``loss_mask`` is 1 and 0.0 elsewhere (prompts, observations, rewritten
-    inputs, and generated spans owned by an earlier row). ``call_ids`` runs root to endpoint;
-    ``owned_call_ids`` is the subsequence whose generated spans this row owns; ``segments`` has one
-    entry per call in ``call_ids``, in order, tiling the row. A row from ``build_forest`` builds
-    its three token lists on first read of any of them (``length`` and ``segments`` need none).
-    """
-
-    __slots__ = (
-        "_logprobs",
-        "_loss_mask",
-        "_path",
-        "_token_ids",
-        "call_ids",
-        "owned_call_ids",
-        "segments",
-    )
-    _token_ids: list[int]
-    _loss_mask: list[int]
-    _logprobs: list[float]
-    _path: list[CallRecord] | None  # None once built (or for a row given its lists)
-    call_ids: list[str]
-    owned_call_ids: list[str]
-    segments: list[RowSegment]
-
-    def __init__(
-        self,
-        token_ids: list[int],
-        loss_mask: list[int],
-        logprobs: list[float],
-        call_ids: list[str],
-        owned_call_ids: list[str],
-        segments: list[RowSegment],
-    ) -> None:
-        for name, value in (
-            ("_token_ids", token_ids),
-            ("_loss_mask", loss_mask),
-            ("_logprobs", logprobs),
-            ("_path", None),
-            ("call_ids", call_ids),
-            ("owned_call_ids", owned_call_ids),
-            ("segments", segments),
-        ):
-            object.__setattr__(self, name, value)
-
-    @classmethod
-    def _of_path(
-        cls, path: list[CallRecord], owned_call_ids: list[str], segments: list[RowSegment]
-    ) -> ForestRow:
-        """A row whose token lists are built from ``path`` on first read."""
-        row = cls([], [], [], [call.call_id for call in path], owned_call_ids, segments)
-        object.__setattr__(row, "_path", path)
-        return row
-
-    @property
-    def token_ids(self) -> list[int]:
-        """Token ids, root to endpoint."""
-        self._build()
-        return self._token_ids
-
-    @property
-    def loss_mask(self) -> list[int]:
-        """1 on the generated tokens this row owns, 0 elsewhere."""
-        self._build()
-        return self._loss_mask
-
-    @property
-    def logprobs(self) -> list[float]:
-        """The generation logprob where ``loss_mask`` is 1, 0.0 elsewhere."""
-        self._build()
-        return self._logprobs
-
-    @property
-    def length(self) -> int:
-        """Tokens in the row (without building its lists)."""
-        return self.segments[-1].end if self.segments else len(self.token_ids)
-
-    def _build(self) -> None:
-        path = self._path
-        if path is None:
-            return
-        token_ids: list[int] = []
-        for call in path:
-            token_ids += _values(call.prompt_tokens)
-            token_ids += _values(call.generated_tokens)
-        loss_mask = [0] * len(token_ids)
-        logprobs = [0.0] * len(token_ids)
-        for call, segment in zip(path, self.segments, strict=True):
-            if segment.owned:
-                loss_mask[segment.generated_start : segment.end] = [1] * (
-                    segment.end - segment.generated_start
-                )
-                logprobs[segment.generated_start : segment.end] = _values(call.logprobs)
-        object.__setattr__(self, "_token_ids", token_ids)
-        object.__setattr__(self, "_loss_mask", loss_mask)
-        object.__setattr__(self, "_logprobs", logprobs)
-        object.__setattr__(self, "_path", None)
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise FrozenInstanceError(f"cannot assign to field {name!r}")
-
-    def __delattr__(self, name: str) -> None:
-        raise FrozenInstanceError(f"cannot delete field {name!r}")
-
-    def _fields(self) -> tuple[object, ...]:
-        return (
-            self.token_ids,
-            self.loss_mask,
-            self.logprobs,
-            self.call_ids,
-            self.owned_call_ids,
-            self.segments,
-        )
-
-    def __eq__(self, other: object) -> bool:
-        if other.__class__ is not self.__class__:
-            return NotImplemented
-        return self._fields() == other._fields()
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        token_ids, loss_mask, logprobs, call_ids, owned, segments = self._fields()
-        return (
-            f"ForestRow(token_ids={token_ids!r}, loss_mask={loss_mask!r}, logprobs={logprobs!r}, "
-            f"call_ids={call_ids!r}, owned_call_ids={owned!r}, segments={segments!r})"
-        )
-
-    def __reduce__(self) -> tuple[object, ...]:
-        return (ForestRow, self._fields())
+        row's ``token_ids``, say; ``training/array_values.py``); ``build_forest`` reads only
+        their lengths and sums."""
+        try:
+            prompt, generated, values = (
+                ArrayValues(array) for array in (prompt_tokens, generated_tokens, logprobs)
+            )
+        except ValueError as error:
+            raise ForestError(RecordRule.INVALID_INPUT, call_id, str(error)) from None
+        return cls(call_id, parent_id, prompt, generated, values, status, finish_reason)
 
 
 @dataclass(frozen=True, slots=True)
@@ -590,4 +381,4 @@ def _build_row(path: list[CallRecord], owned: set[str]) -> ForestRow:
             owned.add(call.call_id)
             owned_here.append(call.call_id)
         segments.append(RowSegment(call.call_id, start, generated_start, end, first))
-    return ForestRow._of_path(path, owned_here, segments)
+    return row_of_path(path, owned_here, segments)

@@ -30,6 +30,8 @@ PUBLIC = {
         "RowSegment",
         "build_forest",
     },
+    "grove.training.forest_rows": {"ForestRow", "RowSegment", "row_of_path"},
+    "grove.training.array_values": {"Array1D", "ArrayValues", "as_list", "values_total"},
     "grove.training.selection": {
         "BUILTIN_POLICIES",
         "COMPLETE_FINISH_REASONS",
