@@ -1,5 +1,6 @@
 """Blob keys end where their text ends: a trailing newline (which a ``$`` anchor lets through)
-or any other line break is outside the alphabet, in a segment, a whole key, a prefix or a name."""
+or any other line break is outside the alphabet, in a segment, a whole key, a prefix or a name;
+so are digests and bucket names."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from grove.storage import InvalidKeyError, open_blob_store, staging_key, validate_key
+from grove.storage import BlobRef, InvalidKeyError, open_blob_store, staging_key, validate_key
+from grove.storage.errors import InvalidBlobRefError, InvalidBlobUrlError
 from grove.storage.keys import SEGMENT_PATTERN, validate_prefix, validate_segment
 
 LINE_ENDS = ["\n", "\r\n", "\r"]
@@ -52,3 +54,13 @@ def test_putting_a_newline_key_writes_no_directory(tmp_path: Path):
     written = list((tmp_path / "blobs").rglob("*")) if (tmp_path / "blobs").exists() else []
     assert [path for path in written if "\n" in path.name] == []
     assert store.list_keys() == []
+
+
+def test_a_digest_with_a_trailing_newline_is_no_blob_ref():
+    with pytest.raises(InvalidBlobRefError, match="64 lowercase hex"):
+        BlobRef("staging/k/c1", "0" * 64 + "\n", 1)
+
+
+def test_a_bucket_name_with_a_trailing_newline_is_refused():
+    with pytest.raises(InvalidBlobUrlError, match="not a valid S3 bucket name"):
+        open_blob_store("s3://bucket\n/prefix")
