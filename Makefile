@@ -56,8 +56,10 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
+# Every benchmark script (bench/*.py; helpers live in bench/support/ and bench/servers/), quick,
+# as a module from the repository root (python -m bench.NAME), stopping at the first failure.
 bench: $(STAMP)
-	for b in bench/*.py; do $(BIN)/python $$b --quick || exit 1; done
+	for b in bench/*.py; do $(BIN)/python -m bench.$$(basename $$b .py) --quick || exit 1; done
 
 clean-venv:
 	rm -rf $(VENV)

@@ -1,6 +1,6 @@
 """Candidate admission time per call at calls 10, 100 and 1,000 of one attempt, beside a baseline.
 
-Usage: ``python bench/admission.py [--quick] [--json]``
+Usage: ``python -m bench.admission [--quick] [--json]``
 
 Admission starts from the normalized request (normalization is shared with rendering, and timed
 on its own as ``normalization_us``). Grove digests the request's items, chains the digests in one
@@ -27,14 +27,10 @@ import argparse
 import gc
 import json
 import statistics
-import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from grove.capture.render import (
     NormalizedRequest,

@@ -1,6 +1,6 @@
 """Blob storage: delta records against full-context storage; store against raw fsspec throughput.
 
-Usage: ``python bench/storage.py [--quick] [--json]``
+Usage: ``python -m bench.blob_store [--quick] [--json]``
 
 - ``naive_over_delta_bytes``: for rollouts of 2, 20 and 50 calls in one context, each call adding
   200 new tokens (100 observation tokens, then 100 generated tokens with their logprobs), the
@@ -37,13 +37,10 @@ import time
 import uuid
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import torch
 from botocore.exceptions import EndpointConnectionError
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from grove.storage import BlobRef, BlobStore, CallDelta, encode_delta, open_blob_store, staging_key
 from grove.storage.local import sync_directory

@@ -1,7 +1,7 @@
 """What durable acknowledgements cost: fsynced blob puts and SQLite ``synchronous=FULL``, each
 beside the same work without the syncs, alternating in the same run.
 
-Usage: ``python bench/durability.py [--quick] [--json] [--dir DIR]``
+Usage: ``python -m bench.durability [--quick] [--json] [--dir DIR]``
 
 A captured call is answered only after its delta blob and its ``call.committed`` event are on
 disk (``docs/reliability.md``, "Durability"). The baseline is the same code with the syncs taken
@@ -24,7 +24,6 @@ import contextlib
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 import uuid
@@ -33,8 +32,6 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import event
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from grove.ledger import migrate
 from grove.ledger.store import EventStore

@@ -1,6 +1,6 @@
 """What capture costs per model call: Grove's gateway beside a plain server on the same engine.
 
-Usage: ``python bench/gateway.py [--quick] [--json]``
+Usage: ``python -m bench.gateway [--quick] [--json]``
 
 Both servers answer ``POST /v1/chat/completions`` from one ``InstantEngine`` (a fixed short
 generation of the embedded tokenizer's tokens, no model), so the figures measure Grove, not
@@ -47,7 +47,6 @@ import contextlib
 import json
 import os
 import shutil
-import sys
 import tempfile
 import threading
 import time
@@ -60,8 +59,6 @@ from typing import Any, Final
 import httpx
 from openai import OpenAI
 from sqlalchemy.engine import make_url
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.servers.gateway import (
     CALL_TIMEOUT_S,
@@ -158,7 +155,8 @@ class Harness:
         headers = {"X-Grove-Capture-Key": key} if self.grove else {}
         if self.grove:
             body = {"capture_key": key, "rollout_id": key, "prompt_group": "b", "rollout_index": 0}
-            self._attempt_request("/v1/attempts", body, phase)
+            opened = self._attempt_request("/v1/attempts", body, phase, {})
+            headers["X-Grove-Attempt-Token"] = opened["attempt_token"]  # docs/gateway.md
         messages: list[dict[str, Any]] = [SYSTEM, TASK]
         response_ids: dict[int, str] = {}
         for n in range(calls):
@@ -184,15 +182,18 @@ class Harness:
                 for i, m in enumerate(messages)
             ]
             self._attempt_request(
-                f"/v1/attempts/{key}/result", {"reward": 1, "output": output}, phase
+                f"/v1/attempts/{key}/result", {"reward": 1, "output": output}, phase, headers
             )
 
-    def _attempt_request(self, path: str, body: dict[str, Any], phase: Phase) -> None:
+    def _attempt_request(
+        self, path: str, body: dict[str, Any], phase: Phase, headers: dict[str, str]
+    ) -> dict[str, Any]:
         start = time.perf_counter()
-        answer = self.http.post(path, json=body)
+        answer = self.http.post(path, json=body, headers=headers)
         if answer.status_code != 200:
             raise RuntimeError(f"POST {path}: {answer.status_code} {answer.text}")
         phase.attempt_requests.append(time.perf_counter() - start)
+        return answer.json()
 
     def close(self) -> None:
         """Close both clients."""

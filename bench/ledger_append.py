@@ -1,6 +1,6 @@
 """Ledger append throughput and gap-free reading, each beside its baseline in the same run.
 
-Usage: ``python bench/ledger_append.py [--quick] [--json]``
+Usage: ``python -m bench.ledger_append [--quick] [--json]``
 
 Per database (PostgreSQL at ``GROVE_BENCH_DATABASE_URL`` or 127.0.0.1:5432, and SQLite):
 - ``single_events_per_s``: ``EventStore.append`` of one event per transaction;
@@ -35,17 +35,13 @@ import multiprocessing
 import os
 import sqlite3
 import statistics
-import sys
 import tempfile
 import time
 import uuid
-from pathlib import Path
 
 import psycopg
 from sqlalchemy import select
 from sqlalchemy.engine import make_url
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from grove.ledger import migrate
 from grove.ledger.database import open_engine

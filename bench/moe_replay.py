@@ -1,7 +1,7 @@
 """Router replay on the embedded MoE model: TMPE with and without replay on the same batch, and
 what capture and replay cost beside their baselines.
 
-Usage: ``python bench/moe_replay.py [--quick] [--json]``
+Usage: ``python -m bench.moe_replay [--quick] [--json]``
 
 Rollouts are captured through the real capture path (``CaptureService``: render, splice, the
 embedded engine sampling in float32, delta blobs in a local store, a SQLite ledger), three calls
@@ -25,14 +25,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
@@ -182,7 +179,7 @@ def main() -> None:
         if name == "near_tie":
             results["costs"] = costs(model, batch, repeats)
     if args.json:
-        print(json.dumps(results, indent=2))
+        print(json.dumps(results))
         return
     for name in ("near_tie", "as_drawn"):
         entry = results[name]

@@ -1,6 +1,6 @@
 """Forest projection: materializing training batches from a blob store, against raw blob reads.
 
-Usage: ``python bench/projector.py [--quick] [--json]``
+Usage: ``python -m bench.projector [--quick] [--json]``
 
 Workload: 64 prompt groups x 8 rollouts x 20 calls (``--quick``: 8 groups) in a local blob
 store. A root prompt has 256 tokens, each continuation adds a 64-token observation, and each call
@@ -37,16 +37,12 @@ import argparse
 import gc
 import json
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from grove.storage import BlobRef, BlobStore, CallDelta, open_blob_store, staging_key
 from grove.training.batch import LogicalRollout, assemble_batch

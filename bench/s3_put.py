@@ -1,6 +1,6 @@
 """S3 put and read: s3fs against botocore's synchronous client, on the same filesystem.
 
-Usage: ``python bench/s3_put.py [--quick] [--json]``
+Usage: ``python -m bench.s3_put [--quick] [--json]``
 
 The capture path stores each model call's tensors as a blob before it answers, so the put's wall
 time is part of every call and its CPU time is the server's; training and roaming gateways read
@@ -34,17 +34,13 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 from fsspec.asyn import sync
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.servers.gateway import moto_server
 from grove.storage import BlobStore, open_blob_store

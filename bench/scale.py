@@ -1,13 +1,13 @@
 """A million-call ledger: per-attempt costs on PostgreSQL at 10k, 100k and 1M captured calls.
 
-Usage: ``python bench/scale.py [--quick] [--json] [--sizes 10000,100000] [--rounds 3] [--url URL]``
+Usage: ``python -m bench.scale [--quick] [--json] [--sizes 10000,100000] [--rounds 3] [--url URL]``
 
 Each size gets a fresh database (dropped at the end) and a fresh local blob directory. The
 databases live on a throwaway cluster of the bench's own (``initdb``; ``fsync=off``, which only
 speeds the build), or on the server at ``--url``: the gap-free reader reads below the oldest
 transaction running anywhere on its server, so on a server other clients keep busy, the
 projector and ``grove lineage``'s catch-up wait for them, and the figures measure that wait.
-The ledger is built through the import path (``bench/scale_ledger.py`` draws the shapes:
+The ledger is built through the import path (``bench/support/scale_ledger.py`` draws the shapes:
 groups of 8 rollouts, 5-40 calls each, compaction roots, rejections, engine failures;
 ``EventStore.import_events`` copies them in, the projection rows follow by ``COPY``). Every
 ledger is built first; then the timings run in ``--rounds`` rounds that visit the sizes in a
@@ -43,7 +43,6 @@ import argparse
 import json
 import random
 import statistics
-import sys
 import tempfile
 import time
 import uuid
@@ -56,16 +55,14 @@ import torch
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.scale_ledger import (
+from bench.support.scale_ledger import (
     GROUPS_PER_STEP,
     ROLLOUTS_PER_GROUP,
     AttemptWriter,
     LedgerBuilder,
     Placed,
 )
-from bench.scale_rows import TABLE_COLUMNS, ProjectionRows
+from bench.support.scale_rows import TABLE_COLUMNS, ProjectionRows
 from grove.ledger import migrate
 from grove.ledger.catch_up import rebuild
 from grove.ledger.events import LedgerPosition

@@ -1,6 +1,6 @@
 """Tree-packed training: one optimizer step on token trees against the same step row by row.
 
-Usage: ``python bench/tree.py [--quick] [--json]``
+Usage: ``python -m bench.tree [--quick] [--json]``
 
 The embedded model (``grove.capture.embedded.build_model``: Qwen2-style, hidden 64, 2 layers,
 516-token vocabulary, ``sdpa`` attention) takes one training step (forward, backward, AdamW) on one
@@ -31,14 +31,10 @@ import argparse
 import copy
 import json
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from grove.capture.embedded import build_model, build_tokenizer
 from grove.training.batch import LogicalRollout, assemble_batch

@@ -29,8 +29,6 @@ import httpx
 from pydantic import BaseModel, ConfigDict
 
 ROOT: Final = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 if TYPE_CHECKING:  # the server side imports torch and transformers; the client side stays light
     from fastapi import FastAPI

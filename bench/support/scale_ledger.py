@@ -23,7 +23,7 @@ recorded size is the encoded size of their shape and their digests are stand-ins
 
 Events are imported in bulk (``EventStore.import_events``: ``COPY`` on PostgreSQL), the calls of a
 group's eight attempts interleaved as concurrent rollouts write them. The projection tables are
-written in bulk too (``bench/scale_rows.py``).
+written in bulk too (``bench/support/scale_rows.py``).
 """
 
 from __future__ import annotations

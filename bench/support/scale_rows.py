@@ -1,4 +1,5 @@
-"""The projection rows of a ``bench/scale_ledger.py`` ledger, written in bulk by ``bench/scale.py``.
+"""The projection rows of a ``bench/support/scale_ledger.py`` ledger, written in bulk by
+``bench/scale.py``.
 
 ``ProjectionRows.fold`` makes the rows the fold (``ledger/inline_fold.py``) makes from the same
 events, for attempts that keep the lifecycle rules (every event applies; no contradiction);
@@ -12,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.scale_ledger import Placed
+from bench.support.scale_ledger import Placed
 from grove.ledger.events import (
     AdmissionsClosed,
     AttemptOpened,
