@@ -72,8 +72,8 @@ ACKNOWLEDGED_BY = {
 operation writes nothing."""
 
 MODEL_CALLS = {"POST /v1/chat/completions", "POST /v1/responses"}
-POSITIVE_2XX_SHARE = 0.25
-"""The least share of 2xx answers each operation that can succeed gets in positive mode."""
+POSITIVE_2XX_PERCENT = 25
+"""The least share of 2xx answers (in percent) each operation gets in positive mode."""
 
 
 @dataclass(frozen=True)
@@ -325,17 +325,15 @@ def test_every_2xx_is_recorded_once_and_every_refusal_writes_nothing(
             continue
         answers["operations"] += 1
     answers["cases"] = sum(v for k, v in answers.items() if k.startswith("status_"))
+    by_operation = _by_operation(answers)
+    record: dict[str, Any] = {"schemathesis": schemathesis.SCHEMATHESIS_VERSION, **answers}
     if mode is GenerationMode.POSITIVE:
-        answers.update(_shares(answers))
+        shares = _percent_2xx(by_operation)
+        record["2xx_percent"] = shares
         assert answers["status_2xx"] > answers["cases"] // 2, answers
-        low = {
-            k: v for k, v in answers.items() if k.endswith("2xx_share") and v < POSITIVE_2XX_SHARE
-        }
+        low = {label: share for label, share in shares.items() if share < POSITIVE_2XX_PERCENT}
         assert low == {}, f"positive mode reaches 2xx too rarely: {low}"
-    figures.record(
-        f"bad-input/gateway-{mode.value}",
-        {"schemathesis": schemathesis.SCHEMATHESIS_VERSION, **answers},
-    )
+    figures.record(f"bad-input/gateway-{mode.value}", {**record, "by_operation": by_operation})
 
 
 def test_the_narrowed_schema_keeps_every_operation_and_parameter(served: Served):
@@ -343,14 +341,22 @@ def test_the_narrowed_schema_keeps_every_operation_and_parameter(served: Served)
     assert narrowed(raw, served.model())["paths"] == raw["paths"]
 
 
-def _shares(answers: Counter[str]) -> dict[str, float]:
-    """Per operation that answered at all, the share of its answers that were 2xx (rounded)."""
-    labels = {key.rsplit(" ", 1)[0] for key in answers if key.startswith(("GET ", "POST "))}
-    shares = {}
-    for label in sorted(labels):
-        total = sum(answers[f"{label} {kind}xx"] for kind in (2, 4, 5))
-        shares[f"{label} 2xx_share"] = round(answers[f"{label} 2xx"] / total, 3)
-    return shares
+def _by_operation(answers: Counter[str]) -> dict[str, dict[str, int]]:
+    """The per-operation counts (``"POST /v1/responses 2xx"``) taken out of ``answers``, as
+    ``{operation: {"2xx": n, ...}}``."""
+    nested: dict[str, dict[str, int]] = {}
+    for key in sorted(k for k in answers if k.startswith(("GET ", "POST "))):
+        label, kind = key.rsplit(" ", 1)
+        nested.setdefault(label, {})[kind] = answers.pop(key)
+    return nested
+
+
+def _percent_2xx(by_operation: dict[str, dict[str, int]]) -> dict[str, int]:
+    """Per operation, the share of its answers that were 2xx, in whole percent."""
+    return {
+        label: round(100 * counts.get("2xx", 0) / sum(counts.values()))
+        for label, counts in by_operation.items()
+    }
 
 
 def _hostile_send(served: Served, case: schemathesis.Case, body: Any) -> Callable[[], Answer]:
@@ -403,7 +409,12 @@ def test_hostile_values_anywhere_get_no_5xx_and_every_refusal_writes_nothing(
         answers["operations"] += 1
     answers["cases"] = sum(v for k, v in answers.items() if k.startswith("status_"))
     assert answers["status_4xx"] > 0, answers
+    by_operation = _by_operation(answers)
     figures.record(
         "bad-input/gateway-hostile",
-        {"schemathesis": schemathesis.SCHEMATHESIS_VERSION, **answers},
+        {
+            "schemathesis": schemathesis.SCHEMATHESIS_VERSION,
+            **answers,
+            "by_operation": by_operation,
+        },
     )
