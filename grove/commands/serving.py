@@ -88,19 +88,20 @@ def _usage_error(message: str) -> typer.Exit:
 
 
 def _given_token(flag: str | None) -> str | None:
-    """The token of ``--auth-token`` or ``GROVE_AUTH_TOKEN``; an empty one stops the command
-    (exit 2): taken as "no token", it would serve every route to anyone."""
-    if flag is not None and not flag.strip():
-        raise _usage_error(
-            "--auth-token is empty: give the gateway's token (best in GROVE_AUTH_TOKEN), or "
-            "leave the option out to serve without authentication"
-        )
+    """The token of ``--auth-token`` or ``GROVE_AUTH_TOKEN``; an empty or blank one stops the
+    command (exit 2): taken as "no token", it would serve every route to anyone."""
     environment = os.environ.get(AUTH_TOKEN_ENV)
-    if flag is None and environment is not None and not environment.strip():
+    from_environment = environment is not None and flag in (None, environment)
+    if from_environment and not (environment or "").strip():
         raise _usage_error(
             f"{AUTH_TOKEN_ENV} is set but empty: Grove will not take that as no authentication. "
             f"Set it to the gateway's token, or unset it (unset {AUTH_TOKEN_ENV}) to serve "
             "without one"
+        )
+    if flag is not None and not flag.strip():
+        raise _usage_error(
+            "--auth-token is empty: give the gateway's token (best in GROVE_AUTH_TOKEN), or "
+            "leave the option out to serve without authentication"
         )
     return flag
 

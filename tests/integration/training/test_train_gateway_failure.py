@@ -2,7 +2,7 @@
 and exit status 75 (the gateway failed on its side: ``grove.client.GatewayServerError``), never a
 traceback of the client's error (grove/errors.py, docs/reliability.md "Errors and exit statuses").
 
-The failure is a real one: the run's custom selection policy raises ``KeyError``, which the
+The failure is a real one: the run's custom selection policy raises ``ValueError``, which the
 gateway answers as 500 ``internal_error`` with an incident id (not as a 422 that would blame the
 harness's result), and the harness's ``post_result`` receives it.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tests.unit.config.runs import merged, tiny_configuration
 
-FAULTY = "tests.integration.training.faulty_policies:raise_key_error"
+FAULTY = "tests.integration.training.faulty_policies:misparse"
 REPOSITORY = Path(__file__).resolve().parents[3]
 
 
@@ -45,4 +45,4 @@ def test_a_gateway_failure_stops_grove_train_with_one_line_and_status_75(tmp_pat
     assert "/result answered 500 internal_error: Internal error " in errors[0]
     assert trained.stderr.rstrip().endswith(errors[0])
     assert "GatewayServerError" not in trained.stderr  # the client's error has no traceback
-    assert "KeyError" in trained.stderr  # the gateway's log holds the policy's own traceback
+    assert "ValueError" in trained.stderr  # the gateway's log holds the policy's own traceback
