@@ -19,8 +19,9 @@ from sqlalchemy.dialects.postgresql import insert as postgres_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from grove.ledger.database import translate_errors
+from grove.ledger.event_appliers import Folded
 from grove.ledger.events import LedgerPosition
-from grove.ledger.inline_fold import Folded, fold_stream
+from grove.ledger.inline_fold import fold_stream
 from grove.ledger.schema import (
     PROJ_ATTEMPTS,
     PROJ_CALLS,

@@ -20,7 +20,7 @@ from grove.ledger.pgcopy import copy_block, copy_lines
 from grove.ledger.schema import PROJ_ATTEMPTS, PROJ_CALLS, PROJ_CONTRADICTIONS, PROJ_ROLLOUTS
 
 if TYPE_CHECKING:
-    from grove.ledger.inline_fold import Folded
+    from grove.ledger.event_appliers import Folded
 
 __all__ = [
     "CONTRADICTION_COLUMNS",
