@@ -170,9 +170,11 @@ def instrument_grove() -> None:
     from sqlalchemy.engine import Engine
     from sqlalchemy.pool import Pool
 
+    import grove.capture.call_events
     import grove.capture.gateway
     import grove.capture.lifecycle
     import grove.capture.splice
+    from grove.capture.attempt_views import AttemptViews
     from grove.capture.conversion import RequestConverter
     from grove.capture.lifecycle import CaptureService
     from grove.capture.render import Renderer
@@ -184,11 +186,12 @@ def instrument_grove() -> None:
         (RequestConverter, "chat_call", "conversion"),
         (grove.capture.gateway._Gateway, "generate", "gateway checks (own)"),
         (CaptureService, "generate", "lifecycle (own): events, delta, ids, fit"),
-        (CaptureService, "_view", "ledger read: the attempt's view"),
+        (AttemptViews, "view", "ledger read: the attempt's view"),
         (grove.capture.lifecycle, "normalize_messages", "normalization"),
-        (grove.capture.lifecycle, "output_message", "output parse"),
-        (grove.capture.lifecycle, "fingerprint_output", "admission and digests"),
-        (grove.capture.lifecycle, "chain_digest", "admission and digests"),
+        (grove.capture.call_events, "normalize_messages", "normalization"),
+        (grove.capture.call_events, "output_message", "output parse"),
+        (grove.capture.call_events, "fingerprint_output", "admission and digests"),
+        (grove.capture.call_events, "chain_digest", "admission and digests"),
         (Renderer, "render", "chat template render"),
         (Renderer, "encode", "tokenize and decode"),
         (Renderer, "decode", "tokenize and decode"),
@@ -199,7 +202,7 @@ def instrument_grove() -> None:
         (BlobStore, "put_delta", "blob put"),
         (grove.capture.gateway, "chat_completion", "answer"),
     ]
-    for module in (grove.capture.lifecycle, grove.capture.splice):
+    for module in (grove.capture.call_events, grove.capture.splice):
         for function in ("admission_items", "locate_boundary", "decide", "replay_summary"):
             stages.append((module, function, "admission and digests"))
     for owner, attribute, name in stages:
