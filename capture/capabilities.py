@@ -10,12 +10,13 @@ key and the token, ``attempt_token_digest``), in the ``attempt.opened`` event, s
 process can check a token with no state of its own and the ledger never holds the secret.
 
 Every later request on the attempt (its model calls, reject, close, result, measure and the
-attempt read) carries the token in ``X-Grove-Attempt-Token``. The check answers the same whether
-or not the attempt exists, so a guessed capture key reveals nothing: no token is 401
-``missing_attempt_token``; a token that is not the attempt's, for an attempt that does not exist,
-or for one opened before attempts had a token (its event holds no digest), is 403
-``invalid_attempt_token``. Digests are compared with ``hmac.compare_digest``, against a dummy
-digest when there is none, so the time taken does not say which case it was.
+attempt read) carries the token in ``X-Grove-Attempt-Token``, checked (a route dependency) before
+the request's body is read. The check answers the same whether or not the attempt exists, so a
+guessed capture key reveals nothing: no token is 401 ``missing_attempt_token``; a token that is not
+the attempt's, for an attempt that does not exist, or for one opened before attempts had a token
+(its event holds no digest), is 403 ``invalid_attempt_token``. Digests are compared with
+``hmac.compare_digest``, against a dummy digest when there is none, so the time taken does not say
+which case it was.
 
 Opening again: the same fields with the attempt's token answer as the first opening did (the token
 is the caller's own); without it, or with another, the answer is 409 ``attempt_exists`` and

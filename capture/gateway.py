@@ -161,13 +161,10 @@ class _Gateway:
             )
         return state
 
-    def authorized(self, capture_key: str, token: str | None, *, read: bool = True) -> AttemptState:
-        """The state of attempt ``capture_key`` when ``token`` is its token; 401 or 403 otherwise,
-        the same whether or not it exists (``capture/capabilities.py``; ``read``: as in
-        ``opened``)."""
-        state = self._read(capture_key, read)
-        require_attempt_token(state, token)
-        return state
+    def authorized(self, capture_key: str, token: str | None) -> None:
+        """Refuse (401, 403) a request on attempt ``capture_key`` without its ``token``, alike
+        whether or not the attempt exists (``capture/capabilities.py``)."""
+        require_attempt_token(self._read(capture_key, read=False), token)
 
     def _read(self, capture_key: str, read: bool) -> AttemptState:
         key = validate_stream_id(capture_key)
@@ -177,10 +174,10 @@ class _Gateway:
         return state
 
     def admitting(
-        self, capture_key: str | None, call_id: str | None, token: str | None, *, read: bool = True
+        self, capture_key: str | None, call_id: str | None, *, read: bool = True
     ) -> AttemptState:
-        """The state of an attempt that admits a new call ``call_id`` and whose token is
-        ``token``; refused otherwise (``read``: as in ``opened``)."""
+        """The state of an attempt that admits a new call ``call_id``; refused otherwise
+        (``read``: as in ``opened``)."""
         if not capture_key:
             raise Refused(
                 400,
@@ -188,7 +185,7 @@ class _Gateway:
                 f"Every model call names its attempt: send the {CAPTURE_KEY_HEADER} header "
                 "(with the openai client: default_headers={'" + CAPTURE_KEY_HEADER + "': KEY})",
             )
-        state = self.authorized(capture_key, token, read=read)
+        state = self.opened(capture_key, read=read)
         if state.admissions_closed:
             raise Refused(
                 409,
@@ -213,17 +210,15 @@ class _Gateway:
         validate_stream_id(request.capture_key)
         return open_with_token(self.service, self.attempts.resolve(request), proposed)
 
-    def close(self, capture_key: str, token: str | None) -> AttemptStatus:
+    def close(self, capture_key: str) -> AttemptStatus:
         """Close admissions: the harness returned."""
-        self.authorized(capture_key, token)
+        self.opened(capture_key)
         self.service.close(capture_key)
         return attempt_status(self.opened(capture_key, read=False))
 
-    def reject(
-        self, capture_key: str, call_id: str, detail: str, token: str | None
-    ) -> AttemptStatus:
+    def reject(self, capture_key: str, call_id: str, detail: str) -> AttemptStatus:
         """Record that the harness rejected a committed call's response (it will resample)."""
-        call = self.authorized(capture_key, token).calls.get(call_id)
+        call = self.opened(capture_key).calls.get(call_id)
         if call is None:
             raise Refused(
                 404, "unknown_call", f"Attempt {capture_key!r} has no call {call_id!r} to reject"
@@ -271,7 +266,7 @@ class _Gateway:
         response.headers.update(headers)
         return answer
 
-    def result(self, capture_key: str, result: dict[str, Any], token: str | None) -> AttemptStatus:
+    def result(self, capture_key: str, result: dict[str, Any]) -> AttemptStatus:
         """Settle the attempt (the harness returned) and record the selection of its result.
 
         When nothing is pending the selector first runs on the current state, so a result
@@ -283,7 +278,7 @@ class _Gateway:
         finite or beyond the bound is refused first (``capture/reward_bound.py``).
         """
         self._selector()  # refused before anything is read
-        state = self.authorized(capture_key, token)
+        state = self.opened(capture_key)
         check_reward(capture_key, result.get("reward"), self.max_abs_reward)
         if state.selection is not None:
             self._refuse_second_result(state, result)
@@ -337,9 +332,7 @@ class _Gateway:
 
     # -- model calls -------------------------------------------------------------------------
 
-    def generate(
-        self, capture_key: str | None, converted: ConvertedCall, token: str | None
-    ) -> CallOutcome:
+    def generate(self, capture_key: str | None, converted: ConvertedCall) -> CallOutcome:
         """Capture one model call: checks that write nothing first, then the lifecycle, which
         plans the call against the state these checks saw (one plan per call). That state is
         the service's view, read from the ledger only when it is behind this process's own
@@ -349,7 +342,7 @@ class _Gateway:
         limit = self.max_context
         fit = None if limit is None else lambda prompt: self._fit(converted, prompt, limit)
         for attempt in range(_STALE_RETRIES):
-            state = self.admitting(capture_key, converted.call.call_id, token, read=attempt > 0)
+            state = self.admitting(capture_key, converted.call.call_id, read=attempt > 0)
             try:
                 return self.service.generate(
                     state.capture_key, converted.call, fit=fit, refresh=False
@@ -359,9 +352,9 @@ class _Gateway:
                     raise  # every try met another writer's append
         raise AssertionError("unreachable")
 
-    def measure(self, capture_key: str, converted: ConvertedCall, token: str | None) -> Measurement:
+    def measure(self, capture_key: str, converted: ConvertedCall) -> Measurement:
         """The prompt length and decision the call would get now; writes nothing."""
-        self.admitting(capture_key, None, token)
+        self.admitting(capture_key, None)
         measured = self.service.measure(capture_key, converted.call)
         decision = measured.decision
         return Measurement(
@@ -446,9 +439,8 @@ def create_app(
     ``max_tokens`` (``default_max_tokens``, used when a request gives none) to the room left.
     ``settle_timeout_s`` bounds the wait for pending calls when a result arrives. ``attempts``:
     the selection policies an attempt may name and the defaults of one that names none (default:
-    the built-in policies, ``returned_history``, forest mode on). ``max_abs_reward``: the largest
-    reward magnitude a result may carry (``grpo.max_abs_reward``). Opening an attempt returns
-    its token, which every later request on it must carry (``capture/capabilities.py``).
+    the built-in policies, ``returned_history``, forest mode on). ``max_abs_reward`` bounds a
+    result's reward. Every request on an attempt needs its token (``capture/capabilities.py``).
     ``limits`` bound what one request may make the gateway read, hold and store (default:
     ``GatewayLimits()``; ``capture/limits.py``): bodies are checked before the app sees them
     (``capture/body_limits.py``), images by the renderer, heads by the server
@@ -504,10 +496,22 @@ def create_app(
         """The one model this gateway serves."""
         return ModelList(data=[ModelCard(id=model_name)])
 
+    def attempt_in_path(capture_key: str, token: AttemptToken = None) -> None:
+        """A route on an attempt checks the attempt's token first, before reading its body."""
+        gateway.authorized(capture_key, token)
+
+    def attempt_in_header(capture_key: CaptureKey = None, token: AttemptToken = None) -> None:
+        """A model call checks its attempt's token first (naming no attempt: refused later)."""
+        if capture_key:
+            gateway.authorized(capture_key, token)
+
+    on_attempt, on_named_attempt = [Depends(attempt_in_path)], [Depends(attempt_in_header)]
+
     @api.post(
         "/chat/completions",
         response_model=ChatCompletion,
         responses={200: {"content": {"text/event-stream": {}}}},
+        dependencies=on_named_attempt,
     )
     def chat_completions(
         request: ChatCompletionRequest,
@@ -515,12 +519,11 @@ def create_app(
         connection: Request,
         capture_key: CaptureKey = None,
         call_id: CallId = None,
-        token: AttemptToken = None,
     ) -> Any:
         """One model call in OpenAI Chat Completions form (``n`` = 1); ``stream=true`` answers
         with buffered chunks."""
         converted = gateway.converter.chat_call(request, call_id)
-        outcome = gateway.generate(capture_key, converted, token)
+        outcome = gateway.generate(capture_key, converted)
         logprobs = gateway.token_logprobs(outcome) if converted.logprobs else None
         answer = chat_completion(outcome, model_name, logprobs)
         usage = bool((request.stream_options or {}).get("include_usage"))
@@ -531,6 +534,7 @@ def create_app(
         "/responses",
         response_model=ResponseObject,
         responses={200: {"content": {"text/event-stream": {}}}},
+        dependencies=on_named_attempt,
     )
     def responses(
         request: ResponsesRequest,
@@ -538,11 +542,10 @@ def create_app(
         connection: Request,
         capture_key: CaptureKey = None,
         call_id: CallId = None,
-        token: AttemptToken = None,
     ) -> Any:
         """One model call in OpenAI Responses form; ``stream=true`` answers with buffered SSE."""
         converted = gateway.converter.responses_call(request, call_id)
-        outcome = gateway.generate(capture_key, converted, token)
+        outcome = gateway.generate(capture_key, converted)
         logprobs = gateway.token_logprobs(outcome) if converted.logprobs else None
         answer = response_object(outcome, model_name, request, logprobs)
         events = responses_sse(answer) if request.stream else None
@@ -554,45 +557,44 @@ def create_app(
         token (``token``: the caller's proposal, or the token of a repeated opening)."""
         return gateway.open(request, token)
 
-    @api.get("/attempts/{capture_key}", response_model=AttemptStatus)
-    def get_attempt(capture_key: str, token: AttemptToken = None) -> AttemptStatus:
+    @api.get("/attempts/{capture_key}", response_model=AttemptStatus, dependencies=on_attempt)
+    def get_attempt(capture_key: str) -> AttemptStatus:
         """The attempt's calls (status, parent, decision), pending calls, and selection."""
-        return attempt_status(gateway.authorized(capture_key, token))
+        return attempt_status(gateway.opened(capture_key))
 
-    @api.post("/attempts/{capture_key}/close", response_model=AttemptStatus)
-    def close_attempt(capture_key: str, token: AttemptToken = None) -> AttemptStatus:
+    @api.post(
+        "/attempts/{capture_key}/close", response_model=AttemptStatus, dependencies=on_attempt
+    )
+    def close_attempt(capture_key: str) -> AttemptStatus:
         """The harness returned: the attempt admits no more calls."""
-        return gateway.close(capture_key, token)
+        return gateway.close(capture_key)
 
-    @api.post("/attempts/{capture_key}/result", response_model=AttemptStatus)
-    def post_result(
-        capture_key: str, result: HarnessResult, token: AttemptToken = None
-    ) -> AttemptStatus:
+    @api.post(
+        "/attempts/{capture_key}/result", response_model=AttemptStatus, dependencies=on_attempt
+    )
+    def post_result(capture_key: str, result: HarnessResult) -> AttemptStatus:
         """The harness's ordinary result: settle, then record the selection and reward."""
-        return gateway.result(capture_key, result.model_dump(exclude_unset=True), token)
+        return gateway.result(capture_key, result.model_dump(exclude_unset=True))
 
-    @api.post("/attempts/{capture_key}/calls/{call_id}/reject", response_model=AttemptStatus)
+    @api.post(
+        "/attempts/{capture_key}/calls/{call_id}/reject",
+        response_model=AttemptStatus,
+        dependencies=on_attempt,
+    )
     def reject_call(
-        capture_key: str,
-        call_id: str,
-        request: RejectRequest | None = None,
-        token: AttemptToken = None,
+        capture_key: str, call_id: str, request: RejectRequest | None = None
     ) -> AttemptStatus:
         """The harness rejected this completed response (``rejected_by_harness``)."""
-        detail = "" if request is None else request.detail
-        return gateway.reject(capture_key, call_id, detail, token)
+        return gateway.reject(capture_key, call_id, "" if request is None else request.detail)
 
-    @api.post("/attempts/{capture_key}/measure", response_model=Measurement)
-    def measure(
-        capture_key: str,
-        request: ChatCompletionRequest | ResponsesRequest,
-        token: AttemptToken = None,
-    ) -> Measurement:
+    @api.post(
+        "/attempts/{capture_key}/measure", response_model=Measurement, dependencies=on_attempt
+    )
+    def measure(capture_key: str, request: ChatCompletionRequest | ResponsesRequest) -> Measurement:
         """Prompt tokens and decision for a chat or responses body; writes nothing."""
-        converter = gateway.converter
         if isinstance(request, ChatCompletionRequest):
-            return gateway.measure(capture_key, converter.chat_call(request, None), token)
-        return gateway.measure(capture_key, converter.responses_call(request, None), token)
+            return gateway.measure(capture_key, gateway.converter.chat_call(request, None))
+        return gateway.measure(capture_key, gateway.converter.responses_call(request, None))
 
     app.include_router(api)
     return app

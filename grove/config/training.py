@@ -18,6 +18,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from grove.capture.attempt_settings import DEFAULT_FOREST_MODE
+from grove.capture.reward_bound import DEFAULT_MAX_ABS_REWARD, MAX_REWARD_BOUND
 from grove.config.base import Section
 from grove.ledger.attempt import DEFAULT_SETTLE_TIMEOUT_S
 from grove.training.selection import resolve_selection_policy
@@ -141,6 +142,11 @@ class GRPOConfig(Section):
 
     reward_shaping: RewardShapingConfig = Field(default_factory=RewardShapingConfig)
     """Post-rollout reward shaping."""
+
+    max_abs_reward: float = Field(default=DEFAULT_MAX_ABS_REWARD, gt=0.0, le=MAX_REWARD_BOUND)
+    """The largest reward magnitude a harness result may carry; the gateway refuses (422
+    ``reward_out_of_range``, nothing written) a result whose reward is beyond it or not finite,
+    so one reward cannot overflow its group's variance (``capture/reward_bound.py``)."""
 
 
 class LossConfig(Section):

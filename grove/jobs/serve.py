@@ -46,6 +46,7 @@ from grove.capture.gateway import create_app
 from grove.capture.lifecycle import CaptureService
 from grove.capture.limits import GatewayLimits
 from grove.capture.render import Renderer, normalize_messages
+from grove.capture.reward_bound import DEFAULT_MAX_ABS_REWARD
 from grove.capture.slow_clients import server_options
 from grove.capture.vllm import VllmEngine
 from grove.config import EngineConfig, GroveConfig, TokenCaptureConfig
@@ -81,7 +82,7 @@ def gateway_options(config: GroveConfig) -> dict[str, Any]:
     """``build_gateway``'s keyword arguments that ``config`` sets: ``engine.auth_token``,
     ``engine.default_max_tokens``, ``token_capture.pending_call_timeout_s`` (the settle timeout),
     ``token_capture.selection_policy``, ``token_capture.forest_training`` and
-    ``token_capture.strict``."""
+    ``token_capture.strict``, the ``gateway.limits`` and ``grpo.max_abs_reward``."""
     capture = config.token_capture
     return {
         "auth_token": config.engine.auth_token,
@@ -90,6 +91,8 @@ def gateway_options(config: GroveConfig) -> dict[str, Any]:
         "selection_policy": capture.selection_policy,
         "forest_mode": capture.forest_training,
         "strict": capture.strict,
+        "limits": config.gateway.limits.capture(),
+        "max_abs_reward": config.grpo.max_abs_reward,
     }
 
 
@@ -173,6 +176,7 @@ def build_gateway(
     strict: bool = _CAPTURE.strict,
     image_processor: Any | None = None,
     limits: GatewayLimits | None = None,
+    max_abs_reward: float = DEFAULT_MAX_ABS_REWARD,
 ) -> FastAPI:
     """The gateway over ``workspace``: ledger checked and opened, blob store, engine, selector.
     Each option a configuration key sets defaults to the schema's default (``gateway_options``
@@ -197,7 +201,8 @@ def build_gateway(
 
     ``limits`` (``gateway.limits``; default: ``GatewayLimits()``) bound every request
     (``capture/limits.py``); ``run_server`` and ``ServerThread`` serve the application with the
-    server settings of its limits (``capture/slow_clients.py``).
+    server settings of its limits (``capture/slow_clients.py``). ``max_abs_reward``
+    (``grpo.max_abs_reward``) bounds the reward a result may carry (``capture/reward_bound.py``).
     """
     policies = PolicyRegistry.of(selection_policy)
     migrate.require_current(workspace.database_url, create_embedded=True)
@@ -227,6 +232,7 @@ def build_gateway(
         settle_timeout_s=settle_timeout_s,
         attempts=AttemptSettings(policies.names, policies.default, forest_mode),
         limits=limits,
+        max_abs_reward=max_abs_reward,
         on_shutdown=store.close,
     )
 

@@ -231,6 +231,7 @@ def _gateway(
         selection_policy=config.token_capture.selection_policy,
         forest_mode=config.token_capture.forest_training,
         strict=config.token_capture.strict,
+        max_abs_reward=config.grpo.max_abs_reward,
     )
 
 

@@ -12,16 +12,19 @@ from pathlib import Path
 
 import httpx
 
+from grove.capture.capabilities import ATTEMPT_TOKEN_HEADER
 from grove.capture.gateway import CALL_ID_HEADER, CAPTURE_KEY_HEADER
 
 from .conftest import MODEL
 from .harness import Ack, Harness
 
-__all__ = ["RACED_CALL", "RACE_ATTEMPT", "SHARED_ATTEMPT", "run_client"]
+__all__ = ["RACED_CALL", "RACE_ATTEMPT", "SHARED_ATTEMPT", "SHARED_TOKENS", "run_client"]
 
 RACE_ATTEMPT = "race"
 RACED_CALL = "c0"
 SHARED_ATTEMPT = "shared"
+SHARED_TOKENS = {RACE_ATTEMPT: "race-attempt-token-" + "r" * 20, SHARED_ATTEMPT: "s" * 40}
+"""The tokens the test proposes when it opens the attempts every client shares."""
 
 
 def run_client(
@@ -31,7 +34,11 @@ def run_client(
     ``rollouts`` rollouts; write ``{"race_status", "acks"}`` to ``out``."""
     harness = Harness(base_url, seed=client)
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Race."}], "max_tokens": 4}
-    headers = {CAPTURE_KEY_HEADER: RACE_ATTEMPT, CALL_ID_HEADER: RACED_CALL}
+    headers = {
+        CAPTURE_KEY_HEADER: RACE_ATTEMPT,
+        ATTEMPT_TOKEN_HEADER: SHARED_TOKENS[RACE_ATTEMPT],
+        CALL_ID_HEADER: RACED_CALL,
+    }
     barrier.wait(60)
     race = httpx.post(f"{base_url}/v1/chat/completions", json=body, headers=headers, timeout=120)
     if race.status_code == 200:
@@ -42,7 +49,11 @@ def run_client(
             model=MODEL,
             messages=[{"role": "user", "content": f"Client {client}, question {n}."}],
             max_tokens=4,
-            extra_headers={CAPTURE_KEY_HEADER: SHARED_ATTEMPT, CALL_ID_HEADER: call_id},
+            extra_headers={
+                CAPTURE_KEY_HEADER: SHARED_ATTEMPT,
+                ATTEMPT_TOKEN_HEADER: SHARED_TOKENS[SHARED_ATTEMPT],
+                CALL_ID_HEADER: call_id,
+            },
         )
         harness.acks.append(Ack(SHARED_ATTEMPT, "call.committed", call_id, completion.id))
     for index in range(rollouts):

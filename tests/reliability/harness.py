@@ -21,6 +21,7 @@ import httpx
 import openai
 
 from examples.recency_agent import compact, plain_word_fraction
+from grove.capture.capabilities import ATTEMPT_TOKEN_HEADER
 from grove.capture.gateway import CALL_ID_HEADER, CAPTURE_KEY_HEADER
 
 from .conftest import MODEL
@@ -49,6 +50,7 @@ class Progress:
     returned: list[dict[str, Any]] = field(default_factory=list)
     answers: list[str] = field(default_factory=list)
     calls: int = 0
+    token: str = ""  # the attempt's token, as opening it answered
 
     @property
     def result(self) -> dict[str, Any]:
@@ -100,8 +102,9 @@ class Harness:
         self.http.close()
 
     def _post(self, progress: Progress, path: str, body: dict[str, Any]) -> httpx.Response:
+        headers = {ATTEMPT_TOKEN_HEADER: progress.token} if progress.token else {}
         try:
-            return self.http.post(path, json=body)
+            return self.http.post(path, json=body, headers=headers)
         except _TRANSPORT_ERRORS as error:
             raise GatewayLost(progress, error) from error
 
@@ -119,6 +122,7 @@ class Harness:
             },
         )
         opened.raise_for_status()
+        progress.token = opened.json()["attempt_token"]
         self.acks.append(Ack(capture_key, "attempt.opened"))
         task = f"Task {group}: answer in plain words."
         progress.returned.append({"role": "user", "content": task})
@@ -145,6 +149,7 @@ class Harness:
                     seed=self.rng.randrange(2**31),
                     extra_headers={
                         CAPTURE_KEY_HEADER: progress.capture_key,
+                        ATTEMPT_TOKEN_HEADER: progress.token,
                         CALL_ID_HEADER: call_id,
                     },
                 )

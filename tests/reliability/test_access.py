@@ -5,7 +5,10 @@ code runs under the least-privileged PostgreSQL role of docs/ledger.md, "Roles".
 The auth suite takes every operation from the gateway's served OpenAPI schema, so a route added
 later is covered without a change here, and sends each one a well-formed request with no token,
 a wrong token, the token in another scheme, or the token with its case changed: each is refused
-401 and writes nothing, and the same request with the token is not refused for auth.
+401 and writes nothing, and the same request with the token is not refused for auth. Every
+operation on an attempt (a path naming its capture key, or a model call naming it in its header)
+also needs the attempt's own token: with the gateway token but without the attempt's, or with
+another attempt's, each is refused (401 or 403) and writes nothing (``docs/security.md``).
 
 The role suite applies the documentation's ``sql`` block as written (role, database and password
 substituted) to a fresh ledger upgraded by its owner, then runs ``grove serve`` (played by the
@@ -32,6 +35,7 @@ import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 
+from grove.capture.capabilities import ATTEMPT_TOKEN_HEADER
 from grove.capture.gateway import CALL_ID_HEADER, CAPTURE_KEY_HEADER
 from grove.capture.lifecycle import CaptureService, ModelCall
 from grove.ledger import migrate
@@ -77,22 +81,38 @@ class Guarded:
             "prompt_group": "g",
             "rollout_index": 0,
         }
-        assert self.http.post("/v1/attempts", json=attempt, headers=authorized).is_success
+        opened = self.http.post("/v1/attempts", json=attempt, headers=authorized)
+        assert opened.is_success
+        self.attempt_token = opened.json()["attempt_token"]
+        other = self.http.post(
+            "/v1/attempts", json={**attempt, "capture_key": "att-2"}, headers=authorized
+        )
+        self.other_token = other.json()["attempt_token"]
         model = self.http.get("/health").json()["model"]
         call = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
-        headers = {**authorized, CAPTURE_KEY_HEADER: "att-1", CALL_ID_HEADER: "c0"}
+        headers = {
+            **authorized,
+            CAPTURE_KEY_HEADER: "att-1",
+            ATTEMPT_TOKEN_HEADER: self.attempt_token,
+            CALL_ID_HEADER: "c0",
+        }
         assert self.http.post("/v1/chat/completions", json=call, headers=headers).is_success
 
     def written(self) -> tuple[int, int]:
         """(events in the ledger, blobs in the store)."""
         return self.store.count(), len(self.blobs.list_keys())
 
-    def send(self, method: str, path: str, headers: dict[str, str]) -> httpx.Response:
+    def send(
+        self, method: str, path: str, headers: dict[str, str], attempt_token: str | None = ""
+    ) -> httpx.Response:
         """A well-formed request: an empty JSON object for a body, the open attempt and its
-        committed call in the path and headers."""
+        committed call in the path and headers, and the attempt's token (``attempt_token``:
+        another one; None: none)."""
         url = path.format(capture_key="att-1", call_id="c0")
         body: dict[str, Any] | None = {} if method == "post" else None
         names = {**headers, CAPTURE_KEY_HEADER: "att-1", CALL_ID_HEADER: "c-new"}
+        if attempt_token is not None:
+            names[ATTEMPT_TOKEN_HEADER] = attempt_token or self.attempt_token
         return self.http.request(method.upper(), url, json=body, headers=names)
 
     def operations(self) -> list[tuple[str, str]]:
@@ -140,6 +160,37 @@ def test_every_route_of_the_schema_passes_auth_with_the_token(guarded: Guarded):
     statuses = {op: guarded.send(*op, authorized).status_code for op in guarded.operations()}
     assert 401 not in statuses.values(), statuses
     assert ("post", "/v1/chat/completions") in statuses  # the schema's operations were all sent
+
+
+ON_AN_ATTEMPT = {
+    ("get", "/v1/attempts/{capture_key}"),
+    ("post", "/v1/attempts/{capture_key}/close"),
+    ("post", "/v1/attempts/{capture_key}/result"),
+    ("post", "/v1/attempts/{capture_key}/calls/{call_id}/reject"),
+    ("post", "/v1/attempts/{capture_key}/measure"),
+    ("post", "/v1/chat/completions"),
+    ("post", "/v1/responses"),
+}
+"""The operations on an attempt: each needs the attempt's own token."""
+
+
+@pytest.mark.parametrize(
+    ("attempt_token", "status", "code"),
+    [(None, 401, "missing_attempt_token"), ("other", 403, "invalid_attempt_token")],
+    ids=["without the attempt's token", "with another attempt's token"],
+)
+def test_every_operation_on_an_attempt_needs_its_own_token_and_writes_nothing_without_it(
+    guarded: Guarded, attempt_token: str | None, status: int, code: str
+):
+    authorized = {"Authorization": f"Bearer {TOKEN}"}
+    operations = {op for op in guarded.operations() if "{capture_key}" in op[1]}
+    assert operations <= ON_AN_ATTEMPT  # a new route on an attempt is listed here
+    token = None if attempt_token is None else guarded.other_token
+    before = guarded.written()
+    answers = {op: guarded.send(*op, authorized, token) for op in ON_AN_ATTEMPT}
+    assert {op: a.status_code for op, a in answers.items()} == dict.fromkeys(ON_AN_ATTEMPT, status)
+    assert all(a.json()["error"]["code"] == code for a in answers.values())
+    assert guarded.written() == before
 
 
 def test_an_intent_naming_another_attempts_call_as_parent_is_refused(capture: CaptureService):

@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from grove.capture.capabilities import ATTEMPT_TOKEN_HEADER
 from grove.capture.engine import Engine, Generation, SamplingParams
 from grove.capture.lifecycle import CaptureService, ModelCall
 from grove.capture.render import RenderOptions
@@ -26,7 +27,7 @@ from grove.storage import BlobRef, open_blob_store
 from grove.workspace import Workspace
 from tests.fixtures.s3 import S3Server
 
-from .clients import RACE_ATTEMPT, RACED_CALL, SHARED_ATTEMPT, run_client
+from .clients import RACE_ATTEMPT, RACED_CALL, SHARED_ATTEMPT, SHARED_TOKENS, run_client
 from .conftest import MODEL
 from .figures import FiguresFile
 from .harness import Ack
@@ -105,6 +106,7 @@ def test_eight_concurrent_clients_lose_nothing_and_intend_each_call_once(
                     "prompt_group": key,
                     "rollout_index": 0,
                 },
+                headers={ATTEMPT_TOKEN_HEADER: SHARED_TOKENS[key]},
             )
             assert opened.status_code == 200, opened.text
         barrier = fork_server().Barrier(CLIENTS)

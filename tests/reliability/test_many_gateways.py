@@ -24,6 +24,7 @@ import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 
+from grove.capture.capabilities import ATTEMPT_TOKEN_HEADER
 from grove.capture.gateway import CALL_ID_HEADER, CAPTURE_KEY_HEADER
 from grove.ledger import migrate
 from grove.ledger.store import EventStore
@@ -201,21 +202,23 @@ def _race_body(text: str) -> dict[str, Any]:
     return {"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 4}
 
 
-def _open(base_url: str, key: str) -> None:
+def _open(base_url: str, key: str) -> str:
+    """Open attempt ``key`` through one gateway; its token, which every gateway checks."""
     body = {"capture_key": key, "rollout_id": key, "prompt_group": key, "rollout_index": 0}
     answer = httpx.post(f"{base_url}/v1/attempts", json=body, timeout=60)
     assert answer.status_code == 200, answer.text
+    return str(answer.json()["attempt_token"])
 
 
 def test_one_call_id_sent_to_four_gateways_at_once_is_inferred_once(deployment: Deployment):
     urls = _urls(deployment.many)
     key = f"race-{uuid.uuid4().hex[:8]}"
-    _open(urls[0], key)
+    token = _open(urls[0], key)
     barrier = threading.Barrier(GATEWAYS)
 
     def send(url: str) -> int:
         barrier.wait(30)
-        headers = {CAPTURE_KEY_HEADER: key, CALL_ID_HEADER: "c0"}
+        headers = {CAPTURE_KEY_HEADER: key, ATTEMPT_TOKEN_HEADER: token, CALL_ID_HEADER: "c0"}
         answer = httpx.post(
             f"{url}/v1/chat/completions", json=_race_body("Race."), headers=headers, timeout=120
         )
@@ -241,7 +244,7 @@ def test_calls_of_one_attempt_sent_through_four_gateways_at_once_are_each_record
 ):
     urls = _urls(deployment.many)
     key = f"shared-{uuid.uuid4().hex[:8]}"
-    _open(urls[0], key)
+    token = _open(urls[0], key)
     calls_each = 3
     barrier = threading.Barrier(GATEWAYS)
 
@@ -249,7 +252,11 @@ def test_calls_of_one_attempt_sent_through_four_gateways_at_once_are_each_record
         barrier.wait(30)
         statuses = []
         for n in range(calls_each):
-            headers = {CAPTURE_KEY_HEADER: key, CALL_ID_HEADER: f"g{gateway}-{n}"}
+            headers = {
+                CAPTURE_KEY_HEADER: key,
+                ATTEMPT_TOKEN_HEADER: token,
+                CALL_ID_HEADER: f"g{gateway}-{n}",
+            }
             answer = httpx.post(
                 f"{urls[gateway]}/v1/chat/completions",
                 json=_race_body(f"Gateway {gateway}, question {n}."),

@@ -16,6 +16,7 @@ from agents import (
 )
 from openai import AsyncOpenAI
 
+from grove.capture.capabilities import ATTEMPT_TOKEN_HEADER
 from grove.capture.gateway import CAPTURE_KEY_HEADER
 from tests.integration.gateway.support import MODEL, Gateway
 
@@ -35,7 +36,10 @@ def client(gateway: Gateway, capture_key: str) -> AsyncOpenAI:
     return AsyncOpenAI(
         base_url=f"{gateway.base_url}/v1",
         api_key="unused",
-        default_headers={CAPTURE_KEY_HEADER: capture_key},
+        default_headers={
+            CAPTURE_KEY_HEADER: capture_key,
+            ATTEMPT_TOKEN_HEADER: gateway.token(capture_key),
+        },
         max_retries=0,
     )
 

@@ -13,6 +13,7 @@ from langchain_core.messages import SystemMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 
+from grove.capture.capabilities import ATTEMPT_TOKEN_HEADER
 from grove.capture.gateway import CAPTURE_KEY_HEADER
 from tests.integration.gateway.support import MODEL, Gateway
 
@@ -34,7 +35,10 @@ def chat_model(gateway: Gateway, capture_key: str, **options: Any) -> ChatOpenAI
         base_url=f"{gateway.base_url}/v1",
         api_key="unused",
         model=MODEL,
-        default_headers={CAPTURE_KEY_HEADER: capture_key},
+        default_headers={
+            CAPTURE_KEY_HEADER: capture_key,
+            ATTEMPT_TOKEN_HEADER: gateway.token(capture_key),
+        },
         max_retries=0,
         **options,
     )

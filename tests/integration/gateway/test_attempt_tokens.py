@@ -233,3 +233,10 @@ def test_with_a_gateway_token_a_request_on_an_attempt_needs_both_secrets(
     assert (only_attempt.status_code, only_gateway.status_code, both.status_code) == (401, 401, 200)
     assert only_attempt.json()["error"]["code"] == "invalid_api_key"
     assert only_gateway.json()["error"]["code"] == "missing_attempt_token"
+
+
+@pytest.mark.parametrize("path", ["/v1/attempts/att-1/result", "/v1/attempts/att-1/measure"])
+def test_the_token_is_checked_before_the_body_is_read(opened: Gateway, path: str):
+    answer = opened.bare.post(path, json={"not": "a valid body"})
+    assert answer.status_code == 401
+    assert answer.json()["error"]["code"] == "missing_attempt_token"

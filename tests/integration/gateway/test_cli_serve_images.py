@@ -11,7 +11,7 @@ from openai import OpenAI
 
 from examples.image_agent import image_data_url, image_message
 from grove.capture.embedded_vlm import EMBEDDED_VLM_NAME
-from grove.client import CAPTURE_KEY_HEADER
+from grove.client import ATTEMPT_TOKEN_HEADER, CAPTURE_KEY_HEADER
 from grove.ledger.attempt import AttemptLog
 from grove.ledger.store import EventStore
 from grove.storage import BlobRef, open_blob_store
@@ -24,13 +24,15 @@ IMAGE = image_data_url(1, 56, 56)  # a 4 x 4 patch grid: 4 placeholder tokens
 def test_grove_serve_architecture_vlm_takes_an_image_and_stores_it(tmp_path: Path) -> None:
     with grove_serve(tmp_path, "--architecture", "vlm") as base_url:
         opened = {"capture_key": "att-1", "rollout_id": "r1", "prompt_group": "g"}
-        httpx.post(
-            f"{base_url}/v1/attempts", json={**opened, "rollout_index": 0}
-        ).raise_for_status()
+        answer = httpx.post(f"{base_url}/v1/attempts", json={**opened, "rollout_index": 0})
+        answer.raise_for_status()
         client = OpenAI(
             base_url=f"{base_url}/v1",
             api_key="unused",
-            default_headers={CAPTURE_KEY_HEADER: "att-1"},
+            default_headers={
+                CAPTURE_KEY_HEADER: "att-1",
+                ATTEMPT_TOKEN_HEADER: answer.json()["attempt_token"],
+            },
         )
         assert [m.id for m in client.models.list().data] == [EMBEDDED_VLM_NAME]
         completion = client.chat.completions.create(

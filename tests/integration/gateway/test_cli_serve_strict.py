@@ -11,26 +11,28 @@ from pathlib import Path
 
 import httpx
 
+from grove.capture.capabilities import ATTEMPT_TOKEN_HEADER
+from grove.capture.gateway import CAPTURE_KEY_HEADER
 from tests.fixtures.templates import save_turn_marking_model
 
 from .test_cli_serve import grove_serve
-
-HEADERS = {"X-Grove-Capture-Key": "a1"}
 
 
 def conversation(base_url: str) -> httpx.Response:
     """Open attempt ``a1``, make one call, and answer the second call of its conversation."""
     attempt = {"capture_key": "a1", "rollout_id": "r1", "prompt_group": "g", "rollout_index": 0}
-    httpx.post(f"{base_url}/v1/attempts", json=attempt, timeout=10).raise_for_status()
+    opened = httpx.post(f"{base_url}/v1/attempts", json=attempt, timeout=10)
+    opened.raise_for_status()
+    headers = {CAPTURE_KEY_HEADER: "a1", ATTEMPT_TOKEN_HEADER: opened.json()["attempt_token"]}
     messages = [{"role": "user", "content": "Count the apples."}]
     body = {"model": "turn-marking", "messages": messages, "max_tokens": 4}
-    first = httpx.post(f"{base_url}/v1/chat/completions", json=body, headers=HEADERS, timeout=60)
+    first = httpx.post(f"{base_url}/v1/chat/completions", json=body, headers=headers, timeout=60)
     answer = first.json()["choices"][0]["message"]
     follow_up = [*messages, answer, {"role": "user", "content": "And the pears?"}]
     return httpx.post(
         f"{base_url}/v1/chat/completions",
         json={**body, "messages": follow_up},
-        headers=HEADERS,
+        headers=headers,
         timeout=60,
     )
 

@@ -46,7 +46,7 @@ from grove.training.loss import DEFAULT_CLIP, token_diagnostics
 from grove.training.media_logprobs import MediaLogprobs
 from grove.training.trainer import StepBatch, Trainer
 
-from .support import Gateway
+from .support import AttemptTokens, Gateway
 
 MODEL = "grove/test-tiny-vl"
 TOKENIZER = build_vlm_tokenizer()
@@ -89,8 +89,12 @@ def vlm(tmp_path: Path) -> Iterator[Gateway]:
         model_fingerprint=MODEL,
     )
     app = create_app(service, selector=LedgerSelector(), model_name=MODEL, on_shutdown=store.close)
-    with ServerThread(app) as server, httpx.Client(base_url=server.base_url) as http:
-        yield Gateway(server.base_url, service, http, server)
+    tokens = AttemptTokens()
+    with (
+        ServerThread(app) as server,
+        httpx.Client(base_url=server.base_url, event_hooks=tokens.hooks) as http,
+    ):
+        yield Gateway(server.base_url, service, http, server, tokens)
 
 
 def delta(gateway: Gateway, call_id: str, capture_key: str = "att-1") -> CallDelta:

@@ -21,11 +21,11 @@ def test_the_schema_lists_every_endpoint(local_gateway: Gateway):
     }
 
 
-def test_model_calls_document_the_attempt_and_call_id_headers(local_gateway: Gateway):
+def test_model_calls_document_the_attempt_call_id_and_attempt_token_headers(local_gateway: Gateway):
     paths = local_gateway.http.get("/openapi.json").json()["paths"]
     for path in ("/v1/chat/completions", "/v1/responses"):
         headers = {p["name"] for p in paths[path]["post"]["parameters"] if p["in"] == "header"}
-        assert headers == {"X-Grove-Capture-Key", "X-Grove-Call-Id"}
+        assert headers == {"X-Grove-Capture-Key", "X-Grove-Call-Id", "X-Grove-Attempt-Token"}
 
 
 def test_request_models_refuse_unknown_fields(local_gateway: Gateway):

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from openai import OpenAI
 
+from grove.capture.capabilities import ATTEMPT_TOKEN_HEADER
 from grove.capture.embedded import EMBEDDED_MODEL_NAME
 from grove.capture.gateway import CAPTURE_KEY_HEADER
 from grove.jobs.serve import ServerThread, build_gateway
@@ -22,7 +23,7 @@ def test_build_gateway_serves_a_workspace_on_the_embedded_defaults(tmp_path: Pat
             max_retries=0,
             default_headers={CAPTURE_KEY_HEADER: "att-1"},
         )
-        client.post(
+        opened = client.post(
             "/attempts",
             body={
                 "capture_key": "att-1",
@@ -31,6 +32,9 @@ def test_build_gateway_serves_a_workspace_on_the_embedded_defaults(tmp_path: Pat
                 "rollout_index": 0,
             },
             cast_to=dict,
+        )
+        client = client.with_options(
+            default_headers={ATTEMPT_TOKEN_HEADER: opened["attempt_token"]}
         )
         raw = client.chat.completions.with_raw_response.create(
             model=EMBEDDED_MODEL_NAME, messages=[{"role": "user", "content": "hi"}], max_tokens=4

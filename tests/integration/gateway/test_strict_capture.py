@@ -16,6 +16,7 @@ import openai
 import pytest
 from openai import OpenAI
 
+from grove.capture.capabilities import ATTEMPT_TOKEN_HEADER
 from grove.capture.embedded import EMBEDDED_MODEL_NAME
 from grove.capture.gateway import CAPTURE_KEY_HEADER
 from grove.jobs.serve import ServerThread, build_gateway
@@ -41,8 +42,9 @@ def client_of(workspace: Workspace, *, strict: bool) -> Iterator[OpenAI]:
         )
         with client:
             attempt = {"capture_key": "att-1", "rollout_id": "r", "prompt_group": "g"}
-            client.post("/attempts", body={**attempt, "rollout_index": 0}, cast_to=dict)
-            yield client
+            opened = client.post("/attempts", body={**attempt, "rollout_index": 0}, cast_to=dict)
+            token = {ATTEMPT_TOKEN_HEADER: opened["attempt_token"]}
+            yield client.with_options(default_headers=token)
 
 
 def two_turns(client: OpenAI) -> tuple[list[dict], list[dict]]:

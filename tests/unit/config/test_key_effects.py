@@ -14,6 +14,8 @@ here to a test that changes it and shows what happens:
 - ``test_tree_packing_key``: ``policy.tree_packing``, shown on a training step of the run's trainer;
 - ``tests/integration/gateway/test_limits.py`` and ``test_image_limits.py``: the
   ``gateway.limits`` keys, each shown on what a gateway built with it refuses over real HTTP;
+- ``tests/integration/gateway/test_reward_bound.py``: ``grpo.max_abs_reward``, shown on the
+  rewards a gateway built from the configuration takes and refuses over real HTTP;
 - ``tests/unit/jobs/test_engines.py``: the engine keys (``engine.kind``, ``engine.vllm_*``), shown
   on what the run launches or connects to (a real vLLM run is ``make test-vllm``'s).
 """
@@ -26,6 +28,7 @@ from collections.abc import Callable
 from grove.config import config_field_paths
 from tests.integration.gateway import test_image_limits as image_limits
 from tests.integration.gateway import test_limits as limits
+from tests.integration.gateway import test_reward_bound as reward_bound
 from tests.unit.config import test_capture_keys as capture
 from tests.unit.config import test_learner_keys as learner
 from tests.unit.config import test_moe_run as moe
@@ -179,6 +182,8 @@ EFFECTS: dict[str, Callable[..., None]] = {
     ),
     "grpo.calculate_advantages_on_gpu": refused.test_advantages_on_the_gpu_are_refused,
     "grpo.reward_shaping.enabled": refused.test_reward_shaping_is_refused,
+    # the gateway
+    "grpo.max_abs_reward": reward_bound.test_the_configuration_key_sets_the_bound_of_the_gateway,
     "loss_fn.token_level_loss": refused.test_sequence_level_loss_is_refused,
     "loss_fn.sequence_level_importance_ratios": (
         refused.test_sequence_level_importance_ratios_are_refused
@@ -219,6 +224,7 @@ def test_each_key_has_its_own_collected_test() -> None:
         tree.__name__,
         limits.__name__,
         image_limits.__name__,
+        reward_bound.__name__,
     }
     for key, effect in EFFECTS.items():
         module = inspect.getmodule(effect)
