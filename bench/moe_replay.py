@@ -159,12 +159,8 @@ def costs(model: torch.nn.Module, batch: StepBatch, repeats: int) -> dict[str, f
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer rollouts and repeats")
-    parser.add_argument("--json", action="store_true", help="print the results as JSON")
-    args = parser.parse_args()
-    rollouts, max_tokens, repeats = (4, 16, 3) if args.quick else (8, 32, 7)
+def run(rollouts: int, max_tokens: int, repeats: int) -> dict[str, Any]:
+    """TMPE with and without replay on the near-tie and the as-drawn model, and the costs."""
     tokenizer = build_tokenizer()
     results: dict[str, Any] = {"rollouts": rollouts, "max_tokens": max_tokens}
     for name, near_tie in (("near_tie", 1e-7), ("as_drawn", None)):
@@ -178,6 +174,16 @@ def main() -> None:
         }
         if name == "near_tie":
             results["costs"] = costs(model, batch, repeats)
+    return results
+
+
+def main() -> None:
+    """Run the benchmark; print a table, or one JSON object with ``--json``."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer rollouts and repeats")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    args = parser.parse_args()
+    results = run(*((4, 16, 3) if args.quick else (8, 32, 7)))
     if args.json:
         print(json.dumps(results))
         return

@@ -175,11 +175,10 @@ def _row_lengths(batch: StepBatch) -> list[int]:
     return torch.where(batch.loss_mask, columns, 0).amax(dim=1).tolist()
 
 
-def run(quick: bool) -> dict[str, dict[str, float]]:
-    """Every shape, on one model: 3 rounds with ``quick``, else 7."""
+def run(rounds: int) -> dict[str, dict[str, float]]:
+    """Every shape, on one model, ``rounds`` rounds (``--quick``: 3, else 7)."""
     torch.set_num_threads(1)
     model = build_model(build_tokenizer(), seed=0).train()
-    rounds = 3 if quick else 7
     return {shape: measure(shape, model, rounds) for shape in SHAPES}
 
 
@@ -188,7 +187,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="3 rounds instead of 7")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     arguments = parser.parse_args()
-    result = run(arguments.quick)
+    result = run(3 if arguments.quick else 7)
     if arguments.json:
         print(json.dumps(result))
         return

@@ -1,6 +1,7 @@
 """``make bench`` in miniature: every script of ``bench/`` is a module that runs from the
 repository root without touching ``sys.path``, and the quick run of each one that no other smoke
-test covers exits 0 with one JSON object of figures (``python -m bench.NAME --quick --json``).
+test covers exits 0 with one JSON object of figures (``python -m bench.NAME --quick --json``),
+except the two whose quick run takes minutes: their core runs on a smaller workload.
 
 ``bench/gateway.py``, ``bench/ledger_append.py`` and ``bench/scale.py`` have smoke tests of their
 own (``test_bench_gateway.py``, ``test_bench_ledger_append.py``, ``test_bench_scale.py``) that run
@@ -15,13 +16,22 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted(p.stem for p in (ROOT / "bench").glob("*.py"))
 SMOKED_ELSEWHERE = frozenset({"gateway", "ledger_append", "scale"})
+SMALLER_THAN_QUICK: dict[str, Callable[[ModuleType], dict[str, Any]]] = {
+    "moe_replay": lambda bench: bench.run(rollouts=2, max_tokens=8, repeats=1),
+    "tree": lambda bench: bench.run(rounds=1),
+}
+"""Benches whose quick run takes minutes on two cores: their core runs here on a smaller
+workload, in this process."""
 QUICK_TIMEOUT_S = 600
 
 
@@ -44,7 +54,7 @@ def test_every_bench_script_imports_as_a_module_and_has_a_main(name: str) -> Non
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(set(SCRIPTS) - SMOKED_ELSEWHERE))
+@pytest.mark.parametrize("name", sorted(set(SCRIPTS) - SMOKED_ELSEWHERE - set(SMALLER_THAN_QUICK)))
 def test_the_quick_run_exits_0_with_one_json_object(name: str, tmp_path: Path) -> None:
     run = subprocess.run(
         [sys.executable, "-m", f"bench.{name}", "--quick", "--json"],
@@ -58,3 +68,11 @@ def test_the_quick_run_exits_0_with_one_json_object(name: str, tmp_path: Path) -
     assert run.returncode == 0, run.stderr[-3000:]
     figures = json.loads(run.stdout.strip().splitlines()[-1])
     assert isinstance(figures, dict) and figures
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(SMALLER_THAN_QUICK))
+def test_the_core_runs_on_a_smaller_workload_and_reports_figures(name: str) -> None:
+    figures = SMALLER_THAN_QUICK[name](importlib.import_module(f"bench.{name}"))
+
+    assert json.loads(json.dumps(figures)) == figures and figures
