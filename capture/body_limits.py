@@ -9,7 +9,8 @@ each HTTP request (``capture/limits.py`` states the rules):
 3. reads the body from ``receive()``, counting bytes as they arrive, and answers 413 as soon as
    the count passes ``max_body_bytes``: at most the limit and one chunk are ever held, whatever
    the client sends; the whole body must arrive within ``body_timeout_s`` (408);
-4. measures the body's JSON depth on the bytes (no parsing), then parses it and checks its
+4. measures the body's JSON depth and counts its arrays and objects on the bytes (no parsing),
+   then parses it and checks its
    structure (``grove.capture.limits.check_document``);
 5. hands the application the body it read, then the client's own ``receive()`` (so the app still
    sees a disconnect).
@@ -28,7 +29,7 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from grove.capture.limits import GatewayLimits, LimitExceeded, check_document, json_depth
+from grove.capture.limits import GatewayLimits, LimitExceeded, check_document, json_shape
 from grove.capture.wire import ErrorBody, ErrorDetail
 
 __all__ = ["BodyLimits"]
@@ -120,10 +121,18 @@ class BodyLimits:
         return b"".join(chunks)
 
     def _check(self, scope: Scope, body: bytes) -> None:
-        """JSON depth on the bytes, then the parsed body's structure."""
+        """JSON depth and size on the bytes, then the parsed body's structure."""
         if not body:
             return
-        depth = json_depth(body)
+        depth, containers = json_shape(body)
+        if containers > self.limits.max_json_containers:
+            raise LimitExceeded(
+                400,
+                "request_too_complex",
+                "max_json_containers",
+                f"the body holds {containers} arrays and objects; the gateway reads at most "
+                f"{self.limits.max_json_containers}",
+            )
         if depth > self.limits.max_json_depth:
             raise LimitExceeded(
                 400,

@@ -13,16 +13,19 @@ meets them:
    refused (413) before a byte of the body is read; a body without one is counted while it
    streams in and refused as soon as the count passes the limit, so the server never holds more
    than the limit and one chunk. The whole body must arrive within ``body_timeout_s`` (408).
-3. **JSON depth** (:func:`json_depth`): the nesting of ``[`` and ``{`` outside strings, found in
-   one pass over the bytes without recursion and without parsing, over ``max_json_depth``: 400.
-   Only then is the body parsed (its depth is now bounded, so no parser recursion is deep).
-4. **Structure** (:func:`check_document`): a model call (Chat ``messages``, Responses
-   ``input``) holds at most ``max_messages`` items; each structured-output schema
-   (``response_format``, ``text.format``, each tool's parameters) at most ``max_schema_bytes``
-   (compact JSON), ``max_schema_depth`` levels and ``max_schema_nodes`` JSON values; every string
-   a request writes into the ledger is at most ``max_string_chars`` characters. The conversation
-   of a model call (``messages``, ``input``, ``instructions``) is rendered into tokens, never
-   written into the ledger, so its text is bounded by the body alone.
+3. **JSON shape** (:func:`json_shape`): the nesting of ``[`` and ``{`` outside strings, and how
+   many arrays and objects there are, found in one pass over the bytes without recursion and
+   without parsing; over ``max_json_depth`` or ``max_json_containers``: 400. Only then is the
+   body parsed (its depth and size are now bounded: no parser recursion is deep, and no body of
+   millions of tiny objects costs the parser and the request models gigabytes).
+4. **Structure** (:func:`check_document`): a model call (Chat and Messages ``messages``,
+   Responses ``input``) holds at most ``max_messages`` items; each structured-output schema
+   (``response_format``, ``text.format``, each tool's parameters or ``input_schema``) at most
+   ``max_schema_bytes`` (compact JSON), ``max_schema_depth`` levels and ``max_schema_nodes`` JSON
+   values; every string a request writes into the ledger is at most ``max_string_chars``
+   characters. The conversation of a model call (``messages``, ``input``, ``instructions``,
+   ``system``) is rendered into tokens, never written into the ledger, so its text is bounded by
+   the body alone.
 5. **Images** (``capture/media.py``): at most ``max_image_bytes`` decoded, and at most
    ``max_image_pixels`` (width x height, read from the image's header before it is decoded).
 
@@ -47,13 +50,13 @@ __all__ = [
     "check_document",
     "check_schema",
     "is_model_call",
-    "json_depth",
+    "json_shape",
 ]
 
 MiB: Final = 1 << 20
-CONVERSATION_KEYS: Final = frozenset({"messages", "input", "instructions"})
+CONVERSATION_KEYS: Final = frozenset({"messages", "input", "instructions", "system"})
 """Top-level fields of a model call that hold its conversation (rendered, not stored as text)."""
-_MODEL_CALL_SUFFIXES: Final = ("/chat/completions", "/responses", "/measure")
+_MODEL_CALL_SUFFIXES: Final = ("/chat/completions", "/responses", "/messages", "/measure")
 _SCAN_CHUNK: Final = 1 << 20
 _STRING: Final = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 
@@ -80,6 +83,8 @@ class GatewayLimits:
     """Bytes of request line and headers (431 beyond)."""
     max_json_depth: int = 64
     """Nesting levels of arrays and objects in a body (400 beyond, before parsing)."""
+    max_json_containers: int = 100_000
+    """Arrays and objects in a body (400 beyond, before parsing)."""
     max_messages: int = 4096
     """Chat ``messages`` or Responses ``input`` items of one model call."""
     max_string_chars: int = MiB
@@ -123,25 +128,28 @@ def is_model_call(path: str) -> bool:
     return path.endswith(_MODEL_CALL_SUFFIXES)
 
 
-def json_depth(body: bytes) -> int:
-    """The deepest nesting of ``[`` and ``{`` in ``body`` outside JSON strings.
+def json_shape(body: bytes) -> tuple[int, int]:
+    """``(depth, containers)``: the deepest nesting of ``[`` and ``{`` in ``body`` outside JSON
+    strings, and how many there are.
 
     One pass without recursion and without parsing: every string (a quote, then characters
     other than quote and backslash or escaped pairs, then a quote) is removed by one regular
     expression, then the running count of openers minus closers is taken in chunks (numpy);
-    its maximum is the depth. Malformed JSON gets some count; the parser refuses it later.
+    its maximum is the depth, the openers counted are the containers. Malformed JSON gets some
+    count; the parser refuses it later.
     """
     data = np.frombuffer(_STRING.sub(b"", body), dtype=np.uint8)
-    depth = peak = 0
+    depth = peak = containers = 0
     for start in range(0, len(data), _SCAN_CHUNK):
         chunk = data[start : start + _SCAN_CHUNK]
         opens = (chunk == ord("[")) | (chunk == ord("{"))
         closes = (chunk == ord("]")) | (chunk == ord("}"))
+        containers += int(np.count_nonzero(opens))
         steps = opens.astype(np.int32) - closes
         running = np.cumsum(steps) + depth
         peak = max(peak, int(running.max()))
         depth = int(running[-1])
-    return peak
+    return peak, containers
 
 
 def check_document(document: Any, path: str, limits: GatewayLimits) -> None:
@@ -241,8 +249,9 @@ def _schemas(document: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
             function = tool.get("function")
             if isinstance(function, Mapping) and "parameters" in function:
                 yield f"tools[{index}].function.parameters", function["parameters"]
-            if "parameters" in tool:
-                yield f"tools[{index}].parameters", tool["parameters"]
+            for key in ("parameters", "input_schema"):  # Responses; Messages
+                if key in tool:
+                    yield f"tools[{index}].{key}", tool[key]
 
 
 def _strings(document: Any) -> Iterator[tuple[str, str]]:

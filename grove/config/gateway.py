@@ -46,6 +46,10 @@ class LimitsConfig(Section):
     max_json_depth: int = Field(default=_DEFAULTS.max_json_depth, ge=4, le=10_000)
     """Nesting levels of arrays and objects in a body, measured before it is parsed (400)."""
 
+    max_json_containers: int = Field(default=_DEFAULTS.max_json_containers, ge=16, le=1 << 30)
+    """Arrays and objects in a body, counted before it is parsed (400): bounds what parsing and
+    validating a body of many tiny objects costs."""
+
     max_messages: int = Field(default=_DEFAULTS.max_messages, ge=1, le=1_000_000)
     """Chat ``messages`` or Responses ``input`` items of one model call (400 beyond)."""
 

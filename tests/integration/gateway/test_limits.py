@@ -267,6 +267,24 @@ def test_a_body_deeper_than_max_json_depth_is_refused_before_parsing(
     assert gateway.written() == written
 
 
+# -- gateway.limits.max_json_containers ----------------------------------------------------
+
+
+def test_a_body_of_more_containers_than_max_json_containers_is_refused_before_parsing(
+    serve_gateway: Callable[..., Gateway],
+) -> None:
+    gateway = limited(serve_gateway, max_json_containers=16)
+    written = gateway.written()
+    body = {"capture_key": "k", "rollout_id": "r", "prompt_group": "g", "rollout_index": 0}
+    answer = gateway.http.post("/v1/attempts", json={**body, "extra": [{}] * 16})  # 1 + 1 + 16
+    assert answer.status_code == 400
+    assert answer.json()["error"]["code"] == "request_too_complex"
+    assert "holds 18 arrays and objects" in answer.json()["error"]["message"]
+    assert gateway.written() == written
+    within = gateway.http.post("/v1/attempts", json={**body, "extra": [{}] * 14})
+    assert within.json()["error"]["code"] == "invalid_request"  # the app's: no such field
+
+
 def test_a_tool_schema_450_levels_deep_is_a_clean_400(local_gateway: Gateway) -> None:
     # D6: it used to reach the chat template and fail there with a recursion error (500)
     parameters: dict[str, Any] = {"type": "string"}
@@ -359,6 +377,7 @@ def test_a_schema_over_max_schema_nodes_is_refused(serve_gateway: Callable[..., 
 def test_a_schema_ref_outside_the_schema_is_refused(local_gateway: Gateway, reference: str) -> None:
     # D9: such a reference used to be accepted and silently not enforced
     schema = {"type": "object", "properties": {"a": {"$ref": reference}}}
+    local_gateway.open()  # the format is read on an attempt the client holds
     written = local_gateway.written()
     refused = schema_call(local_gateway, schema)
     assert refused.code == "unsupported_schema"

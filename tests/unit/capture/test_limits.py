@@ -20,7 +20,7 @@ from grove.capture.limits import (
     LimitExceeded,
     check_document,
     check_schema,
-    json_depth,
+    json_shape,
 )
 
 CHUNK = 64 * 1024
@@ -34,25 +34,26 @@ def nested(levels: int) -> dict[str, Any]:
     return schema
 
 
-# -- json_depth ----------------------------------------------------------------------------
+# -- json_shape ----------------------------------------------------------------------------
 
 
-def test_json_depth_counts_arrays_and_objects() -> None:
-    # {"a": [[1], [2, [3]]]}: the object 1, the outer array 2, [2, [3]] 3, [3] 4
-    assert json_depth(b'{"a": [[1], [2, [3]]]}') == 4
+def test_json_shape_counts_arrays_and_objects() -> None:
+    # {"a": [[1], [2, [3]]]}: depth: the object 1, the outer array 2, [2, [3]] 3, [3] 4;
+    # containers: the object, the outer array, [1], [2, [3]], [3] = 5
+    assert json_shape(b'{"a": [[1], [2, [3]]]}') == (4, 5)
 
 
-def test_json_depth_ignores_brackets_inside_strings_and_escaped_quotes() -> None:
+def test_json_shape_ignores_brackets_inside_strings_and_escaped_quotes() -> None:
     body = json.dumps({"a": '[[[{{ \\" [[', "b": ["]]]"]}).encode()
-    assert json_depth(body) == 2
+    assert json_shape(body) == (2, 2)
 
 
-def test_json_depth_of_a_deep_body_needs_no_recursion() -> None:
-    assert json_depth(b"[" * 100_000 + b"]" * 100_000) == 100_000
+def test_json_shape_of_a_deep_body_needs_no_recursion() -> None:
+    assert json_shape(b"[" * 100_000 + b"]" * 100_000) == (100_000, 100_000)
 
 
-def test_json_depth_of_an_empty_body_is_zero() -> None:
-    assert json_depth(b"") == 0
+def test_json_shape_of_an_empty_body_is_zero() -> None:
+    assert json_shape(b"") == (0, 0)
 
 
 # -- structure -----------------------------------------------------------------------------
@@ -125,6 +126,12 @@ def test_every_schema_of_a_model_call_is_checked() -> None:
     body = {"model": "m", "messages": [], "tools": [{"type": "function"}, tool]}
     with pytest.raises(LimitExceeded, match=r"tools\[1\]\.function\.parameters"):
         check_document(body, "/v1/chat/completions", GatewayLimits())
+
+
+def test_a_messages_api_tool_input_schema_is_checked() -> None:
+    body = {"model": "m", "messages": [], "tools": [{"name": "f", "input_schema": nested(40)}]}
+    with pytest.raises(LimitExceeded, match=r"tools\[0\]\.input_schema"):
+        check_document(body, "/v1/messages", GatewayLimits())
 
 
 def test_limits_must_be_positive() -> None:
