@@ -80,6 +80,9 @@ EFFECTS: dict[str, Callable[..., None]] = {
     "gateway.limits.max_json_depth": (
         limits.test_a_body_deeper_than_max_json_depth_is_refused_before_parsing
     ),
+    "gateway.limits.max_json_containers": (
+        limits.test_a_body_of_more_containers_than_max_json_containers_is_refused_before_parsing
+    ),
     "gateway.limits.max_messages": (
         limits.test_a_call_with_more_messages_than_max_messages_is_refused
     ),
