@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from grove.capture.attempt_settings import AttemptSettings
+from grove.capture.attempt_settings import DEFAULT_FOREST_MODE, AttemptSettings
 from grove.client import GroveClient
 from grove.jobs.serve import ServerThread, build_gateway
 from grove.ledger.attempt import AttemptLog
@@ -84,7 +84,7 @@ def test_an_attempt_may_name_a_builtin_other_than_the_servers_own(
 
 
 def test_opening_again_without_policy_is_idempotent_with_the_resolved_one(local_gateway: Gateway):
-    first = local_gateway.open(selection_policy="returned_history", forest_mode=True)
+    first = local_gateway.open(selection_policy="returned_history", forest_mode=DEFAULT_FOREST_MODE)
     before = local_gateway.written()
 
     assert local_gateway.open() == first
