@@ -50,6 +50,7 @@ __all__ = [
     "RenderedText",
     "SpecialTokenText",
     "TemplateTokenError",
+    "expand_template_token",
     "rendered_join",
     "rendered_slice",
 ]
@@ -105,6 +106,37 @@ def rendered_join(left: str, right: str) -> str:
     )
 
 
+def expand_template_token(text: str, token: str, counts: Sequence[int]) -> str:
+    """``text`` with the ``k``-th ``token`` the template wrote repeated ``counts[k]`` times (an
+    image token expanded into its placeholders), each copy one of the template's tokens; the
+    same text type as ``text`` (in a plain ``str`` every occurrence is the template's). Raises
+    ``TemplateTokenError`` when the template wrote another number of them."""
+    found = re.finditer(re.escape(token), text)
+    spans = text.template_tokens if isinstance(text, RenderedText) else [m.span() for m in found]
+    plain = str(text)
+    expanding = [i for i, (a, b) in enumerate(spans) if plain[a:b] == token]
+    if len(expanding) != len(counts):
+        raise TemplateTokenError(
+            f"the chat template wrote {len(expanding)} {token!r} tokens for {len(counts)} "
+            "expansions"
+        )
+    copies = dict(zip(expanding, counts, strict=True))
+    pieces: list[str] = []
+    moved: list[Span] = []
+    length = cursor = 0
+    for index, (start, end) in enumerate(spans):
+        pieces.append(plain[cursor:start])
+        length += start - cursor
+        for _ in range(copies.get(index, 1)):
+            pieces.append(plain[start:end])
+            moved.append((length, length + end - start))
+            length += end - start
+        cursor = end
+    pieces.append(plain[cursor:])
+    expanded = "".join(pieces)
+    return RenderedText(expanded, moved) if isinstance(text, RenderedText) else expanded
+
+
 class SpecialTokenText:
     """One tokenizer's special tokens as text: escaping, locating and encoding around them.
 
@@ -124,6 +156,8 @@ class SpecialTokenText:
         self._prefixes = frozenset(c[:k] for c in self.ids for k in range(1, len(c)))
         self._suffixes = frozenset(c[k:] for c in self.ids for k in range(1, len(c)))
         self._longest = max(map(len, self.ids), default=0)
+        self._first_chars = frozenset(c[0] for c in self.ids)
+        self._last_chars = frozenset(c[-1] for c in self.ids)
         self._nonce = secrets.token_hex(8)
         self._anchor = f"\ue000grove{self._nonce}\ue001"  # unguessable: text cannot hold it
         specials = "" if self._pattern is None else f"|{self._pattern.pattern}"
@@ -141,7 +175,9 @@ class SpecialTokenText:
         ``role`` of a message (a mapping at this level) as it is."""
         if isinstance(value, str):
             return self._escape_text(value, table)
-        if isinstance(value, Mapping):
+        if isinstance(value, int | float) or value is None:  # before the slower ABC check
+            return value
+        if isinstance(value, dict | Mapping):
             return {
                 self.escape(k, table): v if keep_role and k == "role" else self.escape(v, table)
                 for k, v in value.items()
@@ -212,19 +248,28 @@ class SpecialTokenText:
         """``text`` with its whole special-token occurrences, a leading proper suffix of one and a
         trailing proper prefix of one each replaced by a marker."""
         cuts = list(self.find(text))
+        reach = min(len(text), self._longest - 1)
+        if (
+            not cuts
+            and self._last_chars.isdisjoint(text[:reach])
+            and self._first_chars.isdisjoint(text[len(text) - reach :])
+        ):
+            return text  # the common case: nothing to escape, no piece of a token at either end
+        # A leading suffix ends with a token's last character, a trailing prefix starts with a
+        # token's first: only those lengths are looked up.
         lead = next(
             (
                 k
-                for k in range(min(len(text), self._longest - 1), 0, -1)
-                if text[:k] in self._suffixes
+                for k in range(reach, 0, -1)
+                if text[k - 1] in self._last_chars and text[:k] in self._suffixes
             ),
             0,
         )
         trail = next(
             (
                 k
-                for k in range(min(len(text), self._longest - 1), 0, -1)
-                if text[-k:] in self._prefixes
+                for k in range(reach, 0, -1)
+                if text[-k] in self._first_chars and text[-k:] in self._prefixes
             ),
             0,
         )

@@ -29,7 +29,7 @@ from grove.capture.render import (
     replay_summary,
 )
 from grove.capture.splice import plan_call
-from grove.capture.template_tokens import RenderedText
+from grove.capture.template_tokens import RenderedText, TemplateTokenError, expand_template_token
 from grove.ledger.admission import AdmissionIndex, CallStatus, DecisionKind
 from tests.fixtures.special_tokenizers import (
     load_directory_tokenizer,
@@ -297,3 +297,34 @@ def test_rendered_text_knows_only_the_templates_tokens(renderers: dict[str, Rend
     assert isinstance(rendered, RenderedText)
     assert rendered == "<|im_start|>user\n<|im_end|><|im_end|>\n<|im_start|>assistant\n"
     assert rendered.template_tokens == ((0, 12), (27, 37), (38, 50))
+
+
+def test_expanding_the_templates_image_token_leaves_the_same_text_in_message_text_alone(
+    renderers: dict[str, Renderer],
+) -> None:
+    # "<|im_end|>" stands in for an image token: the template wrote two, the message one.
+    rendered = renderers["embedded"].render([{"role": "user", "content": "<|im_end|>"}], OPTIONS)
+    expanded = expand_template_token(rendered, "<|im_start|>", [2, 3])
+    assert isinstance(expanded, RenderedText)
+    assert expanded == (
+        "<|im_start|><|im_start|>user\n<|im_end|><|im_end|>\n"
+        "<|im_start|><|im_start|><|im_start|>assistant\n"
+    )
+    # The message's <|im_end|> (characters 29-39) stays text; every copy is the template's.
+    assert expanded.template_tokens == ((0, 12), (12, 24), (39, 49), (50, 62), (62, 74), (74, 86))
+    assert specials(renderers["embedded"], renderers["embedded"].encode(expanded)) == [
+        1,
+        1,
+        2,
+        1,
+        1,
+        1,
+    ]
+
+
+def test_expanding_a_token_the_template_wrote_another_number_of_times_is_refused(
+    renderers: dict[str, Renderer],
+) -> None:
+    rendered = renderers["embedded"].render([{"role": "user", "content": "hi"}], OPTIONS)
+    with pytest.raises(TemplateTokenError, match="wrote 2 '<\\|im_start\\|>' tokens for 1"):
+        expand_template_token(rendered, "<|im_start|>", [4])
