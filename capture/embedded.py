@@ -23,6 +23,7 @@ from typing import Final
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
+    PreTrainedModel,
     PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
     Qwen2Config,
@@ -193,7 +194,7 @@ class EmbeddedEngine:
 
     def __init__(
         self,
-        model: Qwen2ForCausalLM,
+        model: PreTrainedModel,  # a causal LM: the embedded one, or one load_model loaded
         *,
         stop_token_ids: Iterable[int],
         seed: int = 0,

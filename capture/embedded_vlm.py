@@ -176,7 +176,7 @@ class EmbeddedVLMEngine(EmbeddedEngine):
         tokenizer: PreTrainedTokenizerFast | None = None,
     ) -> None:
         super().__init__(
-            model,  # type: ignore[arg-type]
+            model,
             stop_token_ids=stop_token_ids,
             seed=seed,
             policy_version=policy_version,

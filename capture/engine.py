@@ -239,6 +239,11 @@ def _check_routes(routes: object, generated: int) -> None:
 class Engine(Protocol):
     """Generates from exact prompt token ids; never truncates or re-tokenizes the prompt."""
 
+    @property
+    def name(self) -> str:
+        """The engine's kind, as messages name it (``embedded``, ``vllm``)."""
+        ...
+
     def check(self, prompt_token_ids: Sequence[int], sampling: SamplingParams) -> None:
         """Raise the refusal ``generate`` would give (unsupported sampling, a prompt too long
         or outside the vocabulary), so the lifecycle refuses before recording the call."""

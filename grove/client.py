@@ -33,6 +33,7 @@ from typing import Any
 
 import httpx
 import openai
+from openai import AsyncOpenAI
 
 from grove_errors import GroveError
 
@@ -195,7 +196,7 @@ class Attempt:
         the client; ``max_retries`` is 0 unless given: a retried call would be a second call)."""
         return openai.OpenAI(**self._bound(kwargs))
 
-    def async_openai(self, **kwargs: Any) -> openai.AsyncOpenAI:
+    def async_openai(self, **kwargs: Any) -> AsyncOpenAI:  # openai names the method here
         """The ``openai.AsyncOpenAI`` twin of :meth:`openai`."""
         return openai.AsyncOpenAI(**self._bound(kwargs))
 

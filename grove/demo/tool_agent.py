@@ -30,10 +30,14 @@ import random
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from openai import OpenAI
-from openai.types.chat import ChatCompletion
+from openai.types.chat import (
+    ChatCompletion,
+    ChatCompletionMessageParam,
+    ChatCompletionToolUnionParam,
+)
 
 from grove.client import CALL_ID_HEADER, reject
 from grove.demo.agent_corpus import (
@@ -128,8 +132,9 @@ class _Rollout:
     def _create(self, call_id: str) -> ChatCompletion:
         return self.client.chat.completions.create(
             model=self.model,
-            messages=self.context,
-            tools=[LOOKUP_TOOL],
+            # the context and the tool are the wire's JSON as plain dicts, not openai's TypedDicts
+            messages=cast("list[ChatCompletionMessageParam]", self.context),
+            tools=[cast("ChatCompletionToolUnionParam", LOOKUP_TOOL)],
             max_tokens=self.options["max_tokens"],
             extra_headers={CALL_ID_HEADER: call_id},
         )

@@ -92,8 +92,8 @@ class TrainingState:
     ``share_training_state`` on rank 0; consumer: the same call on the other ranks)."""
 
     model: Mapping[str, torch.Tensor]
-    optimizer: Mapping[str, Any]
-    scheduler: Mapping[str, Any] | None
+    optimizer: dict[str, Any]  # as state_dict() gives it and load_state_dict() takes it
+    scheduler: dict[str, Any] | None
     step: int
 
 
@@ -188,7 +188,7 @@ def follow_main_rank(config: GroveConfig, ranks: RankGroup, summary_type: type[T
     trainer = build_trainer(config, loaded.model, ranks=ranks)
     share_training_state(ranks, trainer)
     while True:
-        message = ranks.broadcast(None)
+        message: object = ranks.broadcast(None)
         if isinstance(message, StepBatch):
             trainer.train_step(message)
             continue
@@ -201,7 +201,7 @@ def follow_main_rank(config: GroveConfig, ranks: RankGroup, summary_type: type[T
 
 def _expect(ranks: RankGroup, kind: type[T]) -> T:
     """Rank 0's next message, which must be a ``kind`` (a ``RunEnded`` error is raised)."""
-    message = ranks.broadcast(None)
+    message: object = ranks.broadcast(None)
     if isinstance(message, kind):
         return message
     if isinstance(message, RunEnded) and message.error is not None:

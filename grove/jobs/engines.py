@@ -85,8 +85,12 @@ class PolicyEngine(Protocol):
     """An engine serving the run's policy: ``engine`` for the gateway, ``policy_version`` the
     optimizer steps its weights include, ``context_length`` its longest sequence."""
 
-    engine: Engine
     policy_version: int
+
+    @property
+    def engine(self) -> Engine:
+        """What the gateway generates with (read-only here, so each policy names its own kind)."""
+        ...
 
     @property
     def context_length(self) -> int:
@@ -402,7 +406,7 @@ def _open_vllm_policy(config: GroveConfig, loaded: LoadedModel, step: int) -> Vl
         if settings.vllm_launch:
             directory = publisher.write(step)
             context = min(
-                int(loaded.model.config.max_position_embeddings),
+                context_length(loaded.model),
                 config.policy.max_total_sequence_length,
             )
             server = VllmProcess(
@@ -525,7 +529,7 @@ def open_serving_engine(
         model_dir=Path(loaded.source),
         served_model_name=loaded.name,
         dtype=dtype,
-        max_model_len=int(loaded.model.config.max_position_embeddings),
+        max_model_len=context_length(loaded.model),
         seed=0,
         args=vllm_args,
         log=log,

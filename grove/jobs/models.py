@@ -26,7 +26,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final, cast
 
 import torch
 import transformers
@@ -35,6 +35,7 @@ from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
+    PreTrainedModel,
     PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
 )
@@ -107,7 +108,7 @@ class LoadedModel:
     gateway renders images with it, ``docs/media.md``); None for a text model.
     """
 
-    model: torch.nn.Module
+    model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
     name: str
     source: str
@@ -272,7 +273,7 @@ def check_model_directory(path: str) -> list[str]:
     return _inspect(_directory(path))[0]
 
 
-def context_length(model: torch.nn.Module) -> int:
+def context_length(model: PreTrainedModel) -> int:
     """The longest sequence ``model`` takes: its config's ``max_position_embeddings``, or its
     text config's (a vision-language model keeps it there)."""
     config = model.config
@@ -293,7 +294,8 @@ def _load_embedded(
                 "remove model.warm_start, or set model.architecture: dense",
             )
         vlm_tokenizer = build_vlm_tokenizer()
-        vlm = build_vlm_model(vlm_tokenizer, seed=seed).to(dtype).eval()
+        # transformers types the wrapped ``to`` as taking the model again
+        vlm = build_vlm_model(vlm_tokenizer, seed=seed).to(dtype).eval()  # type: ignore[arg-type]
         return LoadedModel(
             model=vlm,
             tokenizer=vlm_tokenizer,
@@ -302,6 +304,7 @@ def _load_embedded(
             image_processor=build_image_processor(),
         )
     tokenizer = build_tokenizer()
+    model: PreTrainedModel
     if architecture == "moe":
         model = build_moe_model(tokenizer, seed=seed)
         name = EMBEDDED_MOE_MODEL_NAME
@@ -309,7 +312,7 @@ def _load_embedded(
         model, name = build_model(tokenizer, seed=seed), EMBEDDED_MODEL_NAME
     if warm_start_dir is not None:
         warm_start(model, tokenizer, warm_start_dir, base_seed=seed)
-    model = model.to(dtype).eval()
+    model = model.to(dtype).eval()  # type: ignore[arg-type]  # as above
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, source=EMBEDDED)
 
 
@@ -358,11 +361,15 @@ def load_model(
         raise ModelLoadError(path, "; ".join(problems))
     try:
         with quiet_transformers():
-            model, info = AutoModelForCausalLM.from_pretrained(
-                directory,
-                local_files_only=True,
-                output_loading_info=True,
-                **{_DTYPE_KWARG: torch_dtype},
+            # output_loading_info=True: the model and its loading info, typed as the model
+            model, info = cast(
+                "tuple[PreTrainedModel, dict[str, Any]]",
+                AutoModelForCausalLM.from_pretrained(
+                    directory,
+                    local_files_only=True,
+                    output_loading_info=True,
+                    **{_DTYPE_KWARG: torch_dtype},
+                ),
             )
     except Exception as error:  # transformers raises many types; all mean the same here
         raise ModelLoadError(

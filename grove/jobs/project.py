@@ -26,6 +26,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from grove.config import EMBEDDED, GroveConfig
 from grove.ledger.leases import Leases
@@ -35,6 +36,9 @@ from grove.training.projector import Projector, ProjectorSettings
 from grove.training.projector_shards import ProjectorShard
 from grove.workspace import Workspace
 
+if TYPE_CHECKING:  # transformers loads only when a pad id is asked for
+    from transformers import PreTrainedTokenizerBase
+
 __all__ = ["ShardReport", "holder_name", "pad_token_id", "projector_settings", "run_shard"]
 
 
@@ -43,6 +47,7 @@ def pad_token_id(model_path: str) -> int:
     end-of-sequence token when it has none, as the training run pads."""
     from grove.jobs.models import quiet_transformers
 
+    tokenizer: PreTrainedTokenizerBase
     with quiet_transformers():
         if model_path == EMBEDDED:
             from grove.capture.embedded import build_tokenizer

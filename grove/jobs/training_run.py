@@ -19,6 +19,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -58,6 +59,9 @@ from grove.training.trainer import (
     step_batch,
 )
 from grove.training.tree_logprobs import owner_micro_batches, tree_logprobs
+
+if TYPE_CHECKING:
+    from transformers import Qwen2VLConfig
 
 __all__ = [
     "StepSummary",
@@ -110,7 +114,7 @@ def trainer_logprobs(config: GroveConfig, model: torch.nn.Module) -> LogprobFunc
     if config.policy.tree_packing:
         return tree_logprobs
     if config.model.architecture == "vlm":
-        vlm = model.config
+        vlm = cast("Qwen2VLConfig", model.config)  # architecture vlm: the embedded Qwen2-VL
         return MediaLogprobs(
             image_token_id=int(vlm.image_token_id),
             excluded_token_ids=[

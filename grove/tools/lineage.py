@@ -178,7 +178,7 @@ _FLAGS = frozenset(
 """Boolean columns (SQLite returns 0 and 1)."""
 
 
-def _typed(row: Mapping[str, Any]) -> dict[str, Any]:
+def _typed(row: Mapping[Any, Any]) -> dict[str, Any]:  # a row's keys are its column names
     return {k: bool(v) if k in _FLAGS else v for k, v in row.items()}
 
 

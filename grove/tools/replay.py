@@ -152,6 +152,7 @@ def verify_selection(
             DecisionCheck("selection", subject, stored.position, CheckOutcome.SKIPPED, note=skipped)
         ]
     records = captured_calls(state_before(capture_key, events, stored.position))
+    assert recorded.result is not None  # skipped above when there is none
     try:
         today = policies.select(recorded.policy, records, recorded.result)
     except TrainingError as error:

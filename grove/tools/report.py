@@ -310,8 +310,8 @@ def _line_svg(line: _Line, x: Scale, y: Scale, bottom: float, *, dashed: bool = 
             f'data-step="{step}" data-value="{_value(value)}"><title>{name} · step {step}: '
             f"{_value(value)}</title></circle>"
         )
-    for step, value in line.points:
-        if value is None:
+    for step, point in line.points:
+        if point is None:
             parts.append(
                 f'<path class="null" stroke="{line.color}" d="M{x(step)},{bottom - 7} '
                 f'L{x(step)},{bottom - 1}"><title>{name} · step {step}: null (not a finite '

@@ -439,7 +439,7 @@ def _decoder(opened: AttemptOpened) -> Decode | None:
     if opened.model_fingerprint not in (EMBEDDED_MODEL_NAME, EMBEDDED_MOE_MODEL_NAME):
         return None  # the embedded models share one tokenizer
     tokenizer = build_tokenizer()
-    return lambda token: tokenizer.decode([token])
+    return lambda token: str(tokenizer.decode([token]))  # one list of ids: one string
 
 
 def _decision_settings(finalized: list[StoredEvent], opened: AttemptOpened) -> dict[str, Any]:
