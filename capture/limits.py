@@ -23,9 +23,10 @@ meets them:
    (``response_format``, ``text.format``, each tool's parameters or ``input_schema``) at most
    ``max_schema_bytes`` (compact JSON), ``max_schema_depth`` levels and ``max_schema_nodes`` JSON
    values; every string a request writes into the ledger is at most ``max_string_chars``
-   characters. The conversation of a model call (``messages``, ``input``, ``instructions``,
-   ``system``) is rendered into tokens, never written into the ledger, so its text is bounded by
-   the body alone.
+   characters, but for an image data URL (a returned history may echo one), which is bounded
+   by ``max_image_bytes`` instead. The conversation of a model call (``messages``, ``input``,
+   ``instructions``, ``system``) is rendered into tokens, never written into the ledger, so its
+   text is bounded by the body alone.
 5. **Images** (``capture/media.py``): at most ``max_image_bytes`` decoded, and at most
    ``max_image_pixels`` (width x height, read from the image's header before it is decoded).
 
@@ -58,6 +59,7 @@ CONVERSATION_KEYS: Final = frozenset({"messages", "input", "instructions", "syst
 """Top-level fields of a model call that hold its conversation (rendered, not stored as text)."""
 _MODEL_CALL_SUFFIXES: Final = ("/chat/completions", "/responses", "/messages", "/measure")
 _SCAN_CHUNK: Final = 1 << 20
+_DATA_URL_HEAD: Final = 64  # room for "data:image/...;base64," before the image's base64
 _STRING: Final = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 
 
@@ -174,7 +176,10 @@ def check_document(document: Any, path: str, limits: GatewayLimits) -> None:
         if model_call
         else document
     )
+    image_chars = limits.max_image_bytes // 3 * 4 + _DATA_URL_HEAD
     for where, text in _strings(stored):
+        if text.startswith("data:image/") and len(text) <= image_chars:
+            continue  # an image a returned history echoes: bounded as an image
         if len(text) > limits.max_string_chars:
             raise LimitExceeded(
                 400,

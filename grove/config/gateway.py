@@ -55,7 +55,8 @@ class LimitsConfig(Section):
 
     max_string_chars: int = Field(default=_DEFAULTS.max_string_chars, ge=64, le=_GiB)
     """Characters of any one string a request writes into the ledger: every string of an
-    attempt, result or reject body, and of a model call outside its conversation (400)."""
+    attempt, result or reject body, and of a model call outside its conversation (400); an
+    image data URL is bounded by ``max_image_bytes`` instead."""
 
     max_schema_bytes: int = Field(default=_DEFAULTS.max_schema_bytes, ge=64, le=_GiB)
     """Bytes (compact JSON) of one structured-output or tool parameter schema (400)."""

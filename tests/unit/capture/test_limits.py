@@ -86,6 +86,15 @@ def test_a_nested_result_string_is_bounded_and_named() -> None:
         check_document(body, "/v1/attempts/k/result", GatewayLimits(max_string_chars=64))
 
 
+def test_an_image_a_result_echoes_is_bounded_as_an_image() -> None:
+    image = "data:image/png;base64," + "A" * 1000  # 750 bytes decoded
+    body = {"reward": 1.0, "output": [{"role": "user", "content": [{"image_url": image}]}]}
+    check_document(body, "/v1/attempts/k/result", GatewayLimits(max_string_chars=64))
+    with pytest.raises(LimitExceeded, match="1022 characters"):
+        limits = GatewayLimits(max_string_chars=64, max_image_bytes=512)
+        check_document(body, "/v1/attempts/k/result", limits)
+
+
 def test_the_conversation_of_a_model_call_is_not_a_ledger_string() -> None:
     body = {"model": "m", "messages": [{"role": "user", "content": "x" * 1000}]}
     check_document(body, "/v1/chat/completions", GatewayLimits(max_string_chars=64))
