@@ -225,8 +225,8 @@ class SpecialTokenText:
         if self.find(text) == text.template_tokens:
             ids = list(self.tokenizer.encode(str(text), add_special_tokens=add_special_tokens))
             framing = [*self._frame[0], *self._frame[1]] if add_special_tokens else []
-            expected = len(text.template_tokens) + sum(i in self.special_ids for i in framing)
-            if sum(i in self.special_ids for i in ids) == expected:
+            expected = len(text.template_tokens) + self._count(framing)
+            if self._count(ids) == expected:
                 return ids
         ids = []
         at = 0
@@ -243,6 +243,10 @@ class SpecialTokenText:
                 at += len(rest) - len(rest.lstrip())
         ids += self._ordinary(str.__getitem__(text, slice(at, None)), first=at == 0)
         return self._framed(ids) if add_special_tokens else ids
+
+    def _count(self, ids: Sequence[int]) -> int:
+        """How many of ``ids`` are special tokens."""
+        return sum(map(self.special_ids.__contains__, ids))
 
     def _escape_text(self, text: str, table: list[str]) -> str:
         """``text`` with its whole special-token occurrences, a leading proper suffix of one and a
