@@ -142,9 +142,10 @@ def refuse_reopening(state: AttemptState, proposed: str | None) -> str:
     """The token of an attempt that is already open, when the opening carries it; else 409
     ``attempt_exists`` (saying nothing about the attempt)."""
     recorded = state.attempt_token_digest
-    presented = None if proposed is None else attempt_token_digest(state.capture_key, proposed)
-    if recorded is not None and presented is not None and hmac.compare_digest(recorded, presented):
-        return proposed
+    if recorded is not None and proposed is not None:
+        presented = attempt_token_digest(state.capture_key, proposed)
+        if hmac.compare_digest(recorded, presented):
+            return proposed
     raise Refused(
         409,
         "attempt_exists",

@@ -31,11 +31,11 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import uvicorn
 from fastapi import FastAPI
-from transformers import PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from grove.capture.attempt_settings import AttemptSettings
 from grove.capture.embedded import EMBEDDED_MODEL_NAME, EmbeddedEngine, build_tokenizer
@@ -207,7 +207,8 @@ def build_gateway(
     policies = PolicyRegistry.of(selection_policy)
     migrate.require_current(workspace.database_url, create_embedded=True)
     tokenizer = tokenizer or build_tokenizer()
-    engine = engine or EmbeddedEngine.build(tokenizer)
+    # the embedded model is sized for a fast tokenizer (the embedded one, unless one is given)
+    engine = engine or EmbeddedEngine.build(cast(PreTrainedTokenizerFast, tokenizer))
     if max_context is None and isinstance(engine, EmbeddedEngine):
         max_context = context_length(engine.model)
     elif max_context is None and isinstance(engine, VllmEngine):
