@@ -229,12 +229,12 @@ def test_a_failure_after_the_commit_records_nothing(build, monkeypatch):
 
 def test_the_next_call_after_a_recorded_failure_commits(build, monkeypatch):
     service = build()
-    monkeypatch.setattr(
-        grove.capture.call_events,
-        "fingerprint_output",
-        lambda messages: (_ for _ in ()).throw(RuntimeError("once")),
-    )
-    with pytest.raises(RuntimeError):
+
+    def broken(messages) -> str:
+        raise RuntimeError("fingerprinting failed once")
+
+    monkeypatch.setattr(grove.capture.call_events, "fingerprint_output", broken)
+    with pytest.raises(RuntimeError, match="failed once"):
         call(service, "c1")
     monkeypatch.undo()
 
