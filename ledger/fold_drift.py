@@ -4,13 +4,16 @@ The projection tables (``ledger/inline_fold.py`` writes them in SQL, append by a
 of every attempt exactly what the pure attempt fold (``grove.ledger.attempt.fold_attempt``) makes
 of its stream. ``fold_drift`` reads the whole ledger with the gap-free reader, folds each stream
 in Python, reads the tables, and compares per attempt: the attempt's row (rollout identity,
-admissions, settling, cleaning), each call's row (parent, status, lateness, failure, selection
+admissions, settling), each call's row (parent, status, lateness, failure, selection
 index, policy version), the rollout's row (status, selected calls, reward, row count) and the
 contradictions in stream order. It only reads; events and rows are read in one snapshot (a
 repeatable-read transaction on PostgreSQL, a deferred read transaction on SQLite), so an append
 running beside it cannot show as drift. A difference means the tables were changed by
 hand, folded by an older Grove, or not folded yet (a ledger imported in bulk):
 ``grove db rebuild-projections`` folds them again from the events (``docs/ledger.md``).
+
+``cleaned`` is left out: the table marks an attempt cleaned by an ``attempt.cleaned`` recorded
+after its opening, while the fold keeps the keys of every one, before the opening too.
 
 On PostgreSQL the tables hold U+0000 as U+FFFD (a text column cannot hold it), so the fold's
 strings are compared the same way there.
@@ -36,7 +39,7 @@ from grove.ledger.schema import (
 from grove.ledger.store import EventStore
 from grove.ledger.upcasting import decode_payload
 
-__all__ = ["FoldDrift", "fold_drift"]
+__all__ = ["FoldDrift", "fold_drift", "folded_rows"]
 
 _READ_BATCH = 5000
 
@@ -77,8 +80,11 @@ def _nothing() -> dict[str, Any]:
     return {"attempts": None, "calls": set(), "rollouts": None, "contradictions": []}
 
 
-def _expected(state: AttemptState, postgres: bool) -> dict[str, Any]:
-    """What the four tables should hold of one folded attempt."""
+def folded_rows(state: AttemptState, *, postgres: bool = False) -> dict[str, Any]:
+    """What the four tables should hold of one folded attempt, by table name without its
+    ``grove_proj_`` prefix: ``attempts`` (a tuple, or None before the opening), ``calls`` (a set
+    of tuples), ``rollouts`` (a tuple, or None before the selection) and ``contradictions`` (in
+    stream order). ``postgres``: strings as PostgreSQL's text columns hold them."""
     t = lambda value: _text(value, postgres)  # noqa: E731
     contradictions = [t(entry) for entry in state.contradictions]
     if state.opened is None:
@@ -91,7 +97,6 @@ def _expected(state: AttemptState, postgres: bool) -> dict[str, Any]:
         state.admissions_closed,
         state.settled is not None,
         bool(state.settled and state.settled.timed_out),
-        bool(state.cleaned_keys),
     )
     selection = state.selection
     indexes = {c: i for i, c in enumerate(selection.call_ids)} if selection else {}
@@ -156,7 +161,6 @@ def _found(conn: Connection) -> dict[str, dict[str, Any]]:
             bool(r.admissions_closed),
             bool(r.settled),
             bool(r.settle_timed_out),
-            bool(r.cleaned),
         )
     for r in conn.execute(select(PROJ_CALLS)):
         entry(r.capture_key)["calls"].add(
@@ -189,7 +193,7 @@ def _differences(
 ) -> Iterator[FoldDrift]:
     empty = _nothing()
     for key in sorted(set(states) | set(found)):
-        expected = _expected(states[key], postgres) if key in states else empty
+        expected = folded_rows(states[key], postgres=postgres) if key in states else empty
         shown = found.get(key, empty)
         for table in ("attempts", "calls", "rollouts", "contradictions"):
             if expected[table] != shown[table]:

@@ -4,7 +4,8 @@ Random sequences of lifecycle events (opens, intents, commits and failures of a 
 any parents, closes, settles, selections, finalizations and cleanings, in any order and any
 number of times) are appended to two attempts, one to three events per append, each append
 folded by itself or left to ``catch_up`` (a writer from before inline folding); the views must
-then show exactly what ``fold_attempt`` makes of each stream, on SQLite and on PostgreSQL.
+then show exactly what ``fold_attempt`` makes of each stream, on SQLite and on PostgreSQL, and
+``grove.ledger.fold_drift.fold_drift`` (``grove db check``) must find no drift in either attempt.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import text
 
-from grove.ledger.attempt import AttemptState, CallState, CallStatus, fold_attempt
+from grove.ledger.attempt import AttemptState, fold_attempt
 from grove.ledger.catch_up import catch_up
 from grove.ledger.database import open_engine
 from grove.ledger.events import (
@@ -27,6 +28,7 @@ from grove.ledger.events import (
     RolloutFinalized,
     RolloutSelected,
 )
+from grove.ledger.fold_drift import fold_drift, folded_rows
 from grove.ledger.store import EventStore
 
 from .scenario import committed, intended, opened
@@ -76,37 +78,12 @@ kinds = st.one_of(
 )
 
 
-def _policy_version(call: CallState) -> int | None:
-    """The committed call's policy version, else the intended one (``docs/sql.md``)."""
-    if call.committed is not None and call.committed.policy_version is not None:
-        return call.committed.policy_version
-    return call.intended.policy_version
-
-
 def _expected(state: AttemptState) -> dict[str, object]:
-    """What the views should show of one folded attempt."""
-    if state.opened is None:
-        return {"calls": set(), "rollout": None, "contradictions": list(state.contradictions)}
-    selection = state.selection
-    indexes = {c: i for i, c in enumerate(selection.call_ids)} if selection else {}
-    calls = {
-        (
-            call.call_id,
-            call.parent_call_id,
-            call.status.value,
-            call.late if call.status is CallStatus.COMMITTED else False,
-            call.failure.reason if call.failure else None,
-            indexes.get(call.call_id),
-            _policy_version(call),
-        )
-        for call in state.calls.values()
-    }
-    rollout = None
-    if selection is not None:
-        final = state.finalized
-        status = "selected" if final is None else ("trainable" if final.trainable else "masked")
-        rollout = (state.opened.rollout_id, status, len(selection.call_ids), selection.reward)
-    return {"calls": calls, "rollout": rollout, "contradictions": list(state.contradictions)}
+    """What the views should show of one folded attempt: the fold's rows
+    (``grove.ledger.fold_drift.folded_rows``, which ``grove db check`` compares with the tables)
+    but the attempt's own row, which no view shows whole."""
+    rows = folded_rows(state)
+    return {name: rows[name] for name in ("calls", "rollouts", "contradictions")}
 
 
 def _shown(store: EventStore, key: str) -> dict[str, object]:
@@ -134,10 +111,10 @@ def _shown(store: EventStore, key: str) -> dict[str, object]:
                 {"k": key},
             ).scalars()
         )
-    rollout = row and (row.rollout_id, row.status, row.selected_calls, row.reward)
+    rollout = row and (row.rollout_id, row.status, row.selected_calls, row.reward, row.rows)
     if row is not None:
         assert row.contradictions == len(contradictions)
-    return {"calls": calls, "rollout": rollout, "contradictions": contradictions}
+    return {"calls": calls, "rollouts": rollout, "contradictions": contradictions}
 
 
 @settings(
@@ -164,6 +141,7 @@ def test_the_views_equal_the_fold_of_any_event_sequence(ledger_url: str, data: s
         catch_up(inline)
         for key in keys:
             assert _shown(inline, key) == _expected(fold_attempt(key, appended[key]))
+        assert [d for d in fold_drift(inline) if d.capture_key in keys] == []
     finally:
         inline.close()
         legacy.close()
