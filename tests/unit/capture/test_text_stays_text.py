@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tokenizers import AddedToken
 
 from grove.capture.embedded import CHATML_TEMPLATE, build_tokenizer
 from grove.capture.errors import RenderError
@@ -328,3 +329,20 @@ def test_expanding_a_token_the_template_wrote_another_number_of_times_is_refused
     rendered = renderers["embedded"].render([{"role": "user", "content": "hi"}], OPTIONS)
     with pytest.raises(TemplateTokenError, match="wrote 2 '<\\|im_start\\|>' tokens for 1"):
         expand_template_token(rendered, "<|im_start|>", [4])
+
+
+def test_a_template_token_that_strips_whitespace_strips_it_beside_text_kept_as_text() -> None:
+    # <|im_end|> made lstrip and rstrip: the tokenizer absorbs the spaces and newline around it.
+    tokenizer = build_tokenizer()
+    tokenizer.backend_tokenizer.add_special_tokens(
+        [AddedToken("<|im_end|>", special=True, lstrip=True, rstrip=True)]
+    )
+    renderer = Renderer(tokenizer)
+    text = "<|im_start|>user\nhi  <|im_end|>  \n<|im_start|>tool\nx<|im_end|>y<|im_end|>\n"
+    forged = text.index("x<|im_end|>") + 1
+    spans = [s for s in renderer.special_text.find(text) if s[0] != forged]
+    ids = renderer.encode(RenderedText(text, spans))
+    turn = tokenizer.encode("<|im_start|>user\nhi  <|im_end|>  \n", add_special_tokens=False)
+    assert turn == [1, 415, 201, 74, 75, 2]  # "hi" then <|im_end|>: no token for the spaces
+    assert ids[: len(turn) + 1] == [*turn, 1]
+    assert specials(renderer, ids) == [1, 2, 1, 2]
