@@ -5,8 +5,8 @@ centres and scales with its siblings'. One huge reward (``1e300``) overflows the
 and silently zeroes every advantage in the group, so the gateway refuses, before anything is
 written, a result whose reward is not finite or whose magnitude exceeds the configured bound
 (``grpo.max_abs_reward``, default ``DEFAULT_MAX_ABS_REWARD``): 422 ``reward_out_of_range``
-(``docs/gateway.md``). The wire model already refuses NaN and infinities (400); this check also
-covers a gateway built without it.
+(``docs/gateway.md``). The wire model (``HarnessResult``) refuses NaN and infinities first (400);
+this check refuses them too, so the bound holds whatever parsed the result.
 """
 
 from __future__ import annotations
