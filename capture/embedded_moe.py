@@ -19,7 +19,7 @@ prefill routes its parent's tokens as the parent's generation did (``docs/moe.md
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Final, cast
 
@@ -127,7 +127,9 @@ class RouteRecorder:
             for handle in handles:
                 handle.remove()
 
-    def _hook(self, layer: int, router: torch.nn.Module):  # a torch forward hook
+    def _hook(  # a torch forward hook
+        self, layer: int, router: torch.nn.Module
+    ) -> Callable[[torch.nn.Module, object, object], object]:
         renormalize = bool(getattr(router, "norm_topk_prob", True))
 
         def keep(_module: torch.nn.Module, _inputs: object, output: object) -> object:

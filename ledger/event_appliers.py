@@ -26,6 +26,7 @@ from sqlalchemy import (
     Connection,
     Integer,
     String,
+    Table,
     bindparam,
     case,
     func,
@@ -33,9 +34,11 @@ from sqlalchemy import (
     select,
     update,
 )
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import insert as postgres_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.sql.dml import Insert, Update
+from sqlalchemy.sql.elements import ColumnElement
 
 from grove.ledger.errors import InvalidEventPayload
 from grove.ledger.events import (
@@ -53,7 +56,10 @@ from grove.ledger.events import (
 )
 from grove.ledger.schema import PROJ_ATTEMPTS, PROJ_CALLS, PROJ_ROLLOUTS
 
-__all__ = ["APPLIERS", "Applier", "Folded", "dialect_insert"]
+__all__ = ["APPLIERS", "Applier", "DialectInsert", "Folded", "dialect_insert"]
+
+DialectInsert = Callable[[Table], postgresql.Insert | sqlite.Insert]
+"""A dialect's ``insert``: both take ``on_conflict_do_nothing``."""
 
 
 class Folded(NamedTuple):
@@ -88,7 +94,7 @@ def _typed(kind: type[E], apply: Callable[[Connection, Folded, E], bool]) -> App
     return checked
 
 
-def dialect_insert(conn: Connection):
+def dialect_insert(conn: Connection) -> DialectInsert:
     """The ``insert`` of ``conn``'s dialect (both take ``on_conflict_do_nothing``)."""
     return postgres_insert if conn.dialect.name == "postgresql" else sqlite_insert
 
@@ -155,7 +161,7 @@ def _cleaned(conn: Connection, item: Folded) -> bool:
 # -- calls ---------------------------------------------------------------------------------------
 
 
-def _call_key(item: Folded, call_id: str):
+def _call_key(item: Folded, call_id: str) -> ColumnElement[bool]:
     return (PROJ_CALLS.c.capture_key == item.stream_id) & (PROJ_CALLS.c.call_id == call_id)
 
 
@@ -170,7 +176,7 @@ _INTENT_COLUMNS = (
 )
 
 
-def _intent_statement(dialect_insert) -> Insert:
+def _intent_statement(dialect_insert: DialectInsert) -> Insert:
     # Taken from the attempt's row: no row (never opened), no call. Built once: the capture path
     # runs it for every call, and building a statement costs more than running it.
     values = [bindparam(f"p_{name}", type_=PROJ_CALLS.c[name].type) for name in _INTENT_COLUMNS]

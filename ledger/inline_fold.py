@@ -33,7 +33,7 @@ from grove.ledger.contradictions import (
     lifecycle_facts,
     record_contradictions,
 )
-from grove.ledger.event_appliers import APPLIERS, Folded, dialect_insert
+from grove.ledger.event_appliers import APPLIERS, DialectInsert, Folded, dialect_insert
 from grove.ledger.events import AttemptOpened
 from grove.ledger.lifecycle import ATTEMPT_EVENTS, NEVER_OPENED, lifecycle_violation
 from grove.ledger.schema import EVENTS, PROJ_ATTEMPTS, PROJ_STREAMS
@@ -137,7 +137,7 @@ def fold_stream(conn: Connection, stream_id: str, known: Sequence[Folded] = ()) 
     )
 
 
-def _claim_new(dialect_insert) -> Insert:
+def _claim_new(dialect_insert: DialectInsert) -> Insert:
     return (
         dialect_insert(PROJ_STREAMS)
         .values(stream_id=bindparam("p_stream"), version=bindparam("p_last"))

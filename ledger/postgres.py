@@ -49,6 +49,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.sql.dml import Insert
+from sqlalchemy.sql.elements import ColumnElement
 
 from grove.ledger.append_batch import AppendBatch, AppendedRow, Landed, Meanwhile
 from grove.ledger.appending import append_statement
@@ -83,7 +84,7 @@ COPY_COLUMNS = (
 )
 
 
-def _oldest_running_transaction():
+def _oldest_running_transaction() -> ColumnElement[int]:
     return cast(cast(func.pg_snapshot_xmin(func.pg_current_snapshot()), Text), BigInteger)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from alembic import context
+from sqlalchemy import Connection
 
 from grove.ledger.database import open_engine
 from grove.ledger.schema import METADATA
@@ -20,7 +21,9 @@ def _url() -> str:
     return str(url)
 
 
-def _include_object(obj, name, type_, reflected, compare_to):
+def _include_object(
+    obj: object, name: str | None, type_: str, reflected: bool, compare_to: object
+) -> bool:
     # Alembic's own version table is not part of the ledger schema.
     return not (type_ == "table" and name == "alembic_version")
 
@@ -40,7 +43,7 @@ def run_migrations_online() -> None:
         engine.dispose()
 
 
-def _run(connection) -> None:
+def _run(connection: Connection) -> None:
     context.configure(
         connection=connection,
         target_metadata=METADATA,

@@ -16,8 +16,11 @@ below 1 were never written by Grove and are now refused by the database as well.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import sqlalchemy as sa
 from alembic import op
+from alembic.operations import BatchOperations
 
 from grove.ledger.ddl import append_only_statements, drop_append_only_statements
 
@@ -78,7 +81,7 @@ def drop_view_statements() -> tuple[str, ...]:
     return tuple(f"DROP VIEW IF EXISTS {name}" for name in reversed(VIEWS))
 
 
-def _alter_events(change) -> None:
+def _alter_events(change: Callable[[BatchOperations], None]) -> None:
     """Apply ``change`` to grove_events; on SQLite, re-make what a table rebuild loses."""
     dialect = op.get_bind().dialect.name
     if dialect == "sqlite":
@@ -94,7 +97,7 @@ def _alter_events(change) -> None:
 
 
 def upgrade() -> None:
-    def add_checks(batch) -> None:
+    def add_checks(batch: BatchOperations) -> None:
         for name, condition in CHECKS.items():
             batch.create_check_constraint(f"ck_grove_events_{name}", condition)
 
@@ -181,7 +184,7 @@ def downgrade() -> None:
     op.drop_table("grove_proj_attempts")
     op.drop_table("grove_projection_checkpoints")
 
-    def drop_checks(batch) -> None:
+    def drop_checks(batch: BatchOperations) -> None:
         for name in CHECKS:
             batch.drop_constraint(f"ck_grove_events_{name}", type_="check")
 
