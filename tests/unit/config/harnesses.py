@@ -191,7 +191,10 @@ def leave_a_call_pending(
         background = OpenAI(
             base_url=str(client.base_url),
             api_key=client.api_key,
-            default_headers={CAPTURE_KEY_HEADER: capture_key},
+            default_headers={
+                CAPTURE_KEY_HEADER: capture_key,
+                ATTEMPT_TOKEN_HEADER: str(client.default_headers[ATTEMPT_TOKEN_HEADER]),
+            },
             max_retries=0,
         )
         long_call = [*history, answer, {"role": "user", "content": "go on"}]
