@@ -39,7 +39,7 @@ from grove.ledger import migrate
 from grove.ledger.attempt import AttemptLog
 from grove.ledger.store import EventStore
 from grove.storage import BlobRef, open_blob_store
-from tests.integration.gateway.support import Gateway
+from tests.integration.gateway.support import AttemptTokens, Gateway
 from tests.vllm.build_vlm_model import VLM_HIDDEN_SIZE, save_tiny_vlm
 from tests.vllm.server import VENV, VllmServer, vllm_server
 
@@ -107,8 +107,13 @@ def gateway(tmp_path: Path, vlm_server: VllmServer) -> Iterator[Gateway]:
         model_fingerprint=MODEL,
     )
     app = create_app(service, selector=LedgerSelector(), model_name=MODEL, on_shutdown=store.close)
-    with engine, ServerThread(app) as server, httpx.Client(base_url=server.base_url) as http:
-        yield Gateway(server.base_url, service, http, server)
+    tokens = AttemptTokens()
+    with (
+        engine,
+        ServerThread(app) as server,
+        httpx.Client(base_url=server.base_url, event_hooks=tokens.hooks) as http,
+    ):
+        yield Gateway(server.base_url, service, http, server, tokens)
 
 
 def image(seed: int, height: int, width: int) -> str:
