@@ -144,4 +144,3 @@ def post_result(attempt: Attempt, spec: RolloutSpec, result: Mapping[str, Any]) 
     except httpx.TransportError as error:
         raise HarnessError(f"its result could not be posted: {error!r}", spec.rollout_id) from error
     return float(result["reward"])
-
