@@ -5,6 +5,8 @@
     CaptureError
     ├── NormalizationError        an item normalization cannot map (docs/normalization.md)
     ├── RenderError               the chat template failed to render the messages
+    ├── TemplateTokenError        message text whose special-token text cannot be kept as text
+    │                               (capture/template_tokens.py; answered as a RenderError)
     ├── SpliceError               a prompt plan that lacks, or contradicts, its token evidence
     ├── AttemptOptionsChangedError  a call whose model or template configuration is not the
     │                               attempt's (docs/normalization.md, "Fixed per attempt")

@@ -76,7 +76,12 @@ from grove.capture.wire import (
     TokenLogprob,
     attempt_status,
 )
-from grove.ledger.attempt import AttemptState, CallStatus, StaleAttemptState
+from grove.ledger.attempt import (
+    DEFAULT_SETTLE_TIMEOUT_S,
+    AttemptState,
+    CallStatus,
+    StaleAttemptState,
+)
 from grove.ledger.events import RolloutSelected
 from grove.ledger.store import validate_stream_id
 from grove.storage import staging_key
@@ -104,7 +109,6 @@ PARENT_CALL_ID_HEADER: Final = "X-Grove-Parent-Call-Id"
 ROOT_REASON_HEADER: Final = "X-Grove-Root-Reason"
 """Answer header: why the call is a root (``docs/normalization.md``)."""
 DEFAULT_MAX_TOKENS: Final = 256
-DEFAULT_SETTLE_TIMEOUT_S: Final = 300.0
 _STALE_RETRIES: Final = 50  # plans met by another writer's append before a call gives up
 
 Selector = Callable[[AttemptState, dict[str, Any]], RolloutSelected]

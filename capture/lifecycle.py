@@ -54,7 +54,7 @@ from grove.capture.media import MediaPlan, plan_media, request_images
 from grove.capture.render import NormalizedRequest, Renderer, RenderOptions, normalize_messages
 from grove.capture.splice import PromptPlan, RawOutput, plan_call
 from grove.ledger.admission import AdmissionDecision
-from grove.ledger.attempt import AttemptError, AttemptLog, AttemptState
+from grove.ledger.attempt import DEFAULT_SETTLE_TIMEOUT_S, AttemptError, AttemptLog, AttemptState
 from grove.ledger.events import AttemptOpened, CallFailed, RolloutSelected
 from grove.storage import BlobRef, BlobStore, CallDelta, staging_key
 
@@ -217,7 +217,7 @@ class CaptureService:
         self.log.close_admissions(capture_key)
         self.views.adopt(capture_key)
 
-    def settle(self, capture_key: str, timeout_s: float = 300.0) -> AttemptState:
+    def settle(self, capture_key: str, timeout_s: float = DEFAULT_SETTLE_TIMEOUT_S) -> AttemptState:
         """Close admissions, wait for pending calls up to ``timeout_s``, record the outcome."""
         settled = self.log.settle(capture_key, timeout_s)
         self.views.adopt(capture_key)

@@ -63,6 +63,7 @@ from grove.capture.errors import (
 from grove.capture.limits import GatewayLimits
 from grove.capture.render import Renderer, RenderOptions
 from grove.capture.splice import PromptPlan
+from grove.capture.template_tokens import TemplateTokenError, expand_template_token
 from grove.storage import MediaDescriptor, MediaTensor, describe_media, media_digest
 
 __all__ = [
@@ -237,22 +238,18 @@ class MediaRenderer(Renderer):
         *,
         add_generation_prompt: bool | None = None,
     ) -> str:
-        """The template's text with every image's placeholder tokens expanded."""
+        """The template's text with each image token the template wrote expanded into the
+        image's placeholder tokens; an image token's text inside message text stays text
+        (``docs/security.md``, "Text stays text")."""
         text = super().render(messages, options, add_generation_prompt=add_generation_prompt)
         images = [self.vision.process(ref) for ref in request_images(messages)]
-        token = self.vision.image_token
-        pieces = text.split(token)
-        if len(pieces) - 1 != len(images):
+        counts = [image.placeholder_tokens for image in images]
+        try:
+            return expand_template_token(text, self.vision.image_token, counts)
+        except TemplateTokenError as exc:
             raise RenderError(
-                options.model,
-                f"the rendering holds {len(pieces) - 1} image tokens {token!r} for "
-                f"{len(images)} images: message text may not contain the image token, and the "
-                "chat template writes exactly one per image part",
-            )
-        out = [pieces[0]]
-        for image, piece in zip(images, pieces[1:], strict=True):
-            out += [token * image.placeholder_tokens, piece]
-        return "".join(out)
+                options.model, f"{exc}: the chat template writes exactly one per image part"
+            ) from None
 
 
 def chain_media(

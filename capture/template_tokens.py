@@ -46,6 +46,8 @@ from typing import Any
 from tokenizers import AddedToken, Tokenizer
 from transformers import PreTrainedTokenizerBase
 
+from grove.capture.errors import CaptureError
+
 __all__ = [
     "RenderedText",
     "SpecialTokenText",
@@ -58,8 +60,9 @@ __all__ = [
 Span = tuple[int, int]
 
 
-class TemplateTokenError(ValueError):
-    """The text cannot be rendered or encoded with its special tokens kept to the template's."""
+class TemplateTokenError(CaptureError, ValueError):
+    """The text cannot be rendered or encoded with its special tokens kept to the template's
+    (the renderer answers it as :class:`~grove.capture.errors.RenderError`)."""
 
 
 class RenderedText(str):

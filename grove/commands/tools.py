@@ -20,6 +20,7 @@ from grove.commands.options import (
     resolvable_policy,
     workspace,
 )
+from grove.ledger.attempt import DEFAULT_SETTLE_TIMEOUT_S
 
 __all__ = ["gc", "lineage", "replay", "report", "show", "walkthrough"]
 
@@ -153,7 +154,7 @@ def gc(
             help="Seconds after an attempt settled before its pending calls' blobs may go "
             "(the run's token_capture.pending_call_timeout_s).",
         ),
-    ] = 300.0,
+    ] = DEFAULT_SETTLE_TIMEOUT_S,
     as_json: JsonOption = False,
     workdir: WorkdirOption = None,
     database_url: DatabaseOption = None,

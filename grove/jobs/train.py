@@ -50,7 +50,7 @@ from grove.jobs.rollouts import StepPlayer
 from grove.jobs.roots import root_metrics
 from grove.jobs.run_log import RunLog
 from grove.jobs.runs import RunDirectory, find_run, new_run
-from grove.jobs.serve import ServerThread, build_gateway
+from grove.jobs.serve import ServerThread, build_gateway, gateway_options
 from grove.jobs.step_batches import OverdueAttempts, awaited_batch, played_batch
 from grove.jobs.training_run import StepSummary, TrainingRun
 from grove.ledger import migrate
@@ -218,20 +218,15 @@ def _pad_token_id(loaded: LoadedModel) -> int:
 def _gateway(
     config: GroveConfig, workspace: Workspace, loaded: LoadedModel, policy: PolicyEngine
 ) -> FastAPI:
-    """The gateway on the run's engine."""
+    """The gateway on the run's engine, with every gateway key of ``config`` (the same
+    ``gateway_options`` ``grove serve`` uses)."""
     return build_gateway(
         workspace,
         engine=policy.engine,
         tokenizer=loaded.tokenizer,
         model_name=loaded.name,
-        auth_token=config.engine.auth_token,
         max_context=min(policy.context_length, config.policy.max_total_sequence_length),
-        default_max_tokens=config.engine.default_max_tokens,
-        settle_timeout_s=config.token_capture.pending_call_timeout_s,
-        selection_policy=config.token_capture.selection_policy,
-        forest_mode=config.token_capture.forest_training,
-        strict=config.token_capture.strict,
-        max_abs_reward=config.grpo.max_abs_reward,
+        **gateway_options(config),
     )
 
 

@@ -33,6 +33,8 @@ PACKAGES = (
 OUTSIDE_THE_TREE = {
     # answered as an error body inside the gateway, never raised out of it
     "grove.capture.refusals.Refused",
+    # answered as an error body by the body-limits middleware, never raised out of it
+    "grove.capture.limits.LimitExceeded",
 }
 
 

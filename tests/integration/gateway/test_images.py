@@ -129,7 +129,7 @@ def echoed(completion: Any) -> dict[str, Any]:
 
 @pytest.fixture
 def example(vlm: Gateway) -> Example:
-    vlm.open(selection_policy="all_captured")
+    vlm.open(selection_policy="all_captured", forest_mode=True)
     client = vlm.client()
     history = [user("look", A)]
     first = call(client, "c1", history)
@@ -313,7 +313,7 @@ def test_the_trainer_takes_a_step_on_rows_with_images(example: Example):
 
 
 def test_an_ancestor_image_is_in_every_row_of_a_branch_and_owned_once(vlm: Gateway):
-    vlm.open(selection_policy="all_captured")
+    vlm.open(selection_policy="all_captured", forest_mode=True)
     client = vlm.client()
     history = [user("look", A)]
     root = call(client, "c1", history)
