@@ -41,11 +41,9 @@ from pydantic import Field
 from grove.capture.conflicts import opened_differences
 from grove.capture.lifecycle import CaptureService
 from grove.capture.refusals import Refused
-from grove.capture.render import Renderer
 from grove.capture.wire import AttemptStatus, OpenAttemptRequest, attempt_status
 from grove.ledger.attempt import AttemptState
 from grove.ledger.errors import EventIdConflict
-from grove.ledger.events import AttemptOpened
 
 __all__ = [
     "ATTEMPT_TOKEN_HEADER",
@@ -55,7 +53,6 @@ __all__ = [
     "gateway_token_check",
     "new_attempt_token",
     "open_with_token",
-    "opening_event",
     "proposed_token",
     "refuse_reopening",
     "require_attempt_token",
@@ -166,13 +163,22 @@ def open_with_token(
     attempt carries another event, which the ledger refuses (``EventIdConflict``, nothing
     written); only then is the attempt read, to answer 409 ``attempt_exists`` without its token,
     or 409 ``conflicting_event`` naming the fields that differ with it."""
+    if request.forest_mode is None or request.selection_policy is None:
+        raise ValueError("open_with_token takes a request resolved by AttemptSettings")
     token = proposed_token(proposed) or new_attempt_token()
     key = request.capture_key
-    event = opening_event(
-        request, model_fingerprint=service.model_fingerprint, renderer=service.renderer, token=token
-    )
     try:
-        appended = service.log.open(event)
+        appended = service.open_attempt(
+            key,
+            rollout_id=request.rollout_id,
+            prompt_group=request.prompt_group,
+            rollout_index=request.rollout_index,
+            policy_version=request.policy_version,
+            forest_mode=request.forest_mode,
+            selection_policy=request.selection_policy,
+            seed=request.seed,
+            attempt_token_digest=attempt_token_digest(key, token),
+        )
     except EventIdConflict:
         state = service.state(key)
         if state.opened is None:
@@ -191,30 +197,6 @@ def open_with_token(
     held = service.log.held(key) if appended is not None else None
     state = held if held is not None else service.state(key)
     return OpenedAttempt(**attempt_status(state).model_dump(), attempt_token=token)
-
-
-def opening_event(
-    request: OpenAttemptRequest, *, model_fingerprint: str, renderer: Renderer, token: str
-) -> AttemptOpened:
-    """The ``attempt.opened`` event for a resolved ``request`` (its policy and forest mode
-    given), recording the digest of ``token``; the template fingerprint is the sha256 of the
-    renderer's chat template text, as ``CaptureService.open_attempt`` records it."""
-    if request.forest_mode is None or request.selection_policy is None:
-        raise ValueError("opening_event takes a request resolved by AttemptSettings")
-    template = str(renderer.tokenizer.chat_template).encode()
-    return AttemptOpened(
-        capture_key=request.capture_key,
-        rollout_id=request.rollout_id,
-        prompt_group=request.prompt_group,
-        rollout_index=request.rollout_index,
-        policy_version=request.policy_version,
-        model_fingerprint=model_fingerprint,
-        template_fingerprint=hashlib.sha256(template).hexdigest(),
-        forest_mode=request.forest_mode,
-        selection_policy=request.selection_policy,
-        seed=request.seed,
-        attempt_token_digest=attempt_token_digest(request.capture_key, token),
-    )
 
 
 def gateway_token_check(token: str) -> Callable[..., None]:

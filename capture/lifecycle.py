@@ -40,6 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from grove.capture.attempt_settings import DEFAULT_FOREST_MODE
 from grove.capture.attempt_views import DEFAULT_CACHED_VIEWS, AttemptView, AttemptViews
 from grove.capture.call_events import CommittedOutput, commit_event, intent_event
 from grove.capture.engine import Engine, Generation, SamplingParams
@@ -186,17 +187,21 @@ class CaptureService:
         prompt_group: str,
         rollout_index: int,
         policy_version: int = 0,
-        forest_mode: bool = True,
+        forest_mode: bool = DEFAULT_FOREST_MODE,
         selection_policy: str = "returned_history",
         template_fingerprint: str | None = None,
         seed: int | None = None,
-    ) -> None:
-        """Start an attempt (idempotent for the same fields)."""
+        attempt_token_digest: str | None = None,
+    ) -> int | None:
+        """Start an attempt (idempotent for the same fields); returns the stream's version after
+        this call appended the opening, None when it was already recorded.
+        ``attempt_token_digest``: the digest of the attempt's token (``capture/capabilities.py``),
+        None for an attempt that is driven in process only."""
         template = (
             template_fingerprint
             or hashlib.sha256(str(self.renderer.tokenizer.chat_template).encode()).hexdigest()
         )
-        self.log.open(
+        appended = self.log.open(
             AttemptOpened(
                 capture_key=capture_key,
                 rollout_id=rollout_id,
@@ -208,9 +213,11 @@ class CaptureService:
                 forest_mode=forest_mode,
                 selection_policy=selection_policy,
                 seed=seed,
+                attempt_token_digest=attempt_token_digest,
             )
         )
         self.views.adopt(capture_key)
+        return appended
 
     def close(self, capture_key: str) -> None:
         """The harness returned: refuse later calls of this attempt."""
