@@ -34,34 +34,34 @@ call; a committed call whose answer was not delivered records the cancellation
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import replace
 from typing import Annotated, Any, Final
 
 from fastapi import APIRouter, Depends, FastAPI, Header, Request, Response
 
-from grove.capture import errors as capture_errors
 from grove.capture.attempt_settings import AttemptSettings
 from grove.capture.body_limits import BodyLimits
 from grove.capture.capabilities import (
     AttemptToken,
     OpenedAttempt,
     gateway_token_check,
-    open_with_token,
-    require_attempt_token,
 )
 from grove.capture.chat_api import ChatCompletion, ChatCompletionRequest, chat_completion
-from grove.capture.conflicts import selection_differences
-from grove.capture.conversion import ConvertedCall, RequestConverter
-from grove.capture.delivery import CALLER_GONE, DeliveredStream, caller_disconnected
-from grove.capture.engine import SamplingParams
-from grove.capture.lifecycle import CallOutcome, CaptureService
+from grove.capture.gateway_service import GatewayService, Selector
+from grove.capture.headers import (
+    CALL_ID_HEADER,
+    CAPTURE_KEY_HEADER,
+    DECISION_HEADER,
+    PARENT_CALL_ID_HEADER,
+    ROOT_REASON_HEADER,
+)
+from grove.capture.lifecycle import CaptureService
 from grove.capture.limits import GatewayLimits
 from grove.capture.media import MediaRenderer
-from grove.capture.refusals import Refused, install_error_handlers
+from grove.capture.refusals import install_error_handlers
 from grove.capture.responses_api import ResponseObject, ResponsesRequest, response_object
-from grove.capture.reward_bound import DEFAULT_MAX_ABS_REWARD, check_reward, checked_bound
+from grove.capture.reward_bound import DEFAULT_MAX_ABS_REWARD
 from grove.capture.streaming import chat_sse, responses_sse
 from grove.capture.wire import (
     AttemptStatus,
@@ -73,18 +73,11 @@ from grove.capture.wire import (
     ModelList,
     OpenAttemptRequest,
     RejectRequest,
-    TokenLogprob,
     attempt_status,
 )
 from grove.ledger.attempt import (
     DEFAULT_SETTLE_TIMEOUT_S,
-    AttemptState,
-    CallStatus,
-    StaleAttemptState,
 )
-from grove.ledger.events import RolloutSelected
-from grove.ledger.store import validate_stream_id
-from grove.storage import staging_key
 
 __all__ = [
     "CALL_ID_HEADER",
@@ -97,316 +90,11 @@ __all__ = [
     "create_app",
 ]
 
-CAPTURE_KEY_HEADER: Final = "X-Grove-Capture-Key"
-"""Request header naming the attempt (its capture key) a model call belongs to; required."""
-CALL_ID_HEADER: Final = "X-Grove-Call-Id"
-"""Request header naming the call id to record (optional; a fresh id otherwise). Answered on
-every generation with the id the call was recorded under."""
-DECISION_HEADER: Final = "X-Grove-Decision"
-"""Answer header: ``root`` or ``continuation``."""
-PARENT_CALL_ID_HEADER: Final = "X-Grove-Parent-Call-Id"
-"""Answer header: the parent call of a continuation."""
-ROOT_REASON_HEADER: Final = "X-Grove-Root-Reason"
-"""Answer header: why the call is a root (``docs/normalization.md``)."""
 DEFAULT_MAX_TOKENS: Final = 256
-_STALE_RETRIES: Final = 50  # plans met by another writer's append before a call gives up
-
-Selector = Callable[[AttemptState, dict[str, Any]], RolloutSelected]
-"""``(settled attempt state, harness result) -> rollout.selected``; raises ``ValueError`` when
-the result cannot select calls. Injected by the application (``grove/jobs/serve.py``)."""
-
 
 _ANSWERS: Final[dict[int | str, dict[str, Any]]] = {
     status: {"model": ErrorBody} for status in (400, 401, 403, 404, 409, 422, 500, 501, 502, 503)
 }
-
-
-class _Gateway:
-    """The gateway's behaviour behind the routes: refusals, attempt bookkeeping, capture."""
-
-    def __init__(
-        self,
-        service: CaptureService,
-        selector: Selector | None,
-        model_name: str,
-        max_context: int | None,
-        default_max_tokens: int,
-        settle_timeout_s: float,
-        attempts: AttemptSettings,
-        max_abs_reward: float,
-    ) -> None:
-        self.service = service
-        self.selector = selector
-        self.attempts = attempts
-        self.max_abs_reward = checked_bound(max_abs_reward)
-        self.model_name = model_name
-        self.max_context = max_context
-        self.default_max_tokens = default_max_tokens
-        self.settle_timeout_s = settle_timeout_s
-        self.converter = RequestConverter(model_name, default_max_tokens, service.renderer)
-
-    # -- attempts ----------------------------------------------------------------------------
-
-    def state(self, capture_key: str) -> AttemptState:
-        """The attempt's state, read incrementally from the ledger (only events not yet seen):
-        the capture service's view of it, which a model call then plans against unread."""
-        return self.service.state(validate_stream_id(capture_key))
-
-    def opened(self, capture_key: str, *, read: bool = True) -> AttemptState:
-        """The state of an attempt that was opened; 404 otherwise. ``read=False``: the state as
-        this process last knew it, read only when it is behind its own appends or unknown."""
-        state = self._read(capture_key, read)
-        if state.opened is None:
-            raise Refused(
-                404,
-                "unknown_attempt",
-                f"Unknown attempt {capture_key!r}: open it with POST /v1/attempts first (the "
-                f"{CAPTURE_KEY_HEADER} header names an attempt that was opened)",
-            )
-        return state
-
-    def authorized(self, capture_key: str, token: str | None) -> None:
-        """Refuse (401, 403) a request on attempt ``capture_key`` without its ``token``, alike
-        whether or not the attempt exists (``capture/capabilities.py``)."""
-        require_attempt_token(self._read(capture_key, read=False), token)
-
-    def _read(self, capture_key: str, read: bool) -> AttemptState:
-        key = validate_stream_id(capture_key)
-        state = self.service.state(key) if read else self.service.current_state(key)
-        if state.opened is None and not read:
-            state = self.service.state(key)  # never refuse from a view that was not read
-        return state
-
-    def admitting(
-        self, capture_key: str | None, call_id: str | None, *, read: bool = True
-    ) -> AttemptState:
-        """The state of an attempt that admits a new call ``call_id``; refused otherwise
-        (``read``: as in ``opened``)."""
-        if not capture_key:
-            raise Refused(
-                400,
-                "missing_capture_key",
-                f"Every model call names its attempt: send the {CAPTURE_KEY_HEADER} header "
-                "(with the openai client: default_headers={'" + CAPTURE_KEY_HEADER + "': KEY})",
-            )
-        state = self.opened(capture_key, read=read)
-        if state.admissions_closed:
-            raise Refused(
-                409,
-                "attempt_closed",
-                f"Attempt {capture_key!r} admits no more calls: the harness already returned "
-                "(admissions are closed); open a new attempt",
-            )
-        if call_id is not None:
-            staging_key(capture_key, call_id)  # the call id names a blob: check it now
-            if call_id in state.calls:
-                raise Refused(
-                    409,
-                    "call_id_reused",
-                    f"Call id {call_id!r} is already recorded in attempt {capture_key!r}; "
-                    f"send a new {CALL_ID_HEADER} for every call (or none)",
-                )
-        return state
-
-    def open(self, request: OpenAttemptRequest, proposed: str | None) -> OpenedAttempt:
-        """Open an attempt and answer its token (``capture/capabilities.py``), with the server's
-        policy and forest mode where the request gives none."""
-        validate_stream_id(request.capture_key)
-        return open_with_token(self.service, self.attempts.resolve(request), proposed)
-
-    def close(self, capture_key: str) -> AttemptStatus:
-        """Close admissions: the harness returned."""
-        self.opened(capture_key)
-        self.service.close(capture_key)
-        return attempt_status(self.opened(capture_key, read=False))
-
-    def reject(self, capture_key: str, call_id: str, detail: str) -> AttemptStatus:
-        """Record that the harness rejected a committed call's response (it will resample)."""
-        call = self.opened(capture_key).calls.get(call_id)
-        if call is None:
-            raise Refused(
-                404, "unknown_call", f"Attempt {capture_key!r} has no call {call_id!r} to reject"
-            )
-        if call.status is not CallStatus.COMMITTED:
-            raise Refused(
-                409,
-                "call_not_committed",
-                f"Only a completed response can be rejected: call {call_id!r} of attempt "
-                f"{capture_key!r} is {call.status.value}",
-            )
-        self.service.fail(capture_key, call_id, "rejected_by_harness", detail)
-        return attempt_status(self.opened(capture_key))
-
-    def caller_gone(self, capture_key: str, call_id: str) -> None:
-        """Record that the client of committed call ``call_id`` went away before its answer was
-        delivered (``CALLER_GONE``); the call stays committed."""
-        self.service.fail(
-            capture_key,
-            call_id,
-            CALLER_GONE,
-            "the client disconnected before the answer was delivered",
-        )
-
-    def deliver(
-        self,
-        connection: Request,
-        response: Response,
-        outcome: CallOutcome,
-        answer: Any,
-        events: Iterator[str] | None,
-    ) -> Any:
-        """The answer of a committed call: ``answer``, or ``events`` as server-sent events.
-
-        Runs in the endpoint's worker thread, after the commit: a client that has already
-        disconnected is recorded now (``CALLER_GONE``); a stream cut before its last event
-        records it when it ends.
-        """
-        capture_key, call_id = outcome.capture_key, outcome.call_id
-        headers = _decision_headers(outcome)
-        if caller_disconnected(connection):
-            self.caller_gone(capture_key, call_id)
-        if events is not None:
-            return DeliveredStream(events, headers, lambda: self.caller_gone(capture_key, call_id))
-        response.headers.update(headers)
-        return answer
-
-    def result(self, capture_key: str, result: dict[str, Any]) -> AttemptStatus:
-        """Settle the attempt (the harness returned) and record the selection of its result.
-
-        When nothing is pending the selector first runs on the current state, so a result
-        whose evidence cannot select calls is refused before anything is written; closing,
-        settling and the selection are then one append, unless another writer appended since
-        (then step by step, selecting again on the settled state). An attempt with no accepted
-        generation selects no call: its result is recorded whatever its evidence, so its
-        rollout is finalized (masked) and its prompt group completes. A reward that is not
-        finite or beyond the bound is refused first (``capture/reward_bound.py``).
-        """
-        self._selector()  # refused before anything is read
-        state = self.opened(capture_key)
-        check_reward(capture_key, result.get("reward"), self.max_abs_reward)
-        if state.selection is not None:
-            self._refuse_second_result(state, result)
-            return attempt_status(state)
-        if state.settled is None and not state.pending_call_ids:
-            selected = self._select(state, result)
-            if self.service.settle_selecting(capture_key, selected, at=state) is not None:
-                return attempt_status(self.opened(capture_key, read=False))
-        settled = self.service.settle(capture_key, self.settle_timeout_s)
-        self.service.select(capture_key, self._select(settled, result))
-        return attempt_status(self.opened(capture_key, read=False))
-
-    def _selector(self) -> Selector:
-        """The selection policy; a gateway started without one records capture only (501)."""
-        if self.selector is None:
-            raise Refused(
-                501,
-                "selection_not_configured",
-                "This gateway records capture only: it was started without a selection policy, "
-                "so it cannot record a result (serve it through grove serve)",
-            )
-        return self.selector
-
-    def _refuse_second_result(self, state: AttemptState, result: dict[str, Any]) -> None:
-        """Posting the recorded result again is idempotent; any other result is a 409."""
-        recorded = state.selection
-        if recorded is None:
-            return
-        try:
-            differences = selection_differences(recorded, self._selector()(state, result))
-        except ValueError as error:
-            differences = f"this result cannot select calls ({error})"
-        if differences:
-            raise Refused(
-                409,
-                "conflicting_event",
-                f"A result was already recorded for attempt {state.capture_key!r}: "
-                f"{differences}. Posting the same result again is idempotent; a different one "
-                "is refused (the attempt's selection is recorded once)",
-            )
-
-    def _select(self, state: AttemptState, result: dict[str, Any]) -> RolloutSelected:
-        try:
-            return self._selector()(state, result)
-        except ValueError as error:
-            raise Refused(
-                422,
-                "selection_refused",
-                f"The result of attempt {state.capture_key!r} cannot select its calls: {error}",
-            ) from error
-
-    # -- model calls -------------------------------------------------------------------------
-
-    def generate(self, capture_key: str | None, converted: ConvertedCall) -> CallOutcome:
-        """Capture one model call: checks that write nothing first, then the lifecycle, which
-        plans the call against the state these checks saw (one plan per call). That state is
-        the service's view, read from the ledger only when it is behind this process's own
-        appends; when another process appended since, the intent fails before anything is
-        written (``StaleAttemptState``), and the call is checked and planned again on a fresh
-        read."""
-        limit = self.max_context
-        fit = None if limit is None else lambda prompt: self._fit(converted, prompt, limit)
-        for attempt in range(_STALE_RETRIES):
-            state = self.admitting(capture_key, converted.call.call_id, read=attempt > 0)
-            try:
-                return self.service.generate(
-                    state.capture_key, converted.call, fit=fit, refresh=False
-                )
-            except StaleAttemptState:
-                if attempt == _STALE_RETRIES - 1:
-                    raise  # every try met another writer's append
-        raise AssertionError("unreachable")
-
-    def measure(self, capture_key: str, converted: ConvertedCall) -> Measurement:
-        """The prompt length and decision the call would get now; writes nothing."""
-        self.admitting(capture_key, None)
-        measured = self.service.measure(capture_key, converted.call)
-        decision = measured.decision
-        return Measurement(
-            prompt_tokens=measured.prompt_tokens,
-            decision=decision.kind.value,
-            parent_call_id=decision.parent_call_id,
-            reason=None if decision.reason is None else decision.reason.value,
-        )
-
-    def token_logprobs(self, outcome: CallOutcome) -> list[TokenLogprob]:
-        """The generated tokens of ``outcome`` before its stop token, in OpenAI's logprob format:
-        text, the logprob recorded in the blob, and the token's exact bytes."""
-        generation = outcome.generation
-        renderer = self.service.renderer
-        count = len(generation.content_token_ids)
-        return [
-            TokenLogprob(
-                token=renderer.decode([token]),
-                logprob=logprob,
-                bytes=list(renderer.token_bytes(token)),
-            )
-            for token, logprob in zip(
-                generation.token_ids[:count], generation.logprobs[:count], strict=True
-            )
-        ]
-
-    def _fit(self, converted: ConvertedCall, prompt: int, max_context: int) -> SamplingParams:
-        """The call's sampling with max tokens fitted to the context left after its planned
-        ``prompt``, or ``PromptTooLongError`` before anything is written (called only with a
-        ``max_context``; without one the engine checks, after the intent)."""
-        sampling = converted.call.sampling
-        room = max_context - prompt
-        wanted = sampling.max_tokens
-        if wanted <= room:
-            return sampling
-        if converted.explicit_max_tokens or room < 1:
-            raise capture_errors.PromptTooLongError(prompt, wanted, max_context)
-        return replace(sampling, max_tokens=room)
-
-
-def _decision_headers(outcome: CallOutcome) -> dict[str, str]:
-    decision = outcome.decision
-    headers = {CALL_ID_HEADER: outcome.call_id, DECISION_HEADER: decision.kind.value}
-    if decision.parent_call_id is not None:
-        headers[PARENT_CALL_ID_HEADER] = decision.parent_call_id
-    if decision.reason is not None:
-        headers[ROOT_REASON_HEADER] = decision.reason.value
-    return headers
 
 
 CaptureKey = Annotated[
@@ -455,7 +143,7 @@ def create_app(
         raise ValueError(f"max_context must be >= 1 when given, got {max_context}")
     if default_max_tokens < 1:
         raise ValueError(f"default_max_tokens must be >= 1, got {default_max_tokens}")
-    gateway = _Gateway(
+    gateway = GatewayService(
         service,
         selector,
         model_name,

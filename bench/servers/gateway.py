@@ -172,6 +172,7 @@ def instrument_grove() -> None:
 
     import grove.capture.call_events
     import grove.capture.gateway
+    import grove.capture.gateway_service
     import grove.capture.lifecycle
     import grove.capture.splice
     from grove.capture.attempt_views import AttemptViews
@@ -184,7 +185,7 @@ def instrument_grove() -> None:
 
     stages: list[tuple[object, str, str]] = [
         (RequestConverter, "chat_call", "conversion"),
-        (grove.capture.gateway._Gateway, "generate", "gateway checks (own)"),
+        (grove.capture.gateway_service.GatewayService, "generate", "gateway checks (own)"),
         (CaptureService, "generate", "lifecycle (own): events, delta, ids, fit"),
         (AttemptViews, "view", "ledger read: the attempt's view"),
         (grove.capture.lifecycle, "normalize_messages", "normalization"),
