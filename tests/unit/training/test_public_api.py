@@ -42,6 +42,7 @@ PUBLIC = {
         "PolicyRegistry",
         "RolloutSelection",
         "SelectionPolicy",
+        "SelectionPolicyFailed",
         "SelectionRule",
         "all_captured",
         "completion_mask_reason",
