@@ -6,7 +6,7 @@ Both servers answer ``POST /v1/chat/completions`` from one ``InstantEngine`` (a 
 generation of the embedded tokenizer's tokens, no model), so the figures measure Grove, not
 inference. The plain server is a minimal FastAPI application with one route (render the messages
 with the same chat template, tokenize, generate, decode, answer a ChatCompletion; nothing
-recorded). Grove is ``grove.jobs.serve.build_gateway(workspace, engine=instant,
+recorded). Grove is ``grove.services.serve.build_gateway(workspace, engine=instant,
 max_context=2048)`` (the context ``build_gateway`` sets for the embedded engine) on SQLite + local
 blobs, PostgreSQL + local blobs and PostgreSQL + S3 (moto in its own process). All servers are
 ``ServerThread``s (uvicorn) in one child process that does nothing else (the server side:

@@ -31,7 +31,7 @@ train as one row each unless forest training is turned on (``docs/forest.md``)."
 @dataclass(frozen=True)
 class AttemptSettings:
     """The server's rules for opening attempts (producer: the application's configuration,
-    ``grove/jobs/serve.py``; consumer: ``POST /v1/attempts``).
+    ``grove/services/serve.py``; consumer: ``POST /v1/attempts``).
 
     ``selection_policies``: the names an attempt may give (the server's selector runs each).
     ``selection_policy``: the policy of an attempt that names none; one of them.

@@ -21,7 +21,7 @@ cannot honour exactly; a prompt too long when ``max_context`` is not given): the
 records those as ``call.failed`` (``engine_error``). ``docs/gateway.md`` documents it all.
 
 ``capture`` must not import ``training``: the selection policy arrives as the ``selector``
-callable (``grove/jobs/serve.py`` builds it from ``training/selection.py``). A selector raises
+callable (``grove/services/serve.py`` builds it from ``training/selection.py``). A selector raises
 ``ValueError`` (``grove.training.errors.SelectionError`` is one) when the result cannot select
 calls; the gateway answers 422 with its message. An attempt with no accepted generation (a
 first-call failure) selects no call, so its result is always taken and its prompt group completes.

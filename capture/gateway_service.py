@@ -53,7 +53,7 @@ _STALE_RETRIES: Final = 50  # plans met by another writer's append before a call
 
 Selector = Callable[[AttemptState, dict[str, Any]], RolloutSelected]
 """``(settled attempt state, harness result) -> rollout.selected``; raises ``ValueError`` when
-the result cannot select calls. Injected by the application (``grove/jobs/serve.py``)."""
+the result cannot select calls. Injected by the application (``grove/services/serve.py``)."""
 
 
 class GatewayService:

@@ -9,7 +9,7 @@ adds that bound: from the moment a connection opens, and again after each respon
 request's head must be complete within ``header_timeout_s``, or the connection is closed.
 
 :func:`server_options` gives the uvicorn settings for a :class:`grove.capture.limits.GatewayLimits`
-(``grove/jobs/serve.py`` passes them to ``uvicorn.Config``); the body's own bounds are
+(``grove/services/serve.py`` passes them to ``uvicorn.Config``); the body's own bounds are
 ``capture/body_limits.py``'s. A head over ``max_header_bytes`` is answered 400 by h11 and the
 connection closed.
 """

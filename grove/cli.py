@@ -190,8 +190,8 @@ def _train(
     ws: Workspace,
 ) -> None:
     from grove.config import load_config
-    from grove.jobs.distributed import is_main_rank
-    from grove.jobs.train import run_training
+    from grove.train.distributed import is_main_rank
+    from grove.train.job import run_training
 
     config = load_config(source)
     summary = run_training(
@@ -261,7 +261,7 @@ def export(
     ] = None,
 ) -> None:
     """Export a checkpoint as a Hugging Face model directory (docs/export.md)."""
-    from grove.jobs.models import ModelLoadError
+    from grove.engines.models import ModelLoadError
     from grove.tools.export import ExportError, export_checkpoint, export_from_run
 
     if model is None and dtype is not None:

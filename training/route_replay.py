@@ -26,7 +26,7 @@ the router computes, bit for bit.
 
 Replay works on transformers' top-k routers whose forward returns ``(logits, scores, indices)``
 (``REPLAYABLE_ROUTERS``), through a forward hook that replaces their output for the duration of
-one forward; ``moe_routers`` finds them, and ``grove.jobs.preflight`` refuses an MoE model whose
+one forward; ``moe_routers`` finds them, and ``grove.train.preflight`` refuses an MoE model whose
 routers are not among them before any rollout.
 """
 

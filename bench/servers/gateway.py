@@ -285,7 +285,7 @@ def serve(specs: Sequence[Mapping[str, str]]) -> None:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     from grove.capture.embedded import build_tokenizer
-    from grove.jobs.serve import ServerThread, build_gateway
+    from grove.services.serve import ServerThread, build_gateway
     from grove.workspace import Workspace
 
     tokenizer = build_tokenizer()

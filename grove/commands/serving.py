@@ -263,8 +263,8 @@ def serve(
 
 
 def _serve(config: GroveConfig, ws: Workspace) -> None:
-    from grove.jobs.engines import open_serving_engine
-    from grove.jobs.serve import build_gateway, gateway_options, run_server
+    from grove.engines.policy import open_serving_engine
+    from grove.services.serve import build_gateway, gateway_options, run_server
 
     host = config.engine.host
     if config.engine.auth_token is None and not _is_loopback(host):
@@ -349,7 +349,7 @@ def project(
     padding token): finalize the rollouts of the prompt groups it leases, and with --steps
     publish steps (docs/scale.md). Start several; a shard that dies releases its leases and
     another takes its groups over."""
-    from grove.jobs.project import projector_settings, run_shard
+    from grove.services.project import projector_settings, run_shard
 
     settings = configured(config, config_file, {})
     ws = workspace(workdir, database_url, blob_url)

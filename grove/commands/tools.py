@@ -32,7 +32,7 @@ def walkthrough(
     blob_url: BlobOption = None,
 ) -> None:
     """Record one small attempt and show its capture graph (no training)."""
-    from grove.jobs.walkthrough import run_walkthrough
+    from grove.demo.walkthrough import run_walkthrough
 
     ws = workspace(workdir, database_url, blob_url)
     print(json.dumps(run_walkthrough(ws, console=None if as_json else console)))

@@ -3,7 +3,7 @@
 ``gateway.limits`` holds every bound on what one request may make the gateway read, hold,
 compute or store (``docs/security.md``, "Limits"): each key is a field of
 ``grove.capture.limits.GatewayLimits``, with the same default, and :meth:`LimitsConfig.capture`
-hands them to the gateway (``grove.jobs.serve.build_gateway``). The section says how a server
+hands them to the gateway (``grove.services.serve.build_gateway``). The section says how a server
 treats untrusted clients, not what a run computes, so it is left out of the configuration's
 digest: a resumed run may change it.
 """

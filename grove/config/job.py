@@ -4,7 +4,7 @@
 Paths (``model.path``, ``data.path``) are resolved against the directory of the configuration
 file when relative, so a configuration and its task file travel together. Whether a model
 directory is complete, a harness importable and a task file well formed is checked by
-``grove.jobs.preflight`` before anything starts; this module checks shapes and bounds only.
+``grove.train.preflight`` before anything starts; this module checks shapes and bounds only.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ those come from the run's ``model.path`` (``embedded`` or a local model director
 1. refuses an output directory that exists and is not empty (nothing is overwritten);
 2. verifies every file of the checkpoint against its manifest (``verify_checkpoint``), before
    any model is built;
-3. loads the run's model (:func:`grove.jobs.models.load_model`) and checks that the checkpoint's
+3. loads the run's model (:func:`grove.engines.models.load_model`) and checks that the checkpoint's
    tensors are exactly its parameters: same names (a tied weight is stored once, under either
    name), shapes and dtypes — a dtype cast would change the weights, so a dtype other than the
    run's is refused rather than converted;
@@ -30,8 +30,8 @@ from typing import Any, Final
 import torch
 from safetensors.torch import load_file
 
+from grove.engines.models import DTYPES, LoadedModel, load_model, quiet_transformers
 from grove.errors import JobError
-from grove.jobs.models import DTYPES, LoadedModel, load_model, quiet_transformers
 from grove.training.checkpoint import verify_checkpoint
 from grove.training.state_dict_fit import state_dict_fit
 

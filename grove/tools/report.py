@@ -1,6 +1,6 @@
 """``grove report RUN --html FILE``: a training run's curves as one self-contained page.
 
-The page reads the run's ``metrics.jsonl`` (``grove.jobs.run_log.read_metrics``: the last record
+The page reads the run's ``metrics.jsonl`` (``grove.train.run_log.read_metrics``: the last record
 of each step) and draws, first, four headline charts — the reward (``reward/mean``, with a
 ``±reward/std`` band when the run logs it), the largest token multiplicative probability error
 (``train/max_token_mult_prob_error``), rows per logical rollout (``forest/rows_per_rollout``) and
@@ -28,8 +28,8 @@ from pathlib import Path
 from string import Template
 from typing import Final
 
-from grove.jobs.run_log import METRICS_FILE, RunLogError, StepRecord, read_metrics
-from grove.jobs.runs import RUNS_DIR, run_path
+from grove.train.run_log import METRICS_FILE, RunLogError, StepRecord, read_metrics
+from grove.train.runs import RUNS_DIR, run_path
 
 __all__ = [
     "HEADLINE_METRICS",

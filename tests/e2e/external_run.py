@@ -20,7 +20,7 @@ from typing import Any
 
 from grove.client import Attempt, GroveClient
 from grove.config import load_config
-from grove.jobs.train import TrainSummary, run_training
+from grove.train.job import TrainSummary, run_training
 from grove.workspace import Workspace
 from tests.unit.config.runs import merged
 

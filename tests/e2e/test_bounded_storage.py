@@ -16,15 +16,15 @@ from pathlib import Path
 
 import pytest
 
-import grove.jobs.train
+import grove.train.job
 from grove.config import load_config
-from grove.jobs.train import run_training
 from grove.ledger.attempt import AttemptLog, AttemptState
 from grove.ledger.event_replay import CheckOutcome
 from grove.ledger.store import EventStore
 from grove.storage import BlobRef, open_blob_store
 from grove.tools.replay import replay
 from grove.tools.show import write_attempt_page
+from grove.train.job import run_training
 from grove.training.cleanup import CleanupReport, clean_step
 from grove.training.projector import Projector, ProjectorSettings
 from grove.workspace import Workspace
@@ -86,7 +86,7 @@ def bounded_run(tmp_path_factory: pytest.TempPathFactory):
         return report
 
     patch = pytest.MonkeyPatch()
-    patch.setattr(grove.jobs.train, "clean_step", counted)
+    patch.setattr(grove.train.job, "clean_step", counted)
     try:
         summary = run_training(
             load_config(_configuration(directory)), workspace, steps=STEPS, run_id=RUN_ID

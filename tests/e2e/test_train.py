@@ -17,7 +17,7 @@ import yaml
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from grove.jobs.models import load_model, save_embedded_model
+from grove.engines.models import load_model, save_embedded_model
 
 GROVE = str(Path(sys.executable).parent / "grove")
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

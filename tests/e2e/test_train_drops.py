@@ -14,13 +14,13 @@ import pytest
 from safetensors.torch import load_file
 
 from grove.config import load_config
-from grove.jobs.rollouts import replacement_task
-from grove.jobs.train import TrainSummary, run_training
 from grove.ledger.attempt import AttemptLog, AttemptState
 from grove.ledger.events import BatchPublished
 from grove.ledger.store import EventStore
 from grove.storage import open_blob_store
 from grove.storage.keys import staging_prefix
+from grove.train.job import TrainSummary, run_training
+from grove.train.rollouts import replacement_task
 from grove.training.errors import BatchError
 from grove.training.forest import MaskReason
 from grove.workspace import Workspace

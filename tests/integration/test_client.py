@@ -18,7 +18,7 @@ from grove.client import (
     GroveClientError,
     reject,
 )
-from grove.jobs.serve import ServerThread, build_gateway
+from grove.services.serve import ServerThread, build_gateway
 from grove.workspace import Workspace
 
 MESSAGES = [{"role": "user", "content": "Say hello."}]

@@ -79,11 +79,13 @@ def test_the_layers_install_inside_grove(installed: Path):
         "commands",
         "config",
         "demo",
-        "jobs",
+        "engines",
         "ledger",
         "migrations",
+        "services",
         "storage",
         "tools",
+        "train",
         "training",
     ]
 

@@ -22,8 +22,8 @@ __all__ = ["PRELOAD", "run"]
 PRELOAD = [
     "__main__",
     "grove.cli",
-    "grove.jobs.serve",
-    "grove.jobs.training_run",
+    "grove.services.serve",
+    "grove.train.training_run",
     "tests.reliability.launch",
 ]
 """Modules the fork server imports once, so that a forked gateway or worker starts at once

@@ -2,8 +2,8 @@
 
 A rollout follows the recency agent's context policy (``examples.recency_agent.compact``, one
 round kept): its third call rewrites the context, so it finalizes with two rows. The result is
-recorded as the gateway records it: settle, then ``grove.jobs.serve.LedgerSelector`` on the returned
-history.
+recorded as the gateway records it: settle, then ``grove.services.serve.LedgerSelector`` on the
+returned history.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from examples.recency_agent import compact, plain_word_fraction
 from grove.capture.engine import SamplingParams
 from grove.capture.lifecycle import CaptureService, ModelCall
 from grove.capture.render import RenderOptions
-from grove.jobs.serve import LedgerSelector
+from grove.services.serve import LedgerSelector
 
 from .conftest import MODEL
 

@@ -20,9 +20,9 @@ import torch
 
 from grove.capture.embedded import build_model, build_tokenizer
 from grove.config import GroveConfig
-from grove.jobs.training_run import TrainingRun
 from grove.ledger.store import EventStore
 from grove.storage import open_blob_store
+from grove.train.training_run import TrainingRun
 from grove.training.projector import PublishedBatch
 
 __all__ = ["ROLLOUTS_PER_GROUP", "WORKER_CONFIG", "main"]

@@ -7,7 +7,7 @@ What is checked, in the docs' inline code (and, for commands, their code blocks 
   extension or ``/`` (``ledger/store.py``, ``bench/support/``, ``docs/sql.md``), and a relative
   Markdown link (``[forest.md](forest.md)``), exists;
 - a name followed in the same line by `` `name` `` right after a Python file
-  (`` `grove/jobs/rollouts.py` `StepPlayer` ``) is defined in that file (``def``, ``class`` or an
+  (`` `grove/train/rollouts.py` `StepPlayer` ``) is defined in that file (``def``, ``class`` or an
   assignment, at any depth);
 - a dotted name under ``grove`` (``grove.ledger.catch_up.rebuild``), and a ``module:function``
   under ``grove`` or ``examples``, imports and resolves, attribute by attribute (a name ending in
@@ -250,11 +250,11 @@ def test_a_missing_file_and_a_dead_link_are_found() -> None:
 
 
 def test_a_name_the_file_does_not_define_is_found() -> None:
-    text = "| `grove/jobs/rollouts.py` `StepPlayer` | `grove/jobs/harness.py` `play_rollout` |"
+    text = "| `grove/train/rollouts.py` `StepPlayer` | `grove/train/harness.py` `play_rollout` |"
 
     found = [p.named for p in file_name_problems("x.md", text)]
 
-    assert found == ["grove/jobs/harness.py play_rollout"]
+    assert found == ["grove/train/harness.py play_rollout"]
 
 
 def test_a_dotted_or_colon_name_that_does_not_import_is_found() -> None:

@@ -7,7 +7,7 @@ python is missing or has no vllm package skips them with that reason, except und
 where the run fails (as without PostgreSQL or Chromium).
 
 The session's server (``dev_server``) serves an untied copy of the tiny model
-(``grove.jobs.engines.write_serving_directory``: same weights, so the same logits) with
+(``grove.engines.policy.write_serving_directory``: same weights, so the same logits) with
 ``--logprobs-mode processed_logprobs`` and vLLM's development endpoints, so one start serves
 both the engine tests and the weight-reload tests; the latter put the original weights back.
 """
@@ -22,8 +22,8 @@ from typing import Final
 
 import pytest
 
-from grove.jobs.engines import write_serving_directory
-from grove.jobs.models import load_model
+from grove.engines.models import load_model
+from grove.engines.policy import write_serving_directory
 from tests.vllm.build_model import save_tiny_model
 from tests.vllm.server import VENV, VllmServer, vllm_server
 

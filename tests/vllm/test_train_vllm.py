@@ -37,14 +37,14 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-import grove.jobs.train as train_job
+import grove.train.job as train_job
 from grove.client import GroveClient
 from grove.config import GroveConfig, load_config
-from grove.jobs.engines import VllmPolicy
-from grove.jobs.models import LoadedModel, load_model
-from grove.jobs.train import TrainSummary, run_training
+from grove.engines.models import LoadedModel, load_model
+from grove.engines.policy import VllmPolicy
 from grove.ledger.events import LedgerPosition
 from grove.ledger.store import EventStore
+from grove.train.job import TrainSummary, run_training
 from grove.workspace import Workspace
 from tests.vllm.server import LAUNCH_ARGS, LAUNCH_ENVIRONMENT, VENV
 

@@ -34,10 +34,10 @@ from grove.capture.embedded_vlm import (
 from grove.capture.gateway import CALL_ID_HEADER, create_app
 from grove.capture.lifecycle import CaptureService
 from grove.capture.vllm_vlm import VllmVLMEngine
-from grove.jobs.serve import LedgerSelector, ServerThread
 from grove.ledger import migrate
 from grove.ledger.attempt import AttemptLog
 from grove.ledger.store import EventStore
+from grove.services.serve import LedgerSelector, ServerThread
 from grove.storage import BlobRef, open_blob_store
 from tests.integration.gateway.support import AttemptTokens, Gateway
 from tests.vllm.build_vlm_model import VLM_HIDDEN_SIZE, save_tiny_vlm

@@ -17,9 +17,9 @@ import yaml
 
 from grove.capture.engine import SamplingParams
 from grove.config import GroveConfig, load_config
-from grove.jobs.engines import VllmPolicy, VllmWeightsError, open_policy_engine
-from grove.jobs.engines import write_serving_directory as write_weights
-from grove.jobs.models import LoadedModel, load_model
+from grove.engines.models import LoadedModel, load_model
+from grove.engines.policy import VllmPolicy, VllmWeightsError, open_policy_engine
+from grove.engines.policy import write_serving_directory as write_weights
 from tests.vllm.server import VllmServer
 
 pytestmark = pytest.mark.vllm

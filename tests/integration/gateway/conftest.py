@@ -13,8 +13,8 @@
   (``HeldEngine``), for a call still running while the test acts (a settle wait, a disconnect).
 
 Each gateway serves ``MODEL`` with the embedded engine (one per session; its calls are
-serialized) and the application's selector (``grove.jobs.serve.LedgerSelector``). Clients are the
-official ``openai`` client with retries off, naming the attempt in ``default_headers``. The
+serialized) and the application's selector (``grove.services.serve.LedgerSelector``). Clients are
+the official ``openai`` client with retries off, naming the attempt in ``default_headers``. The
 gateway itself (``serve``, ``Gateway``, ``ScriptedEngine``) is in ``support.py``, which the
 agent-framework suite (``tests/integration/frameworks``) shares.
 """

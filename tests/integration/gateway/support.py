@@ -2,11 +2,11 @@
 
 ``serve(database_url, blob_url, engine, **create_app_options)`` runs uvicorn on 127.0.0.1 (a free
 port) in a thread over a real ledger and blob store, with the application's selector
-(``grove.jobs.serve.LedgerSelector``), and yields a ``Gateway``: its base URL, its capture service
-(to read the ledger and blobs) and an HTTP client for the attempt API. ``ScriptedEngine`` answers
-each call with chosen text, for the flows a random tiny model almost never produces by itself
-(tool calls, reasoning, multi-byte text); without a script it samples from the embedded engine
-(one per process; its calls are serialized).
+(``grove.services.serve.LedgerSelector``), and yields a ``Gateway``: its base URL, its capture
+service (to read the ledger and blobs) and an HTTP client for the attempt API. ``ScriptedEngine``
+answers each call with chosen text, for the flows a random tiny model almost never produces by
+itself (tool calls, reasoning, multi-byte text); without a script it samples from the embedded
+engine (one per process; its calls are serialized).
 
 Every request on an attempt carries the attempt's token (``capture/capabilities.py``). The
 gateway's clients (``Gateway.http`` and ``Gateway.client()``) keep the tokens the gateway answered
@@ -36,10 +36,10 @@ from grove.capture.engine import Engine, Generation, SamplingParams
 from grove.capture.gateway import CAPTURE_KEY_HEADER, create_app
 from grove.capture.lifecycle import CaptureService
 from grove.capture.render import Renderer
-from grove.jobs.serve import LedgerSelector, ServerThread
 from grove.ledger import migrate
 from grove.ledger.attempt import AttemptLog, AttemptState
 from grove.ledger.store import EventStore
+from grove.services.serve import LedgerSelector, ServerThread
 from grove.storage import BlobRef, open_blob_store
 
 __all__ = [

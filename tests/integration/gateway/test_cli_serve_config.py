@@ -18,7 +18,7 @@ import pytest
 
 from grove.commands.serving import SERVE_OVERRIDES
 from grove.config import load_config
-from grove.jobs.serve import gateway_options
+from grove.services.serve import gateway_options
 
 from .test_cli_serve import GROVE, free_port
 

@@ -1,11 +1,11 @@
-"""docs/gateway.md's harness example runs against a gateway built by ``grove.jobs.serve``."""
+"""docs/gateway.md's harness example runs against a gateway built by ``grove.services.serve``."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-from grove.jobs.serve import ServerThread, build_gateway
+from grove.services.serve import ServerThread, build_gateway
 from grove.workspace import Workspace
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "gateway.md"

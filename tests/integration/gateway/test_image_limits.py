@@ -28,10 +28,10 @@ from grove.capture.embedded_vlm import EmbeddedVLMEngine, build_vlm_renderer, bu
 from grove.capture.gateway import CAPTURE_KEY_HEADER, create_app
 from grove.capture.lifecycle import CaptureService
 from grove.config import load_config
-from grove.jobs.serve import LedgerSelector, ServerThread
 from grove.ledger import migrate
 from grove.ledger.attempt import AttemptLog
 from grove.ledger.store import EventStore
+from grove.services.serve import LedgerSelector, ServerThread
 from grove.storage import open_blob_store
 
 MODEL = "grove/test-tiny-vl"

@@ -34,10 +34,10 @@ from grove.capture.embedded_vlm import (
 )
 from grove.capture.gateway import CALL_ID_HEADER, create_app
 from grove.capture.lifecycle import CaptureService
-from grove.jobs.serve import LedgerSelector, ServerThread
 from grove.ledger import migrate
 from grove.ledger.attempt import AttemptLog
 from grove.ledger.store import EventStore
+from grove.services.serve import LedgerSelector, ServerThread
 from grove.storage import BlobRef, CallDelta, open_blob_store
 from grove.tools.show import write_attempt_page
 from grove.training.batch import LogicalRollout, assemble_batch

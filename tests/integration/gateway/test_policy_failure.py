@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from grove.client import GatewayServerError, GroveClient, GroveClientError
-from grove.jobs.serve import ServerThread, build_gateway
 from grove.ledger.attempt import AttemptLog
 from grove.ledger.store import EventStore
+from grove.services.serve import ServerThread, build_gateway
 from grove.workspace import Workspace
 
 POLICIES = "tests.integration.training.faulty_policies"

@@ -13,7 +13,7 @@ import pytest
 from grove.capture.gateway import create_app
 from grove.capture.reward_bound import DEFAULT_MAX_ABS_REWARD
 from grove.config import GroveConfig
-from grove.jobs.serve import ServerThread, build_gateway, gateway_options
+from grove.services.serve import ServerThread, build_gateway, gateway_options
 from grove.workspace import Workspace
 
 from .conftest import Gateway

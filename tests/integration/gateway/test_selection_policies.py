@@ -12,9 +12,9 @@ import pytest
 
 from grove.capture.attempt_settings import DEFAULT_FOREST_MODE, AttemptSettings
 from grove.client import GroveClient
-from grove.jobs.serve import ServerThread, build_gateway
 from grove.ledger.attempt import AttemptLog
 from grove.ledger.store import EventStore
+from grove.services.serve import ServerThread, build_gateway
 from grove.training.errors import SelectionPolicyError
 from grove.workspace import Workspace
 

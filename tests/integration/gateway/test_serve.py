@@ -1,4 +1,4 @@
-"""``grove.jobs.serve.build_gateway``: a workspace's ledger, blobs and the embedded engine."""
+"""``grove.services.serve.build_gateway``: a workspace's ledger, blobs and the embedded engine."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from openai import OpenAI
 from grove.capture.capabilities import ATTEMPT_TOKEN_HEADER
 from grove.capture.embedded import EMBEDDED_MODEL_NAME
 from grove.capture.gateway import CAPTURE_KEY_HEADER
-from grove.jobs.serve import ServerThread, build_gateway
 from grove.ledger.store import EventStore
+from grove.services.serve import ServerThread, build_gateway
 from grove.workspace import Workspace
 
 

@@ -19,8 +19,8 @@ from openai import OpenAI
 from grove.capture.capabilities import ATTEMPT_TOKEN_HEADER
 from grove.capture.embedded import EMBEDDED_MODEL_NAME
 from grove.capture.gateway import CAPTURE_KEY_HEADER
-from grove.jobs.serve import ServerThread, build_gateway
 from grove.ledger.store import EventStore
+from grove.services.serve import ServerThread, build_gateway
 from grove.workspace import Workspace
 from tests.fixtures.templates import turn_marking_tokenizer
 

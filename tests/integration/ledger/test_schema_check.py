@@ -13,9 +13,9 @@ from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.engine import make_url
 
 from grove.demo import DEMO_CONFIG
-from grove.jobs.serve import build_gateway
 from grove.ledger import migrate
 from grove.ledger.errors import SchemaNotReady, SchemaOutOfDate
+from grove.services.serve import build_gateway
 from grove.workspace import Workspace
 from tests.integration.tools.grove_cli import run_grove
 

@@ -21,11 +21,11 @@ from typing import Any
 
 from grove.config import load_config
 from grove.demo import DEMO_CONFIG
-from grove.jobs.train import run_training
 from grove.ledger import migrate
 from grove.ledger.attempt import AttemptLog, AttemptState
 from grove.ledger.events import LedgerPosition
 from grove.ledger.store import EventStore, ImportEvent
+from grove.train.job import run_training
 from grove.workspace import Workspace
 
 from .grove_cli import run_grove

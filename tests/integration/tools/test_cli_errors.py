@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from grove.jobs.models import save_embedded_model
+from grove.engines.models import save_embedded_model
 
 from .grove_cli import run_grove
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from grove.jobs.models import ModelLoadError, load_model, save_embedded_model
+from grove.engines.models import ModelLoadError, load_model, save_embedded_model
 from grove.tools.export import ExportError, export_checkpoint, export_from_run
 from grove.training.checkpoint import (
     CheckpointDigestMismatch,

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from grove.capture.attempt_settings import AttemptSettings
-from grove.jobs.serve import LedgerSelector
+from grove.services.serve import LedgerSelector
 from grove.training.selection import BUILTIN_POLICIES, PolicyRegistry
 
 from ..gateway.support import serve

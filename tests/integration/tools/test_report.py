@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from grove.errors import JobError
-from grove.jobs.run_log import METRICS_FILE, RunLog, read_metrics
-from grove.jobs.runs import RunNotFound
 from grove.tools import report
 from grove.tools.report import HEADLINE_METRICS, MAX_MARKERS, NoMetricsYet, write_report
+from grove.train.run_log import METRICS_FILE, RunLog, read_metrics
+from grove.train.runs import RunNotFound
 
 from .grove_cli import run_grove
 from .ledgers import DemoLedger

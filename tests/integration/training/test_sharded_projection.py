@@ -27,9 +27,9 @@ import torch
 from sqlalchemy import text
 
 from grove.config import load_config
-from grove.jobs.project import projector_settings
 from grove.ledger.leases import Leases, lease_key
 from grove.ledger.store import EventStore, ImportEvent
+from grove.services.project import projector_settings
 from grove.storage import open_blob_store
 from grove.training.projector import Projector, ProjectorSettings
 from grove.training.projector_shards import ProjectorShard

@@ -1,6 +1,6 @@
 """Tiny ``grove train`` runs for the configuration tests, and what they leave behind.
 
-``train`` runs ``grove.jobs.train.run_training`` — the main job's own function — on the embedded
+``train`` runs ``grove.train.job.run_training`` — the main job's own function — on the embedded
 model with a configuration that differs from ``tiny_configuration`` only by the given overrides:
 four tasks, one prompt group of two rollouts per step, two steps, a harness from
 ``tests/unit/config/harnesses.py`` that makes one short call (``engine.default_max_tokens`` 4).
@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from grove.config import GroveConfig, load_config
-from grove.jobs.train import TrainSummary, run_training
 from grove.ledger.attempt import AttemptLog, AttemptState
 from grove.ledger.store import EventStore
 from grove.storage import BlobStore, open_blob_store
+from grove.train.job import TrainSummary, run_training
 from grove.workspace import Workspace
 
 HARNESSES = "tests.unit.config.harnesses"

@@ -1,7 +1,7 @@
 """One training step, by hand: a ``TrainingRun`` built from a configuration, and its inputs.
 
 ``training_run`` builds the consuming side exactly as ``grove train`` does
-(``grove.jobs.training_run.TrainingRun``: projector settings, optimizer, scheduler, trainer and
+(``grove.train.training_run.TrainingRun``: projector settings, optimizer, scheduler, trainer and
 advantage settings, all from the configuration) on the embedded model, over an empty SQLite
 ledger that a hand-made step never reads. ``published`` lays out hand-made rollouts the way the
 projector publishes them (``assemble_batch`` with the run's own projector settings), so
@@ -22,11 +22,11 @@ from typing import Any
 import torch
 
 from grove.config import load_config
-from grove.jobs.models import EMBEDDED, load_model
-from grove.jobs.training_run import TrainingRun
+from grove.engines.models import EMBEDDED, load_model
 from grove.ledger.events import LedgerPosition
 from grove.ledger.store import EventStore
 from grove.storage import open_blob_store
+from grove.train.training_run import TrainingRun
 from grove.training.batch import LogicalRollout, assemble_batch
 from grove.training.forest import CallRecord, build_forest
 from grove.training.projector import FinalizedRollout, PublishedBatch

@@ -31,7 +31,7 @@ def test_token_capture_strict_refuses_the_calls_the_template_cannot_continue(
         "token_capture": {"forest_training": True},  # a rollout of several roots trains
     }
 
-    with caplog.at_level(logging.WARNING, logger="grove.jobs.roots"):
+    with caplog.at_level(logging.WARNING, logger="grove.train.roots"):
         lenient = train(tmp_path / "lenient", conversation)
     strict = train(tmp_path / "strict", conversation, {"token_capture": {"strict": True}})
 

@@ -1,4 +1,4 @@
-"""What each learner key changes in a training step (``grove/jobs/training_run.py``).
+"""What each learner key changes in a training step (``grove/train/training_run.py``).
 
 Every test builds ``TrainingRun`` — the consuming side of ``grove train`` — from a configuration
 (``tests/unit/config/steps.py``) and changes one key: advantages come from

@@ -10,10 +10,10 @@ from safetensors.torch import load_file
 
 from grove.capture.embedded import EMBEDDED_MODEL_NAME, build_tokenizer
 from grove.capture.embedded_moe import EMBEDDED_MOE_MODEL_NAME, build_moe_model
-from grove.jobs.models import load_model
-from grove.jobs.preflight import ModelCheckError, check_policy_model
+from grove.engines.models import load_model
 from grove.storage import BlobRef
 from grove.tools.export import export_from_run
+from grove.train.preflight import ModelCheckError, check_policy_model
 from tests.unit.config.runs import Run, train
 
 THREE_CALLS = {"harness": {"options": {"calls": 3}}}  # continuations: rows of three segments

@@ -1,4 +1,4 @@
-"""What each run-level key changes in a ``grove train`` run (``grove/jobs/train.py``).
+"""What each run-level key changes in a ``grove train`` run (``grove/train/job.py``).
 
 Every test runs the main job's own function, ``run_training``, on the tiny configuration of
 ``tests/unit/config/runs.py`` with one key changed (plus what the combination rules require),
@@ -19,12 +19,12 @@ from safetensors.torch import load_file
 
 from grove.capture.embedded import EMBEDDED_MODEL_NAME
 from grove.config import load_config
-from grove.jobs.harness import rollout_seed
-from grove.jobs.models import EMBEDDED, load_model, save_embedded_model
-from grove.jobs.rollouts import replacement_task
-from grove.jobs.tasks import task_order
-from grove.jobs.training_run import TrainingRun
+from grove.engines.models import EMBEDDED, load_model, save_embedded_model
 from grove.ledger.attempt import AttemptLog
+from grove.train.harness import rollout_seed
+from grove.train.rollouts import replacement_task
+from grove.train.tasks import task_order
+from grove.train.training_run import TrainingRun
 from grove.training.forest import MaskReason
 from grove.training.projector import finalization_forest
 from tests.e2e.external_run import ExternalRun

@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 from examples.image_agent import image_data_url
 from grove.capture.embedded_vlm import EMBEDDED_VLM_NAME
 from grove.config import ConfigurationError, load_config
-from grove.jobs.train import run_training
 from grove.storage import BlobRef, MediaDescriptor
+from grove.train.job import run_training
 from grove.workspace import Workspace
 from tests.unit.config.runs import RUN_ID, Run, merged, tiny_configuration, write_tasks
 

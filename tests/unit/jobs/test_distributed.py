@@ -1,5 +1,5 @@
 """How ``grove train`` takes its data-parallel ranks from ``torchrun``
-(``grove/jobs/distributed.py``); ranks training together are tested end to end in
+(``grove/train/distributed.py``); ranks training together are tested end to end in
 ``tests/e2e/test_data_parallel.py``."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from grove.config import load_config
-from grove.jobs.distributed import DataParallelMismatch, data_parallel_ranks, is_main_rank
+from grove.train.distributed import DataParallelMismatch, data_parallel_ranks, is_main_rank
 from grove.training.row_sharding import SingleProcess
 
 

@@ -1,4 +1,4 @@
-"""The run's engine (``grove/jobs/engines.py``, ``docs/engines.md``) without a vLLM server.
+"""The run's engine (``grove/engines/policy.py``, ``docs/engines.md``) without a vLLM server.
 
 What needs a real vLLM (a reload on a running server, a launched server that serves, a run that
 trains on one) is in ``tests/vllm`` (``make test-vllm``). Here: the directory every publish
@@ -22,8 +22,8 @@ from transformers import AutoModelForCausalLM
 
 from grove.capture.embedded import EMBEDDED_MODEL_NAME
 from grove.config import ConfigurationError, load_config
-from grove.errors import JobError
-from grove.jobs.engines import (
+from grove.engines.models import LoadedModel, load_model, save_embedded_model
+from grove.engines.policy import (
     EmbeddedPolicy,
     VllmWeightsError,
     _refuse_tied,
@@ -31,9 +31,9 @@ from grove.jobs.engines import (
     open_serving_engine,
     write_serving_directory,
 )
-from grove.jobs.models import LoadedModel, load_model, save_embedded_model
-from grove.jobs.serve import ServerThread, build_gateway
-from grove.jobs.vllm_process import SERVER_MODULE, VllmLaunchError
+from grove.engines.vllm_process import SERVER_MODULE, VllmLaunchError
+from grove.errors import JobError
+from grove.services.serve import ServerThread, build_gateway
 from grove.workspace import Workspace
 from tests.unit.config.runs import train
 

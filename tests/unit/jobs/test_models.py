@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from grove.capture.embedded import EMBEDDED_MODEL_NAME
-from grove.jobs.models import (
+from grove.engines.models import (
     ModelLoadError,
     check_model_directory,
     load_model,

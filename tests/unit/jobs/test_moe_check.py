@@ -1,4 +1,4 @@
-"""The setup check on the loaded model, before any rollout (``grove/jobs/preflight.py``): dense
+"""The setup check on the loaded model, before any rollout (``grove/train/preflight.py``): dense
 models pass; an MoE model passes only with dropless per-token routing that Grove replays, no
 auxiliary loss, no capacity limit, and an engine that captures its routes."""
 
@@ -11,8 +11,8 @@ from transformers import MixtralConfig, MixtralForCausalLM
 from grove.capture.embedded import build_model, build_tokenizer
 from grove.capture.embedded_moe import build_moe_model
 from grove.config import ConfigurationError, load_config
-from grove.jobs.models import EMBEDDED, ModelLoadError, load_model
-from grove.jobs.preflight import ModelCheckError, check_policy_model, moe_problems
+from grove.engines.models import EMBEDDED, ModelLoadError, load_model
+from grove.train.preflight import ModelCheckError, check_policy_model, moe_problems
 
 RULE = (
     r"Model 'tiny' is refused before any rollout: MoE models must use supported dropless "

@@ -1,11 +1,11 @@
 """``grove project`` finalizes with the settings of the run's configuration file, mapped key by key
-as the training run maps them (``grove/jobs/project.py``, ``projector_settings``)."""
+as the training run maps them (``grove/services/project.py``, ``projector_settings``)."""
 
 from __future__ import annotations
 
 from grove.capture.embedded import build_tokenizer
 from grove.config import load_config
-from grove.jobs.project import pad_token_id, projector_settings
+from grove.services.project import pad_token_id, projector_settings
 
 RUN = {
     "grpo": {"num_generations_per_prompt": 3, "num_prompts_per_step": 5},

@@ -1,10 +1,10 @@
-"""A training step's root metrics (grove/jobs/roots.py): roots by reason, unexplained roots, and
+"""A training step's root metrics (grove/train/roots.py): roots by reason, unexplained roots, and
 the warning when more than half of the step's calls are unexplained roots."""
 
 from __future__ import annotations
 
-from grove.jobs.roots import UNEXPLAINED_ROOTS, RootCounts, count_roots
 from grove.ledger.attempt import AttemptState
+from grove.train.roots import UNEXPLAINED_ROOTS, RootCounts, count_roots
 from tests.fixtures.attempts import attempt_state, intended
 
 

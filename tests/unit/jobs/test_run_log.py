@@ -10,8 +10,8 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from grove.errors import GROVE_ERRORS, JobError
-from grove.jobs import run_log
-from grove.jobs.run_log import (
+from grove.train import run_log
+from grove.train.run_log import (
     METRICS_FILE,
     TENSORBOARD_DIR,
     MalformedMetricsLine,
@@ -48,7 +48,7 @@ def test_each_record_is_one_json_line(tmp_path: Path):
 
 
 def test_wall_time_defaults_to_now(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr("grove.jobs.run_log.time.time", lambda: 1234.5)
+    monkeypatch.setattr("grove.train.run_log.time.time", lambda: 1234.5)
     with RunLog(tmp_path, tensorboard=False) as log:
         log.log(1, {"reward/mean": 1.0})
     assert read_metrics(tmp_path)[0].wall_time == 1234.5

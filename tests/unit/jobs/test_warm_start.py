@@ -25,7 +25,7 @@ from grove.demo.warm_start import (
     warm_start,
     warm_start_key,
 )
-from grove.jobs.models import ModelLoadError, load_model, save_embedded_model
+from grove.engines.models import ModelLoadError, load_model, save_embedded_model
 
 CORPUS = CorpusSpec(conversations=8)
 SETTINGS = FitSettings(steps=6, batch_size=2, warmup_steps=2)

@@ -30,7 +30,7 @@ from grove.demo.agent_corpus import (
     question,
 )
 from grove.demo.warm_start import CACHE_DIRECTORY
-from grove.jobs.models import LoadedModel, load_model
+from grove.engines.models import LoadedModel, load_model
 from tests.unit.jobs.warm_cache import seed_workdir, warm_model
 
 QUESTIONS = 16

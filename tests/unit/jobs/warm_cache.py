@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 from grove.demo.warm_start import CACHE_DIRECTORY
-from grove.jobs.models import EMBEDDED, LoadedModel, load_model
+from grove.engines.models import EMBEDDED, LoadedModel, load_model
 
 __all__ = ["seed_workdir", "warm_model"]
 

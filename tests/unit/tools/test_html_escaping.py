@@ -5,10 +5,10 @@ reason, a metric name), so a name such as ``<img src=x onerror=alert(1)>`` is ne
 
 from __future__ import annotations
 
-from grove.jobs.run_log import StepRecord
 from grove.tools.lineage import AttemptLineage, CallLineage
 from grove.tools.report import render_report
 from grove.tools.show import render_page
+from grove.train.run_log import StepRecord
 from grove.training.forest import CallRecord, build_forest
 
 HOSTILE = "<img src=x onerror=alert(1)>"

@@ -13,7 +13,7 @@ rollouts each; or from agents anywhere (``harness.target: external``), which ope
 gateway themselves — the run then trains on complete prompt groups in the order they complete.
 A group whose rollout failed, hung or was masked too often, or whose calls lag in policy version,
 is dropped; an in-process step replaces a few and otherwise shrinks under its drop budget
-(``grove.jobs.step_batches``; ``docs/forest.md``, "Failures and drops").
+(``grove.train.step_batches``; ``docs/forest.md``, "Failures and drops").
 
 ``--resume`` continues the latest run (or ``--run``) from its last checkpoint: the trainer's state
 is restored bitwise, a step's tasks and rollout seeds depend only on the configuration and the
@@ -35,27 +35,27 @@ from fastapi import FastAPI
 from rich.console import Console
 
 from grove.config import EXTERNAL, GroveConfig
-from grove.jobs.distributed import (
+from grove.engines.models import LoadedModel, load_model
+from grove.engines.policy import PolicyEngine, open_policy_engine
+from grove.ledger import migrate
+from grove.ledger.store import EventStore
+from grove.services.serve import ServerThread, build_gateway, gateway_options
+from grove.storage import open_blob_store
+from grove.train.distributed import (
     data_parallel_ranks,
     end_run,
     follow_main_rank,
     leading_ranks,
     share_training_state,
 )
-from grove.jobs.engines import PolicyEngine, open_policy_engine
-from grove.jobs.models import LoadedModel, load_model
-from grove.jobs.preflight import check_policy_model, preflight
-from grove.jobs.progress import StepProgress
-from grove.jobs.rollouts import StepPlayer
-from grove.jobs.roots import root_metrics
-from grove.jobs.run_log import RunLog
-from grove.jobs.runs import RunDirectory, find_run, new_run
-from grove.jobs.serve import ServerThread, build_gateway, gateway_options
-from grove.jobs.step_batches import OverdueAttempts, awaited_batch, played_batch
-from grove.jobs.training_run import StepSummary, TrainingRun
-from grove.ledger import migrate
-from grove.ledger.store import EventStore
-from grove.storage import open_blob_store
+from grove.train.preflight import check_policy_model, preflight
+from grove.train.progress import StepProgress
+from grove.train.rollouts import StepPlayer
+from grove.train.roots import root_metrics
+from grove.train.run_log import RunLog
+from grove.train.runs import RunDirectory, find_run, new_run
+from grove.train.step_batches import OverdueAttempts, awaited_batch, played_batch
+from grove.train.training_run import StepSummary, TrainingRun
 from grove.training.cleanup import clean_step
 from grove.training.projector import PublishedBatch
 from grove.training.row_sharding import RankGroup
@@ -97,7 +97,7 @@ def run_training(
 ) -> TrainSummary:
     """Train (or resume) up to ``steps`` optimizer steps (default ``grpo.max_num_steps``). Under
     ``torchrun`` rank 0 runs the job and every other rank trains its shard of each step
-    (``grove/jobs/distributed.py``); every rank returns the run's summary."""
+    (``grove/train/distributed.py``); every rank returns the run's summary."""
     with data_parallel_ranks(config) as ranks:
         if ranks.rank > 0:
             return follow_main_rank(config, ranks, TrainSummary)
@@ -274,7 +274,7 @@ class _Loop:
         return history
 
     def _next_batch(self, progress: StepProgress) -> PublishedBatch | None:
-        """The next step's batch (``grove.jobs.step_batches``); None once the task file is used
+        """The next step's batch (``grove.train.step_batches``); None once the task file is used
         up."""
         if self.player is not None:
             return played_batch(self.training, self.player, progress)

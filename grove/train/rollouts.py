@@ -1,6 +1,6 @@
 """Playing a step's rollouts through an in-process harness (``harness.target: module:function``).
 
-Step ``s`` plays the tasks ``grove.jobs.tasks.step_tasks`` gives it, ``grpo.num_generations_per_
+Step ``s`` plays the tasks ``grove.train.tasks.step_tasks`` gives it, ``grpo.num_generations_per_
 prompt`` rollouts each, ``harness.concurrency`` at a time. Rollout ``r`` of group ``g`` is the
 attempt ``{run}-s{s}-g{g}-r{r}``, seeded with ``rollout_seed(seed, s, g, r)``. A rollout whose
 attempt already has a selection (a resumed run: its result was posted, or Grove abandoned it) is
@@ -9,7 +9,7 @@ under the next key, ``…-a1``.
 
 A rollout that fails — its harness raises, returns no finite reward, or its result is refused —
 or whose harness has not returned its result ``async_rl.rollout_failure.rollout_timeout_s`` after
-its attempt opened (the harness starts then), is abandoned (``grove.jobs.abandonment``): its
+its attempt opened (the harness starts then), is abandoned (``grove.train.abandonment``): its
 prompt group is dropped (``harness_failed``, ``rollout_timeout``), the run goes on. A timed-out
 harness is not waited for: its thread is left to unwind (its calls are refused once admissions
 close) and whatever it returns is never posted. Errors that are not the harness's (the ledger,
@@ -36,8 +36,10 @@ from dataclasses import dataclass, field
 from grove.client import GroveClient
 from grove.config import GroveConfig
 from grove.errors import JobError
-from grove.jobs.abandonment import abandon_attempt
-from grove.jobs.harness import (
+from grove.ledger.attempt import AttemptLog
+from grove.ledger.store import EventStore
+from grove.train.abandonment import abandon_attempt
+from grove.train.harness import (
     Harness,
     HarnessError,
     RolloutSpec,
@@ -46,9 +48,7 @@ from grove.jobs.harness import (
     rollout_seed,
     run_harness,
 )
-from grove.jobs.tasks import step_tasks, task_order
-from grove.ledger.attempt import AttemptLog
-from grove.ledger.store import EventStore
+from grove.train.tasks import step_tasks, task_order
 from grove.training.groups import DropReason
 
 __all__ = ["RolloutFailure", "StepPlayer", "fresh_key", "replacement_task"]
@@ -267,7 +267,7 @@ class StepPlayer:
         return failures
 
     def _abandon(self, spec: RolloutSpec, reason: DropReason, detail: str) -> list[RolloutFailure]:
-        """Abandon the rollout's attempt (``grove.jobs.abandonment``); nothing when its result
+        """Abandon the rollout's attempt (``grove.train.abandonment``); nothing when its result
         was recorded after all (a post that failed on the way back)."""
         if not abandon_attempt(self.log, spec.capture_key, reason):
             return []

@@ -50,8 +50,8 @@ from grove.capture.reward_bound import DEFAULT_MAX_ABS_REWARD
 from grove.capture.slow_clients import server_options
 from grove.capture.vllm import VllmEngine
 from grove.config import EngineConfig, GroveConfig, TokenCaptureConfig
+from grove.engines.models import context_length
 from grove.errors import JobError
-from grove.jobs.models import context_length
 from grove.ledger import migrate
 from grove.ledger.attempt import AttemptLog, AttemptState
 from grove.ledger.events import RolloutSelected

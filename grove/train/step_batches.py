@@ -15,7 +15,7 @@ External (``awaited_batch``): the step takes the first ``grpo.num_prompts_per_st
 groups the rules keep, waiting for agents to complete more; a dropped group is simply never
 chosen, so replacement is implicit. While it looks, the run notices attempts open without a result
 for ``async_rl.rollout_failure.rollout_timeout_s`` (measured from when it first saw each open) and
-abandons them (``grove.jobs.abandonment``): their groups are dropped.
+abandons them (``grove.train.abandonment``): their groups are dropped.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from grove.jobs.abandonment import abandon_attempt
-from grove.jobs.progress import StepProgress
-from grove.jobs.rollouts import StepPlayer
-from grove.jobs.training_run import TrainingRun
 from grove.ledger.attempt import AttemptLog
+from grove.train.abandonment import abandon_attempt
+from grove.train.progress import StepProgress
+from grove.train.rollouts import StepPlayer
+from grove.train.training_run import TrainingRun
 from grove.training.advantages import GroupDecision
 from grove.training.groups import DropReason
 from grove.training.projector import PublishedBatch

@@ -37,9 +37,9 @@ import torch
 import torch.distributed as dist
 
 from grove.config import GroveConfig
+from grove.engines.models import load_model
 from grove.errors import JobError
-from grove.jobs.models import load_model
-from grove.jobs.training_run import build_trainer
+from grove.train.training_run import build_trainer
 from grove.training.data_parallel import ProcessGroupRanks
 from grove.training.row_sharding import RankGroup, SingleProcess
 from grove.training.trainer import StepBatch, Trainer

@@ -2,7 +2,7 @@
 
 A run directory holds ``run.json`` (run id, configuration source, the gateway's URL once
 serving), ``config.json`` (the whole resolved configuration), ``metrics.jsonl`` and
-``tensorboard/`` (``grove/jobs/run_log.py``). ``WORKDIR/runs/latest`` names the newest run, which
+``tensorboard/`` (``grove/train/run_log.py``). ``WORKDIR/runs/latest`` names the newest run, which
 ``grove train --resume`` continues unless told another. The run's checkpoints live under
 ``checkpointing.checkpoint_dir/RUN`` (relative to the workdir unless absolute), with a copy of
 ``config.json`` beside them so ``grove export`` can rebuild the model from a checkpoint alone.

@@ -45,7 +45,7 @@ __all__ = ["ShardReport", "holder_name", "pad_token_id", "projector_settings", "
 def pad_token_id(model_path: str) -> int:
     """The padding token of ``model_path``'s tokenizer (``embedded``: the built-in one), or its
     end-of-sequence token when it has none, as the training run pads."""
-    from grove.jobs.models import quiet_transformers
+    from grove.engines.models import quiet_transformers
 
     tokenizer: PreTrainedTokenizerBase
     with quiet_transformers():

@@ -6,7 +6,7 @@ rollouts must sample the new weights, so ``publish`` returns only once they are 
 
 - **embedded**: the engine samples in the training process from the trainer's own parameters, so
   the weights are already there and publishing only advances the policy version.
-- **vllm**: a vLLM server, launched by Grove (``engine.vllm_launch``, :mod:`grove.jobs.
+- **vllm**: a vLLM server, launched by Grove (``engine.vllm_launch``, :mod:`grove.engines.
   vllm_process`) or running at ``engine.vllm_url``. Each publish writes the trainer's weights as
   a Hugging Face directory (:func:`write_serving_directory`) under the weights directory, has
   the server reload them in place (:meth:`grove.capture.vllm.VllmEngine.reload_weights`: vLLM's
@@ -47,9 +47,9 @@ from grove.capture.embedded_vlm import EmbeddedVLMEngine, vision_token_ids
 from grove.capture.engine import Engine, SamplingParams
 from grove.capture.vllm import VllmEngine
 from grove.config import GroveConfig
+from grove.engines.models import LoadedModel, context_length, load_model, quiet_transformers
+from grove.engines.vllm_process import VllmProcess
 from grove.errors import JobError
-from grove.jobs.models import LoadedModel, context_length, load_model, quiet_transformers
-from grove.jobs.vllm_process import VllmProcess
 
 __all__ = [
     "PROBE_TOLERANCE",
@@ -480,7 +480,7 @@ def _refuse_tied(url: str, card: dict[str, object]) -> None:
             f"The vLLM server at {url} was started on {root}, whose config.json ties the "
             "output layer to the input embedding (tie_word_embeddings: true); vLLM's CPU "
             "backend keeps a packed copy of that layer that a weight reload leaves stale. "
-            "Restart the server on an untied copy (write one with grove.jobs.engines."
+            "Restart the server on an untied copy (write one with grove.engines.policy."
             "write_serving_directory), or let Grove launch it (engine.vllm_launch: true)."
         )
 

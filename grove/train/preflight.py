@@ -17,10 +17,10 @@ from typing import Any, Final
 import torch
 
 from grove.config import EMBEDDED, EXTERNAL, ConfigurationError, GroveConfig
+from grove.engines.models import check_model_directory
 from grove.errors import JobError
-from grove.jobs.harness import Harness, HarnessError, resolve_harness
-from grove.jobs.models import check_model_directory
-from grove.jobs.tasks import TaskFileError, load_tasks
+from grove.train.harness import Harness, HarnessError, resolve_harness
+from grove.train.tasks import TaskFileError, load_tasks
 from grove.training.route_replay import REPLAYABLE_ROUTERS, moe_routers
 
 __all__ = ["ModelCheckError", "Preflight", "check_policy_model", "moe_problems", "preflight"]

@@ -159,7 +159,7 @@ class TrainingRun:
     With ``run_id`` the run publishes on the stream ``training-{run_id}`` and follows only
     attempts whose capture keys start with ``capture_prefix`` (default ``{run_id}-``; empty:
     every attempt), so several runs can share one ledger. ``ranks`` are the data-parallel ranks
-    it leads (``grove/jobs/distributed.py``): each step's batch is broadcast to them before it
+    it leads (``grove/train/distributed.py``): each step's batch is broadcast to them before it
     trains.
     """
 

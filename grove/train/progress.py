@@ -18,7 +18,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from grove.jobs.training_run import StepSummary
+from grove.train.training_run import StepSummary
 
 __all__ = ["StepProgress", "step_line", "step_table"]
 

@@ -1,1 +1,0 @@
-"""The commands that run things: the gateway (``serve``), the main job (``train``) and its parts."""
