@@ -17,6 +17,8 @@ from __future__ import annotations
 import hashlib
 import importlib
 import math
+import os
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -49,19 +51,25 @@ class HarnessError(JobError, RuntimeError):
 
 
 def resolve_harness(target: str) -> Harness:
-    """The function named ``module:function``; refused with what is wrong and what to do."""
+    """The function named ``module:function``, its module imported as ``python -m`` would from
+    the current directory (which comes first on the import path, as for uvicorn's ``module:app``);
+    refused with what is wrong and what to do."""
     module_name, _, attribute = target.partition(":")
     if not module_name or not attribute:
         raise HarnessError(
             f"harness.target {target!r} must be 'module:function' (or 'external' for agents "
             "that run elsewhere)"
         )
+    here = os.getcwd()
+    if here not in sys.path:
+        sys.path.insert(0, here)
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
         raise HarnessError(
-            f"harness.target {target!r}: cannot import {module_name!r} ({error}); is it on "
-            "PYTHONPATH?"
+            f"harness.target {target!r}: cannot import {module_name!r} ({error}) from the "
+            f"current directory {here} or the import path; run grove from the directory that "
+            "holds the module, or add its directory to PYTHONPATH"
         ) from error
     function = getattr(module, attribute, None)
     if function is None:
