@@ -161,8 +161,10 @@ def unsupported_combinations(config: GroveConfig) -> list[str]:
         problems.append("policy.dynamic_batching.enabled: true is not supported")
     if policy.megatron_cfg.enabled:
         problems.append(
-            "policy.megatron_cfg.enabled: true is not supported: Grove's learner is its torch "
-            "trainer; training/megatron.py packs rows for a Megatron learner you run yourself"
+            "policy.megatron_cfg.enabled: true is not supported: megatron-core's GPTModel needs "
+            "CUDA even for a forward pass (its rotary embedding and attention buffers call "
+            "torch.cuda.current_device()), so Grove cannot test a Megatron learner on the CPU "
+            "its tests run on; the sharded learner is FSDP2: set policy.dtensor_cfg.enabled: true"
         )
     if policy.sequence_packing.enabled:
         problems.append(

@@ -59,8 +59,10 @@ def test_sequence_level_importance_ratios_are_refused() -> None:
 
 def test_megatron_learner_is_refused() -> None:
     assert _problems({"policy": {"megatron_cfg": {"enabled": True}}}) == (
-        "policy.megatron_cfg.enabled: true is not supported: Grove's learner is its torch "
-        "trainer; training/megatron.py packs rows for a Megatron learner you run yourself",
+        "policy.megatron_cfg.enabled: true is not supported: megatron-core's GPTModel needs "
+        "CUDA even for a forward pass (its rotary embedding and attention buffers call "
+        "torch.cuda.current_device()), so Grove cannot test a Megatron learner on the CPU "
+        "its tests run on; the sharded learner is FSDP2: set policy.dtensor_cfg.enabled: true",
     )
 
 
