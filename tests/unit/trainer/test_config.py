@@ -259,29 +259,40 @@ def test_unsupported_combinations_are_refused_together_in_one_bulleted_error() -
     )
 
 
-def test_seed_forest_overrides_are_accepted() -> None:
-    config = load_config(
-        _with(
-            {
-                "token_capture": {
-                    "enabled": True,
-                    "forest_training": True,
-                    "selection_policy": "returned_history",
-                    "defer_routed_experts_to_policy": False,
-                },
-                "policy": {
-                    "megatron_cfg": {"enabled": False},
-                    "automodel_cfg": {"enabled": False},
-                    "sequence_packing": {"enabled": False},
-                    "dynamic_batching": {"enabled": False},
-                },
-                "grpo": {"calculate_advantages_on_gpu": False},
-                "loss_fn": {"token_level_loss": True, "sequence_level_importance_ratios": False},
-                "async_rl": {"rollout_failure": {"min_step_batch_fraction": 1}},
-            }
-        )
+def _forest_overrides(*, megatron: bool) -> dict:
+    """The forest-training override block as users copy it (``megatron`` its learner switch)."""
+    return _with(
+        {
+            "token_capture": {
+                "enabled": True,
+                "forest_training": True,
+                "selection_policy": "returned_history",
+                "defer_routed_experts_to_policy": False,
+            },
+            "policy": {
+                "megatron_cfg": {"enabled": megatron},
+                "automodel_cfg": {"enabled": False},
+                "sequence_packing": {"enabled": False},
+                "dynamic_batching": {"enabled": False},
+            },
+            "grpo": {"calculate_advantages_on_gpu": False},
+            "loss_fn": {"token_level_loss": True, "sequence_level_importance_ratios": False},
+            "async_rl": {"rollout_failure": {"min_step_batch_fraction": 1}},
+        }
     )
+
+
+def test_forest_overrides_on_the_torch_learner_are_accepted() -> None:
+    config = load_config(_forest_overrides(megatron=False))
     assert config.token_capture.forest_training is True
+    assert config.policy.megatron_cfg.enabled is False
+
+
+def test_forest_overrides_as_users_copy_them_are_refused_for_their_megatron_learner() -> None:
+    # The block names the Megatron learner (megatron_cfg.enabled: true); every other override
+    # is one Grove supports, so that switch is the one problem.
+    (problem,) = _problems(_forest_overrides(megatron=True))
+    assert problem.startswith("policy.megatron_cfg.enabled: true is not supported")
 
 
 def test_execution_row_multiple_is_data_parallel_times_micro_batch_for_fixed_batches() -> None:
