@@ -11,22 +11,30 @@ from .test_completions import USER
 
 
 def test_a_streamed_chat_completion_sends_the_recorded_call_as_chunks(local_gateway: Gateway):
+    # The same seeded call twice, plain in att-1 and streamed in att-2: the embedded engine
+    # samples the same tokens, so the chunks must carry the plain call's text, and the tokens
+    # stored for the streamed call must decode to it.
     gateway = local_gateway
-    gateway.open()
-    raw = gateway.client().chat.completions.with_raw_response.create(
-        model=MODEL, messages=[USER], max_tokens=8, stream=True
+    gateway.open("att-1")
+    gateway.open("att-2")
+    plain = gateway.client("att-1").chat.completions.create(
+        model=MODEL, messages=[USER], max_tokens=8, seed=7
+    )
+    raw = gateway.client("att-2").chat.completions.with_raw_response.create(
+        model=MODEL, messages=[USER], max_tokens=8, seed=7, stream=True
     )
     chunks = list(raw.parse())
-    (call,) = gateway.state().calls.values()
+    (call,) = gateway.state("att-2").calls.values()
     committed = call.committed
     assert raw.headers["x-grove-call-id"] == call.call_id
     assert {chunk.id for chunk in chunks} == {committed.response_id}
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks)
-    assert (
-        text
-        == gateway.service.renderer.decode(gateway.generated("att-1", call.call_id)[0])[: len(text)]
-    )
+    assert text != ""
+    assert text == plain.choices[0].message.content
+    generated, _ = gateway.generated("att-2", call.call_id)
+    content = generated if committed.finish_reason == "length" else generated[:-1]
+    assert gateway.service.renderer.decode(content) == text
     assert [c.choices[0].finish_reason for c in chunks][-1] == committed.finish_reason
     assert all(chunk.usage is None for chunk in chunks)
 
