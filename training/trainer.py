@@ -44,6 +44,7 @@ from grove.training.rows import RowMedia
 __all__ = [
     "LogprobFunction",
     "MicroBatchPlan",
+    "RowLayout",
     "StepBatch",
     "StepReport",
     "Trainer",
@@ -226,6 +227,14 @@ shares work between rows supplies one that keeps those rows together
 (``grove.training.tree_logprobs.owner_micro_batches``)."""
 
 
+RowLayout = Callable[[StepBatch, int], tuple[StepBatch, list[slice]]]
+"""How the trainer lays out a step whose micro batches are not runs of rows in their given
+order, given the micro batch size: the step's rows reordered, and slices of them that tile
+them in order, each data-parallel shard (``shard_rows`` of the reordered rows) a whole number
+of them. It replaces the ``MicroBatchPlan``; the step's loss and diagnostics do not depend on
+the row order (``grove.training.sequence_packing.TokenBudgetBins``: token-budget bins)."""
+
+
 def _fixed_micro_batches(batch: StepBatch, micro_batch_size: int) -> list[slice]:
     return [
         slice(start, start + micro_batch_size) for start in range(0, batch.rows, micro_batch_size)
@@ -303,6 +312,7 @@ class Trainer:
         min_step_batch_fraction: float = 1.0,
         logprobs: LogprobFunction = row_logprobs,
         micro_batches: MicroBatchPlan | None = None,
+        layout: RowLayout | None = None,
         ranks: RankGroup = SINGLE_PROCESS,
     ) -> None:
         if global_batch_rollouts < 1 or micro_batch_size < 1:
@@ -326,6 +336,7 @@ class Trainer:
         self.min_step_rollouts = math.ceil(min_step_batch_fraction * global_batch_rollouts)
         self.logprobs = logprobs
         self.micro_batches = micro_batches
+        self.layout = layout
         self.ranks = ranks
         self.step = 0
 
@@ -349,6 +360,11 @@ class Trainer:
         """Forward and backward every micro batch of rows, then one optimizer step; the scheduler
         advances by ``batch.logical_rollouts``."""
         self._check_cardinality(batch)
+        if self.layout is not None:
+            batch, planned = self.layout(batch, self.micro_batch_size)
+        else:
+            plan = self.micro_batches or _fixed_micro_batches
+            planned = plan(batch, self.micro_batch_size)
         retained = retained_token_mask(batch.loss_mask, batch.owners, batch.row_mask)
         step_tokens = int(retained.sum())
         learning_rate = float(self.optimizer.param_groups[0]["lr"])
@@ -356,8 +372,6 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         loss = 0.0
         clipped = 0
-        plan = self.micro_batches or _fixed_micro_batches
-        planned = plan(batch, self.micro_batch_size)
         # Data-parallel shards (training/row_sharding.py): a rank runs the micro batches that start
         # in its shard of the rows, one process those of every shard; gradients, loss and logprobs
         # are then summed over the shards.

@@ -166,11 +166,7 @@ def unsupported_combinations(config: GroveConfig) -> list[str]:
             "torch.cuda.current_device()), so Grove cannot test a Megatron learner on the CPU "
             "its tests run on; the sharded learner is FSDP2: set policy.dtensor_cfg.enabled: true"
         )
-    if policy.sequence_packing.enabled:
-        problems.append(
-            "policy.sequence_packing.enabled: true is not supported: Grove's torch trainer runs "
-            "fixed micro batches (policy.train_micro_batch_size rows)"
-        )
+    problems.extend(_sequence_packing_problems(config))
     if policy.tree_packing and config.model.architecture != "dense":
         problems.append(
             "policy.tree_packing: true is not supported with model.architecture: "
@@ -202,6 +198,38 @@ def unsupported_combinations(config: GroveConfig) -> list[str]:
     problems.extend(_unimplemented_problems(config))
     problems.extend(_harness_problems(config))
     problems.extend(_engine_problems(config))
+    return problems
+
+
+def _sequence_packing_problems(config: GroveConfig) -> list[str]:
+    """What ``policy.sequence_packing`` cannot be combined with (``docs/train.md``, "Sequence
+    packing")."""
+    policy = config.policy
+    packing = policy.sequence_packing
+    if not packing.enabled:
+        return []
+    problems = [
+        f"policy.sequence_packing.{name} ({tokens}) must be at least "
+        f"policy.max_total_sequence_length ({policy.max_total_sequence_length}): every row must "
+        "fit one bin"
+        for name, tokens in (
+            ("train_mb_tokens", packing.train_mb_tokens),
+            ("logprob_mb_tokens", packing.logprob_mb_tokens),
+        )
+        if tokens < policy.max_total_sequence_length
+    ]
+    if policy.tree_packing:
+        problems.append(
+            "policy.sequence_packing.enabled and policy.tree_packing lay out a micro batch two "
+            "ways: tree packing computes the shared prefixes of whole rollouts once, sequence "
+            "packing gives every row its own attention context in token-budget bins; turn one off"
+        )
+    if config.model.architecture != "dense":
+        problems.append(
+            "policy.sequence_packing.enabled: true is not supported with model.architecture: "
+            f"{config.model.architecture}: packed rows neither replay routed experts nor feed "
+            "media; turn policy.sequence_packing off"
+        )
     return problems
 
 

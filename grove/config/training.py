@@ -32,6 +32,7 @@ __all__ = [
     "PolicyConfig",
     "RewardShapingConfig",
     "RolloutFailureConfig",
+    "SequencePackingConfig",
     "ToggleConfig",
     "TokenCaptureConfig",
 ]
@@ -183,6 +184,29 @@ class ToggleConfig(Section):
     """Turn the feature on; refused when true (``docs/train.md`` says why for each)."""
 
 
+class SequencePackingConfig(Section):
+    """``policy.sequence_packing``: a step's rows packed into token-budget bins, each bin one
+    sequence in which every row keeps its own attention context (``training/sequence_packing.py``,
+    ``docs/train.md``, "Sequence packing"). NeMo-RL's key names."""
+
+    enabled: bool = False
+    """Pack rows into bins of ``train_mb_tokens`` (training) and ``logprob_mb_tokens``
+    (logprob-only recompute) instead of micro batches of ``policy.train_micro_batch_size`` rows;
+    the execution row multiple becomes ``policy.data_parallel_size``."""
+
+    train_mb_tokens: int = Field(default=16_384, ge=2, le=100_000_000)
+    """Most tokens in one training bin (one forward and backward pass); at least
+    ``policy.max_total_sequence_length``, so every row fits a bin."""
+
+    logprob_mb_tokens: int = Field(default=16_384, ge=2, le=100_000_000)
+    """Most tokens in one logprob-only recompute pass (``grpo.seq_logprob_error_threshold``);
+    at least ``policy.max_total_sequence_length``."""
+
+    algorithm: Literal["first_fit_decreasing"] = "first_fit_decreasing"
+    """How rows are put into bins: first-fit decreasing (longest row first, into the first bin
+    with room), the only algorithm."""
+
+
 class PolicyConfig(Section):
     """``policy``: the learner, its batches and its optimizer."""
 
@@ -219,9 +243,8 @@ class PolicyConfig(Section):
     automodel_cfg: ToggleConfig = Field(default_factory=ToggleConfig)
     """The AutoModel learner; refused (Grove's learner is its torch trainer)."""
 
-    sequence_packing: ToggleConfig = Field(default_factory=ToggleConfig)
-    """Pack rows into one ``thd`` sequence per micro batch; refused (the torch trainer runs fixed
-    micro batches)."""
+    sequence_packing: SequencePackingConfig = Field(default_factory=SequencePackingConfig)
+    """Token-budget bins of rows instead of fixed micro batches of rows."""
 
     dynamic_batching: ToggleConfig = Field(default_factory=ToggleConfig)
     """Token-budget dynamic batching; refused."""
@@ -234,7 +257,10 @@ class PolicyConfig(Section):
 
     @property
     def execution_row_multiple(self) -> int:
-        """Rows per step must be a multiple of this: data-parallel size x micro batch."""
+        """Rows per step must be a multiple of this: data-parallel size x micro batch, or the
+        data-parallel size alone with sequence packing (its bins are not row counts)."""
+        if self.sequence_packing.enabled:
+            return self.data_parallel_size
         return self.data_parallel_size * self.train_micro_batch_size
 
 

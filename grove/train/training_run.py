@@ -50,6 +50,11 @@ from grove.training.metrics import length_metrics, rollout_lengths, step_metrics
 from grove.training.projector import Projector, ProjectorSettings, PublishedBatch
 from grove.training.route_replay import logprob_function, recompute_logprobs
 from grove.training.row_sharding import RankGroup, SingleProcess
+from grove.training.sequence_packing import (
+    TokenBudgetBins,
+    packed_logprobs,
+    recompute_packed_logprobs,
+)
 from grove.training.trainer import (
     LogprobFunction,
     StepBatch,
@@ -111,6 +116,8 @@ def trainer_logprobs(config: GroveConfig, model: torch.nn.Module) -> LogprobFunc
     ``policy.tree_packing``; ``MediaLogprobs`` for the vision-language model
     (``model.architecture: vlm``: each row with its captured images, the vision tokens masked as
     the engine masks them, ``docs/media.md``); else plain rows, MoE routes replayed."""
+    if config.policy.sequence_packing.enabled:
+        return packed_logprobs  # each bin one sequence of rows (docs/train.md)
     if config.policy.tree_packing:
         return tree_logprobs
     if config.model.architecture == "vlm":
@@ -150,6 +157,9 @@ def build_trainer(
         ranks=ranks if ranks is not None else SingleProcess(policy.data_parallel_size),
         logprobs=trainer_logprobs(config, model),
         micro_batches=owner_micro_batches if policy.tree_packing else None,
+        layout=TokenBudgetBins(policy.sequence_packing.train_mb_tokens, policy.data_parallel_size)
+        if policy.sequence_packing.enabled
+        else None,
     )
 
 
@@ -360,6 +370,13 @@ class TrainingRun:
         batch = published.batch
         if isinstance(self.trainer.logprobs, MediaLogprobs):
             recomputed = self._media_logprobs(batch.input_ids, batch.media)
+        elif self.config.policy.sequence_packing.enabled:
+            recomputed = recompute_packed_logprobs(
+                self.model,
+                batch.input_ids,
+                batch.loss_mask,
+                tokens=self.config.policy.sequence_packing.logprob_mb_tokens,
+            ).cpu()
         else:
             recomputed = recompute_logprobs(
                 self.model,

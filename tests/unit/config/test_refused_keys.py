@@ -83,13 +83,6 @@ def test_automodel_learner_is_refused() -> None:
     )
 
 
-def test_sequence_packing_is_refused() -> None:
-    assert _problems({"policy": {"sequence_packing": {"enabled": True}}}) == (
-        "policy.sequence_packing.enabled: true is not supported: Grove's torch trainer runs "
-        "fixed micro batches (policy.train_micro_batch_size rows)",
-    )
-
-
 def test_dynamic_batching_is_refused() -> None:
     assert _problems({"policy": {"dynamic_batching": {"enabled": True}}}) == (
         "policy.dynamic_batching.enabled: true is not supported",

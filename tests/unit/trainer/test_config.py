@@ -227,11 +227,6 @@ def test_unusable_selection_policy_is_refused_before_any_rollout(policy, message
             {"policy": {"dynamic_batching": {"enabled": True}}},
             "policy.dynamic_batching.enabled: true is not supported",
         ),
-        (
-            {"policy": {"sequence_packing": {"enabled": True}}},
-            "policy.sequence_packing.enabled: true is not supported: Grove's torch trainer runs "
-            "fixed micro batches (policy.train_micro_batch_size rows)",
-        ),
     ],
 )
 def test_each_unsupported_combination_is_refused(data, problem) -> None:
