@@ -19,7 +19,7 @@ every call the model wrote is returned.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from grove.capture.chat_api import ChatCompletionRequest
@@ -31,6 +31,12 @@ from grove.capture.constraints import (
 )
 from grove.capture.engine import OutputConstraint, SamplingParams
 from grove.capture.lifecycle import ModelCall
+from grove.capture.messages_api import (
+    MessagesRequest,
+    messages_items,
+    messages_tool_choice,
+    messages_tools,
+)
 from grove.capture.refusals import Refused
 from grove.capture.render import Renderer, RenderOptions
 from grove.capture.responses_api import LOGPROBS_INCLUDE, ResponsesRequest
@@ -162,6 +168,67 @@ class RequestConverter:
             request.max_output_tokens is not None,
             logprobs=LOGPROBS_INCLUDE in include,
         )
+
+    def messages_call(self, request: MessagesRequest, call_id: str | None) -> ConvertedCall:
+        """The model call an Anthropic Messages request asks for (``capture/messages_api.py``
+        maps its blocks onto Chat messages); refusals raised here."""
+        self._check_model(request.model)
+        choice, parallel = messages_tool_choice(request.tool_choice)
+        options, constraint = self._shape(
+            chat_tools(messages_tools(request.tools)), choice, parallel, None, None, "tool_choice"
+        )
+        thinking = self._thinking_kwargs(request.thinking, request.max_tokens, options)
+        if thinking:
+            options = replace(options, template_kwargs={**options.template_kwargs, **thinking})
+        sampling = self._sampling(
+            request.max_tokens,
+            request.temperature,
+            request.top_p,
+            None,
+            request.stop_sequences,
+            constraint,
+        )
+        if request.top_k:
+            sampling = replace(sampling, top_k=request.top_k)
+        return ConvertedCall(ModelCall(messages_items(request), options, sampling, call_id), True)
+
+    def _thinking_kwargs(
+        self, thinking: Mapping[str, Any] | None, max_tokens: int, options: RenderOptions
+    ) -> dict[str, bool]:
+        """The template switch a Messages ``thinking`` sets: ``enable_thinking`` where the chat
+        template has it; enabled thinking on a template without it is refused."""
+        if thinking is None:
+            return {}
+        kind, budget = thinking.get("type"), thinking.get("budget_tokens")
+        switch = "enable_thinking" in self.renderer.chat_template(options)
+        if kind == "disabled" and set(thinking) == {"type"}:
+            return {"enable_thinking": False} if switch else {}
+        if kind != "enabled" or set(thinking) - {"type", "budget_tokens"}:
+            raise Refused(
+                400,
+                "invalid_request",
+                "thinking must be {'type': 'enabled', 'budget_tokens': N} or {'type': "
+                f"'disabled'}}, got {dict(thinking)!r}",
+                "thinking",
+            )
+        if not isinstance(budget, int) or isinstance(budget, bool) or not 0 < budget < max_tokens:
+            raise Refused(
+                400,
+                "invalid_request",
+                f"thinking.budget_tokens must be an integer from 1 to max_tokens - 1 "
+                f"({max_tokens - 1}), got {budget!r}: max_tokens bounds the whole generation, "
+                "thinking included",
+                "thinking",
+            )
+        if not switch:
+            raise Refused(
+                400,
+                "unsupported_thinking",
+                f"thinking cannot be enabled: the chat template of {self.model_name!r} has no "
+                "enable_thinking switch; leave thinking out",
+                "thinking",
+            )
+        return {"enable_thinking": True}
 
     def _shape(
         self,

@@ -59,6 +59,13 @@ from grove.capture.headers import (
 from grove.capture.lifecycle import CaptureService
 from grove.capture.limits import GatewayLimits
 from grove.capture.media import MediaRenderer
+from grove.capture.messages_api import (
+    AnthropicMessage,
+    MessagesRequest,
+    message_object,
+    messages_sse,
+)
+from grove.capture.messages_errors import MessagesConventions
 from grove.capture.refusals import install_error_handlers
 from grove.capture.responses_api import ResponseObject, ResponsesRequest, response_object
 from grove.capture.reward_bound import DEFAULT_MAX_ABS_REWARD
@@ -171,6 +178,7 @@ def create_app(
     app.state.gateway = gateway
     app.state.limits = limits = limits or GatewayLimits()
     app.add_middleware(BodyLimits, limits=limits)
+    app.add_middleware(MessagesConventions)  # outermost: body-limit refusals get its envelope
     if isinstance(service.renderer, MediaRenderer):
         service.renderer.vision.limits = limits
     install_error_handlers(app)
@@ -241,6 +249,30 @@ def create_app(
         logprobs = gateway.token_logprobs(outcome) if converted.logprobs else None
         answer = response_object(outcome, model_name, request, logprobs)
         events = responses_sse(answer) if request.stream else None
+        return gateway.deliver(connection, response, outcome, answer, events)
+
+    @api.post(
+        "/messages",
+        response_model=AnthropicMessage,
+        responses={200: {"content": {"text/event-stream": {}}}},
+        dependencies=on_named_attempt,
+    )
+    def messages(
+        request: MessagesRequest,
+        response: Response,
+        connection: Request,
+        capture_key: CaptureKey = None,
+        call_id: CallId = None,
+    ) -> Any:
+        """One model call in Anthropic Messages form (``capture/messages_api.py``); errors in
+        Anthropic's envelope; ``stream=true`` answers with buffered Messages events."""
+        converted = gateway.converter.messages_call(request, call_id)
+        outcome = gateway.generate(capture_key, converted)
+        stops = zip(
+            converted.call.sampling.stop_token_ids, request.stop_sequences or (), strict=True
+        )
+        answer = message_object(outcome, model_name, dict(stops))
+        events = messages_sse(answer) if request.stream else None
         return gateway.deliver(connection, response, outcome, answer, events)
 
     @api.post("/attempts", response_model=OpenedAttempt)

@@ -1,0 +1,236 @@
+"""The official ``anthropic`` client on ``POST /v1/messages``: a tool loop, streamed and not.
+
+The agent is the loop the client's documentation teaches: send the messages with the tools,
+append the answer's ``content`` as the assistant turn, answer each ``tool_use`` block with a
+``tool_result`` block in the next user turn, and send again until the model stops without a tool
+call. The scripted model thinks, calls a tool, thinks and calls another, then answers: three
+calls, each continuing the one before from its exact tokens. Then the agent compacts: it sends a
+summary of its history as a new conversation, which starts a new root.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from typing import Any
+
+import anthropic
+import pytest
+
+from grove.client import ATTEMPT_TOKEN_HEADER, CAPTURE_KEY_HEADER
+from tests.integration.gateway.support import MODEL, Gateway
+
+from .attempts import Link, Played, chain, finish, open_attempt
+
+pytestmark = pytest.mark.xdist_group("frameworks-anthropic")
+
+WEATHER: Any = {
+    "name": "get_weather",
+    "description": "The weather in a city.",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
+USER: Any = {"role": "user", "content": "Is it warmer in Paris or in Rome?"}
+SCRIPT = (
+    '<think>Paris first.</think><tool_call>{"name": "get_weather", "arguments": '
+    '{"city": "Paris"}}</tool_call>',
+    '<think>Now Rome.</think><tool_call>{"name": "get_weather", "arguments": '
+    '{"city": "Rome"}}</tool_call>',
+    "<think>21 is less than 25.</think>It is warmer in Rome.",
+)
+SUMMARY = "Rome is warmer."
+WEATHER_IN = {"Paris": "sunny, 21 C", "Rome": "sunny, 25 C"}
+
+
+def bound(gateway: Gateway, capture_key: str) -> anthropic.Anthropic:
+    """The official client pointed at the gateway's root, bound to the attempt by its headers."""
+    headers = {CAPTURE_KEY_HEADER: capture_key, ATTEMPT_TOKEN_HEADER: gateway.token(capture_key)}
+    return anthropic.Anthropic(
+        base_url=gateway.base_url, api_key="unused", default_headers=headers, max_retries=0
+    )
+
+
+def agent(client: anthropic.Anthropic, *, stream: bool) -> list[anthropic.types.Message]:
+    """The tool loop, then one compaction; the Messages it was answered, in order."""
+    messages: list[dict[str, Any]] = [USER]
+    answers = []
+    while True:
+        if stream:
+            with client.messages.stream(
+                model=MODEL, max_tokens=64, messages=messages, tools=[WEATHER]
+            ) as events:
+                message = events.get_final_message()
+        else:
+            message = client.messages.create(
+                model=MODEL, max_tokens=64, messages=messages, tools=[WEATHER]
+            )
+        answers.append(message)
+        messages.append({"role": "assistant", "content": message.content})
+        calls = [block for block in message.content if block.type == "tool_use"]
+        if not calls:
+            break
+        results = [
+            {"type": "tool_result", "tool_use_id": c.id, "content": WEATHER_IN[c.input["city"]]}
+            for c in calls
+        ]
+        messages.append({"role": "user", "content": results})
+    compacted = [{"role": "user", "content": "Notes: Paris 21 C, Rome 25 C. Summarize."}]
+    answers.append(
+        client.messages.create(model=MODEL, max_tokens=64, messages=compacted, tools=[WEATHER])
+    )
+    return answers
+
+
+@pytest.fixture(scope="module", params=["plain", "streamed"])
+def played(gateway: Gateway, request: pytest.FixtureRequest) -> tuple[Played, list[Any]]:
+    key = open_attempt(gateway, f"anthropic-{request.param}")
+    gateway.engine.say(*SCRIPT, SUMMARY)
+    answers = agent(bound(gateway, key), stream=request.param == "streamed")
+    references = [{"response_id": message.id} for message in answers]
+    return finish(gateway, key, {"reward": 1.0, "model_calls": references}), answers
+
+
+def test_the_answers_carry_thinking_tool_use_and_text_blocks(
+    played: tuple[Played, list[Any]],
+) -> None:
+    _, answers = played
+    first = answers[0]
+    assert [block.type for block in first.content] == ["thinking", "tool_use"]
+    assert first.content[0].thinking == "Paris first."
+    assert (first.content[1].name, first.content[1].input) == ("get_weather", {"city": "Paris"})
+    assert first.stop_reason == "tool_use"
+    assert [block.type for block in answers[2].content] == ["thinking", "text"]
+    assert answers[2].content[1].text == "It is warmer in Rome."
+    assert answers[2].stop_reason == "end_turn"
+
+
+def test_every_call_is_committed_once(played: tuple[Played, list[Any]]) -> None:
+    attempt, _ = played
+    assert attempt.statuses == ["committed"] * 4
+    assert attempt.committed == attempt.call_ids
+
+
+def test_echoed_turns_continue_and_the_compacted_history_starts_a_new_root(
+    played: tuple[Played, list[Any]],
+) -> None:
+    attempt, _ = played
+    assert attempt.links == [
+        *chain(attempt.call_ids[:3]),
+        Link("root", None, "history_rewritten"),
+    ]
+
+
+def test_the_message_ids_select_every_call(played: tuple[Played, list[Any]]) -> None:
+    attempt, _ = played
+    assert attempt.selection == attempt.call_ids
+
+
+def test_replay_verifies_every_decision(played: tuple[Played, list[Any]]) -> None:
+    attempt, _ = played
+    assert {outcome for _, _, outcome in attempt.replay_checks} == {"same"}
+
+
+def test_usage_counts_the_prompt_and_the_generated_tokens(
+    played: tuple[Played, list[Any]],
+) -> None:
+    _, answers = played
+    assert all(m.usage.input_tokens > 0 and m.usage.output_tokens > 0 for m in answers)
+
+
+def test_an_image_block_is_refused_as_a_bad_request_and_nothing_is_written(
+    gateway: Gateway,
+) -> None:
+    key = open_attempt(gateway, "anthropic-image")
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": ""}}
+    with pytest.raises(anthropic.BadRequestError, match="unsupported_content") as raised:
+        bound(gateway, key).messages.create(
+            model=MODEL, max_tokens=8, messages=[{"role": "user", "content": [image]}]
+        )
+    assert raised.value.body["type"] == "error"  # type: ignore[index]
+    assert raised.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+    assert gateway.status(key)["calls"] == []
+
+
+def test_prompt_caching_is_refused_and_nothing_is_written(gateway: Gateway) -> None:
+    key = open_attempt(gateway, "anthropic-cache")
+    block = {"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}
+    with pytest.raises(anthropic.BadRequestError, match="prompt caching is not supported"):
+        bound(gateway, key).messages.create(
+            model=MODEL, max_tokens=8, messages=[{"role": "user", "content": [block]}]
+        )
+    assert gateway.status(key)["calls"] == []
+
+
+def test_a_server_tool_is_refused(gateway: Gateway) -> None:
+    key = open_attempt(gateway, "anthropic-server-tool")
+    tool = {"type": "web_search_20250305", "name": "web_search"}
+    with pytest.raises(anthropic.BadRequestError, match="server tools are not available"):
+        bound(gateway, key).messages.create(
+            model=MODEL,
+            max_tokens=8,
+            messages=[USER],
+            tools=[tool],  # type: ignore[list-item]
+        )
+    assert gateway.status(key)["calls"] == []
+
+
+def test_another_model_is_not_found(gateway: Gateway) -> None:
+    key = open_attempt(gateway, "anthropic-model")
+    with pytest.raises(anthropic.NotFoundError, match="model_not_found"):
+        bound(gateway, key).messages.create(model="claude-x", max_tokens=8, messages=[USER])
+
+
+def test_a_wrong_attempt_token_is_an_authentication_error(gateway: Gateway) -> None:
+    key = open_attempt(gateway, "anthropic-token")
+    client = anthropic.Anthropic(
+        base_url=gateway.base_url,
+        api_key="unused",
+        default_headers={CAPTURE_KEY_HEADER: key, ATTEMPT_TOKEN_HEADER: "wrong"},
+        max_retries=0,
+    )
+    with pytest.raises((anthropic.AuthenticationError, anthropic.PermissionDeniedError)):
+        client.messages.create(model=MODEL, max_tokens=8, messages=[USER])
+    assert gateway.status(key)["calls"] == []
+
+
+def test_a_thinking_budget_not_below_max_tokens_is_refused(gateway: Gateway) -> None:
+    key = open_attempt(gateway, "anthropic-thinking")
+    with pytest.raises(anthropic.BadRequestError, match="budget_tokens"):
+        bound(gateway, key).messages.create(
+            model=MODEL,
+            max_tokens=8,
+            messages=[USER],
+            thinking={"type": "enabled", "budget_tokens": 8},
+        )
+    assert gateway.status(key)["calls"] == []
+
+
+def test_a_tool_error_result_reaches_the_model_marked_as_an_error(gateway: Gateway) -> None:
+    key = open_attempt(gateway, "anthropic-tool-error")
+    gateway.engine.say(SCRIPT[0], "Paris is unknown.")
+    client = bound(gateway, key)
+    first = client.messages.create(model=MODEL, max_tokens=64, messages=[USER], tools=[WEATHER])
+    call: Any = first.content[1]
+    failed = {"type": "tool_result", "tool_use_id": call.id, "content": "no data", "is_error": True}
+    messages: list[Any] = [
+        USER,
+        {"role": "assistant", "content": first.content},
+        {"role": "user", "content": [failed]},
+    ]
+    client.messages.create(model=MODEL, max_tokens=64, messages=messages, tools=[WEATHER])
+    calls = gateway.status(key)["calls"]
+    assert [c["decision"] for c in calls] == ["root", "continuation"]
+    prompt = gateway.service.renderer.decode(gateway.engine.prompts[-1])
+    assert "Error: no data" in prompt
+
+
+def test_concurrent_attempts_are_captured_apart(gateway: Gateway) -> None:
+    keys = [open_attempt(gateway, "anthropic-concurrent") for _ in range(4)]
+    gateway.engine.say(*["A short answer."] * 4)
+
+    def call(key: str) -> str:
+        answer = bound(gateway, key).messages.create(model=MODEL, max_tokens=16, messages=[USER])
+        return answer.id
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        ids = list(pool.map(call, keys))
+    assert len(set(ids)) == 4
+    assert [len(gateway.status(key)["calls"]) for key in keys] == [1, 1, 1, 1]
