@@ -260,14 +260,25 @@ class GatewayService:
             )
 
     def _select(self, state: AttemptState, result: dict[str, Any]) -> RolloutSelected:
+        """The selector's event, carrying the result's environment mask (``docs/forest.md``,
+        "Environment masks") whatever selector made it."""
         try:
-            return self._selector()(state, result)
+            selected = self._selector()(state, result)
         except ValueError as error:
             raise Refused(
                 422,
                 "selection_refused",
                 f"The result of attempt {state.capture_key!r} cannot select its calls: {error}",
             ) from error
+        if not result.get("environment_masked"):
+            return selected
+        return RolloutSelected.model_validate(
+            {
+                **selected.model_dump(),
+                "environment_masked": True,
+                "environment_mask_reason": result.get("environment_mask_reason"),
+            }
+        )
 
     # -- model calls -------------------------------------------------------------------------
 

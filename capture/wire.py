@@ -26,6 +26,7 @@ from grove.ledger import admission
 from grove.ledger import errors as ledger_errors
 from grove.ledger.attempt import AttemptError, AttemptState, CallStatus, StaleAttemptState
 from grove.ledger.bounds import MAX_NAME_CHARS, Count, Name, Seed
+from grove.ledger.events import MAX_ENVIRONMENT_REASON_CHARS
 from grove.storage import errors as storage_errors
 
 __all__ = [
@@ -272,11 +273,32 @@ class HarnessResult(BaseModel):
     model_calls: list[str | JSONObject] | None = None
     trajectory: JSONObject | None = None
     terminal_response_id: Name | None = None
+    environment_masked: bool = Field(
+        default=False,
+        strict=True,
+        description="true: the environment could not score this rollout (a sandbox crash); it "
+        'trains nothing while its group trains (docs/forest.md, "Environment masks")',
+    )
+    environment_mask_reason: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_ENVIRONMENT_REASON_CHARS,
+        description="why the environment masked it; only with environment_masked true",
+    )
 
     @model_validator(mode="before")
     @classmethod
     def _text_is_unicode(cls, body: Any) -> Any:
         return refuse_lone_surrogates(body)
+
+    @model_validator(mode="after")
+    def _reason_needs_the_mask(self) -> HarnessResult:
+        if self.environment_mask_reason is not None and not self.environment_masked:
+            raise ValueError(
+                "environment_mask_reason is given but environment_masked is not true; send "
+                "environment_masked: true with its reason, or neither"
+            )
+        return self
 
 
 class RejectRequest(WireRequest):

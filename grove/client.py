@@ -200,6 +200,28 @@ class Attempt:
         """The ``openai.AsyncOpenAI`` twin of :meth:`openai`."""
         return openai.AsyncOpenAI(**self._bound(kwargs))
 
+    def _anthropic_bound(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The ``anthropic`` client's options: the gateway's root as ``base_url`` (the client
+        adds ``/v1/messages``), the key as a bearer token, this attempt's headers."""
+        bound = self._bound(kwargs)
+        bound["base_url"] = bound["base_url"].removesuffix("/v1")
+        bound["auth_token"] = bound.pop("api_key")
+        return bound
+
+    def anthropic(self, **kwargs: Any) -> Any:
+        """An ``anthropic.Anthropic`` whose every ``messages`` call belongs to this attempt
+        (``POST /v1/messages``, ``docs/gateway.md``, "Messages"); keyword arguments go to the
+        client, ``max_retries`` is 0 unless given. Needs the ``anthropic`` package."""
+        import anthropic  # optional: only harnesses on the anthropic client need it
+
+        return anthropic.Anthropic(**self._anthropic_bound(kwargs))
+
+    def async_anthropic(self, **kwargs: Any) -> Any:
+        """The ``anthropic.AsyncAnthropic`` twin of :meth:`anthropic`."""
+        import anthropic
+
+        return anthropic.AsyncAnthropic(**self._anthropic_bound(kwargs))
+
     def status(self) -> dict[str, Any]:
         """The attempt as the ledger knows it now (``GET /v1/attempts/{capture_key}``)."""
         path = f"/attempts/{self.capture_key}"
@@ -214,7 +236,10 @@ class Attempt:
 
     def post_result(self, result: Mapping[str, Any]) -> dict[str, Any]:
         """The harness returned: ``result`` is its ordinary output (``output``: the returned
-        history) and ``reward``. Grove settles the attempt and selects the calls that train."""
+        history) and ``reward``. Grove settles the attempt and selects the calls that train.
+        ``"environment_masked": True`` (with an optional ``"environment_mask_reason"``) says the
+        environment could not score the rollout: it trains nothing, its group does
+        (``docs/forest.md``, "Environment masks")."""
         path = f"/attempts/{self.capture_key}/result"
         return dict(_checked(self.grove.http.post(path, json=dict(result), headers=self.headers)))
 

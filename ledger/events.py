@@ -21,6 +21,7 @@ from grove.ledger.errors import InvalidEventPayload, UnknownEventType
 
 __all__ = [
     "CATALOG",
+    "MAX_ENVIRONMENT_REASON_CHARS",
     "AdmissionsClosed",
     "AttemptCleaned",
     "AttemptOpened",
@@ -39,6 +40,8 @@ __all__ = [
 ]
 
 Digest = str  # lowercase hex sha256
+MAX_ENVIRONMENT_REASON_CHARS = 500
+"""The longest reason a harness may give for an environment mask (``rollout.selected``)."""
 
 
 class _Record(BaseModel):
@@ -273,6 +276,16 @@ class RolloutSelected(Event):
     result: dict[str, Any] | None = Field(
         default=None,
         description="the harness's result as the policy read it, so replay can re-run the policy",
+    )
+    environment_masked: bool = Field(
+        default=False,
+        description="the harness's environment could not score the rollout (a sandbox crash): "
+        'its group trains, it does not (docs/forest.md, "Environment masks")',
+    )
+    environment_mask_reason: str | None = Field(
+        default=None,
+        max_length=MAX_ENVIRONMENT_REASON_CHARS,
+        description="why the environment masked it, as the harness said (None: no reason given)",
     )
 
 

@@ -110,7 +110,8 @@ class FinalizedRollout:
     """One logical rollout after finalization: its forest, reward, and rows as tensors.
 
     ``abandoned`` is why Grove abandoned its attempt (None when its harness returned);
-    ``policy_versions`` the known policy versions of the calls its rows train, ascending.
+    ``policy_versions`` the known policy versions of the calls its rows train, ascending;
+    ``environment_masked`` whether its harness flagged it as one the environment could not score.
     """
 
     capture_key: str
@@ -121,11 +122,19 @@ class FinalizedRollout:
     rollout: LogicalRollout
     abandoned: DropReason | None = None
     policy_versions: tuple[int, ...] = ()
+    environment_masked: bool = False
 
     @property
     def outcome(self) -> RolloutOutcome:
-        """The advantage stage's view of this rollout (no trainer diagnostics yet)."""
-        return RolloutOutcome.from_forest(self.rollout_id, self.group_id, self.reward, self.forest)
+        """The advantage stage's view of this rollout (no trainer diagnostics yet); the
+        harness's environment mask (``rollout.selected``) filters it (``environment``)."""
+        return RolloutOutcome.from_forest(
+            self.rollout_id,
+            self.group_id,
+            self.reward,
+            self.forest,
+            env_masked=self.environment_masked,
+        )
 
     @property
     def member(self) -> GroupMember:
@@ -361,6 +370,7 @@ class Projector:
             policy_versions=call_policy_versions(
                 state, [c for row in forest.rows for c in row.call_ids]
             ),
+            environment_masked=selection.environment_masked,
         )
 
     # -- groups ------------------------------------------------------------------------------
