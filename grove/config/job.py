@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from grove.config.base import Section
 
@@ -149,6 +149,19 @@ class HarnessConfig(Section):
 
     options: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments passed to an in-process harness with every rollout."""
+
+    _config_dir: str = PrivateAttr(default=".")
+
+    @model_validator(mode="after")
+    def _remember_config_dir(self, info: ValidationInfo) -> HarnessConfig:
+        self._config_dir = str((info.context or {}).get("base_dir", "."))
+        return self
+
+    @property
+    def config_dir(self) -> Path:
+        """The configuration file's directory (the current one for a mapping): a ``target``
+        module beside the file is importable from it (``grove/train/harness.py``)."""
+        return Path(self._config_dir)
 
 
 class DataConfig(Section):

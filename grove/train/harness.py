@@ -21,6 +21,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -50,10 +51,12 @@ class HarnessError(JobError, RuntimeError):
         super().__init__(message if rollout_id is None else f"rollout {rollout_id}: {message}")
 
 
-def resolve_harness(target: str) -> Harness:
+def resolve_harness(target: str, config_dir: Path | None = None) -> Harness:
     """The function named ``module:function``, its module imported as ``python -m`` would from
-    the current directory (which comes first on the import path, as for uvicorn's ``module:app``);
-    refused with what is wrong and what to do."""
+    the current directory (which comes first on the import path, as for uvicorn's ``module:app``),
+    then from ``config_dir``, the configuration file's directory (a harness beside its
+    configuration is found from any directory, without ``PYTHONPATH``); refused with what is
+    wrong, the directories searched and what to do."""
     module_name, _, attribute = target.partition(":")
     if not module_name or not attribute:
         raise HarnessError(
@@ -61,15 +64,22 @@ def resolve_harness(target: str) -> Harness:
             "that run elsewhere)"
         )
     here = os.getcwd()
+    searched = [here]
+    if config_dir is not None and str(config_dir.resolve()) != here:
+        searched.append(str(config_dir.resolve()))
     if here not in sys.path:
         sys.path.insert(0, here)
+    if len(searched) > 1 and searched[1] not in sys.path:
+        sys.path.insert(sys.path.index(here) + 1, searched[1])
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
+        beside = f" or the configuration's directory {searched[1]}" if len(searched) > 1 else ""
         raise HarnessError(
             f"harness.target {target!r}: cannot import {module_name!r} ({error}) from the "
-            f"current directory {here} or the import path; run grove from the directory that "
-            "holds the module, or add its directory to PYTHONPATH"
+            f"current directory {here}{beside} or the import path; put the module beside the "
+            "configuration file, run grove from the directory that holds it, or add its "
+            "directory to PYTHONPATH"
         ) from error
     function = getattr(module, attribute, None)
     if function is None:

@@ -83,7 +83,7 @@ def preflight(config: GroveConfig, source: str) -> Preflight:
     harness = None
     if config.harness.target != EXTERNAL:
         try:
-            harness = resolve_harness(config.harness.target)
+            harness = resolve_harness(config.harness.target, config.harness.config_dir)
         except HarnessError as error:
             problems.append(str(error))
     tasks: list[dict[str, Any]] = []
