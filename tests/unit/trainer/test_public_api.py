@@ -51,6 +51,7 @@ PUBLIC = {
     "grove.training.trainer": {
         "LogprobFunction",
         "MicroBatchPlan",
+        "RowLayout",
         "StepBatch",
         "StepReport",
         "Trainer",
