@@ -28,6 +28,12 @@ test-vllm: $(STAMP)
 	PYTHON=$(PYTHON) bash tests/vllm/setup_venv.sh
 	GROVE_VLLM=1 $(BIN)/python -m pytest tests/vllm $(PYTEST_ARGS)
 
+# The GPU suite (tests/gpu): grove train on cuda in float32 and bfloat16, checkpoints moved
+# between the GPU and the CPU. Without CUDA every test is skipped (make test collects them too).
+.PHONY: test-gpu
+test-gpu: $(STAMP)
+	$(BIN)/python -m pytest tests/gpu -rs $(PYTEST_ARGS)
+
 # The reliability suites: crash (SIGKILL at seeded points), concurrency, tamper, bad input, access
 # (docs/reliability.md). They are part of `make test` too; this runs them alone.
 .PHONY: test-reliability

@@ -188,6 +188,10 @@ class EmbeddedEngine:
     ``tokenizer`` (the model's) is needed for calls with an output constraint only: its
     vocabulary is what the grammar masks; an engine built without it refuses them. The grammar
     compiler for it is built on the first constrained call and kept.
+
+    The engine runs where the model's parameters are (a GPU too: logits come back to the CPU,
+    where the seeded generators draw); ``autocast_dtype`` (``torch.bfloat16`` for a run with
+    ``policy.precision: bfloat16``) runs its forward under autocast, as the trainer's is.
     """
 
     name: str = "embedded"  # EmbeddedVLMEngine names itself apart
@@ -200,8 +204,10 @@ class EmbeddedEngine:
         seed: int = 0,
         policy_version: int = 0,
         tokenizer: PreTrainedTokenizerBase | None = None,
+        autocast_dtype: torch.dtype | None = None,
     ) -> None:
         self.model = model
+        self.autocast_dtype = autocast_dtype
         self.policy_version = policy_version
         self.stop_token_ids = frozenset(stop_token_ids)
         self.tokenizer = tokenizer
@@ -232,7 +238,18 @@ class EmbeddedEngine:
         """Sample up to ``max_tokens`` tokens after the prompt, stopping at a stop token."""
         self.check(prompt_token_ids, sampling)
         stops = self.stop_token_ids | set(sampling.stop_token_ids)
-        with self._lock, torch.inference_mode(), self._recording(prompt_token_ids) as recorder:
+        device = next(self.model.parameters()).device
+        autocast = torch.autocast(
+            device.type,
+            dtype=self.autocast_dtype or torch.float32,
+            enabled=self.autocast_dtype is not None,
+        )
+        with (
+            self._lock,
+            torch.inference_mode(),
+            autocast,
+            self._recording(prompt_token_ids) as recorder,
+        ):
             version = self.policy_version
             generator = (
                 self._generator
@@ -246,24 +263,25 @@ class EmbeddedEngine:
             logprobs: list[float] = []
             finish: FinishReason = "length"
             routes: torch.Tensor | None = None  # an MoE model's, recorded below
-            inputs = torch.tensor([list(prompt_token_ids)], dtype=torch.long)  # (1, T)
+            prompt = list(prompt_token_ids)
+            inputs = torch.tensor([prompt], dtype=torch.long, device=device)  # (1, T)
             cache = None
             for _ in range(sampling.max_tokens):
                 out = self.model(input_ids=inputs, cache=cache, use_cache=True, logits_to_keep=1)
                 cache = out.cache
-                token, logprob = sample_token(out.logits[0, -1].float(), mask, generator)
+                token, logprob = sample_token(out.logits[0, -1].float().cpu(), mask, generator)
                 tokens.append(token)
                 logprobs.append(logprob)
                 if token in stops:
                     finish = "stop"
                     break
-                inputs = torch.tensor([[token]], dtype=torch.long)  # (1, 1)
+                inputs = torch.tensor([[token]], dtype=torch.long, device=device)  # (1, 1)
             if recorder is not None:
                 # The final token's route: what its continuation's prefill would observe
                 # (docs/moe.md, "Capture"); the logits of this step are not used.
-                final = torch.tensor([[tokens[-1]]], dtype=torch.long)  # (1, 1)
+                final = torch.tensor([[tokens[-1]]], dtype=torch.long, device=device)  # (1, 1)
                 self.model(input_ids=final, cache=cache, use_cache=True, logits_to_keep=1)
-                routes = recorder.routes()  # (prompt + generated, layers, top_k)
+                routes = recorder.routes().cpu()  # (prompt + generated, layers, top_k)
                 self._route_memory.remember([*prompt_token_ids, *tokens], routes)
         return Generation(
             token_ids=tuple(tokens),

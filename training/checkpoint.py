@@ -29,7 +29,10 @@ how many processes trained them: a run of two ``torchrun`` ranks resumes in one 
 same setting (that process trains every rank's rows) and the other way round
 (``docs/train.md``, "Data-parallel training").
 
-Torch files are read with ``weights_only=True``: a checkpoint is data, never code.
+Torch files are read with ``weights_only=True``: a checkpoint is data, never code. A checkpoint is
+device-independent: every tensor is written from a CPU copy and read onto the CPU, then copied
+into the model and optimizer wherever their parameters live (``policy.device``), so a run
+written on a GPU resumes on the CPU and the other way round.
 """
 
 from __future__ import annotations
@@ -222,6 +225,17 @@ def _restore_rng(state: Mapping[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _on_cpu(value: Any) -> Any:
+    """``value`` (a state dict: nested dicts, lists and tuples) with every tensor on the CPU."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu")
+    if isinstance(value, dict):
+        return {key: _on_cpu(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_on_cpu(item) for item in value)
+    return value
+
+
 def checkpoint_name(step: int) -> str:
     """The directory name of the checkpoint after ``step`` optimizer steps."""
     return f"step_{step:08d}"
@@ -275,7 +289,7 @@ def save_checkpoint(
     staging.mkdir()
     try:
         save_model(model, str(staging / "model.safetensors"))
-        torch.save(optimizer.state_dict(), staging / "optimizer.pt")
+        torch.save(_on_cpu(optimizer.state_dict()), staging / "optimizer.pt")
         torch.save(
             scheduler.state_dict() if scheduler is not None else {}, staging / "scheduler.pt"
         )
@@ -490,10 +504,12 @@ def load_checkpoint(
     saved = verify_checkpoint(path)
     _check_schema(path, saved, expect)
     _check_compatible(path, saved, expect)
-    tensors = load_file(path / "model.safetensors")
-    optimizer_state = torch.load(path / "optimizer.pt", weights_only=True)
-    scheduler_state = torch.load(path / "scheduler.pt", weights_only=True)
-    rng_state = torch.load(path / "rng.pt", weights_only=True)
+    tensors = load_file(path / "model.safetensors", device="cpu")
+    # On the CPU whatever device wrote them; load_state_dict moves the optimizer's state to its
+    # parameters' device.
+    optimizer_state = torch.load(path / "optimizer.pt", weights_only=True, map_location="cpu")
+    scheduler_state = torch.load(path / "scheduler.pt", weights_only=True, map_location="cpu")
+    rng_state = torch.load(path / "rng.pt", weights_only=True, map_location="cpu")
     _check_same_model(path, model, tensors)
     _check_same_optimizer(path, optimizer, optimizer_state)
     model.load_state_dict(tensors, strict=False)

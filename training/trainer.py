@@ -38,6 +38,7 @@ from grove.training.loss import (
     token_diagnostics,
 )
 from grove.training.metrics import OPTIMIZER_STEPS, SCHEDULER_STEP_INCREMENT
+from grove.training.placement import CPU_FLOAT32, Placement
 from grove.training.row_sharding import SINGLE_PROCESS, RankGroup, shard_micro_batches
 from grove.training.rows import RowMedia
 
@@ -314,6 +315,7 @@ class Trainer:
         micro_batches: MicroBatchPlan | None = None,
         layout: RowLayout | None = None,
         ranks: RankGroup = SINGLE_PROCESS,
+        placement: Placement = CPU_FLOAT32,
     ) -> None:
         if global_batch_rollouts < 1 or micro_batch_size < 1:
             raise BatchError(
@@ -338,6 +340,7 @@ class Trainer:
         self.micro_batches = micro_batches
         self.layout = layout
         self.ranks = ranks
+        self.placement = placement  # the model is already there (build_trainer puts it there)
         self.step = 0
 
     def _check_cardinality(self, batch: StepBatch) -> None:
@@ -365,6 +368,7 @@ class Trainer:
         else:
             plan = self.micro_batches or _fixed_micro_batches
             planned = plan(batch, self.micro_batch_size)
+        batch = self.placement.move_batch(batch)  # docs/train.md, "Devices, precision and ..."
         retained = retained_token_mask(batch.loss_mask, batch.owners, batch.row_mask)
         step_tokens = int(retained.sum())
         learning_rate = float(self.optimizer.param_groups[0]["lr"])
@@ -378,7 +382,8 @@ class Trainer:
         trained_logprobs = _row_grid(self.model, batch)  # (R, T): rows trained here, zero elsewhere
         for shard in self.ranks.own_shards(batch.rows):
             for rows in shard_micro_batches(planned, shard):
-                trainer_logprobs = self.logprobs(self.model, batch, rows)
+                with self.placement.autocast():  # the forward only: float32 loss below
+                    trainer_logprobs = self.logprobs(self.model, batch, rows)
                 result = clipped_policy_gradient_loss(
                     trainer_logprobs,
                     batch.generation_logprobs[rows],

@@ -174,6 +174,7 @@ def unsupported_combinations(config: GroveConfig) -> list[str]:
             "nor feeds media; turn policy.tree_packing off"
         )
     problems.extend(_vlm_problems(config))
+    problems.extend(_precision_problems(config))
     if config.model.architecture != "dense" and config.model.path != EMBEDDED:
         problems.append(
             f"model.architecture: {config.model.architecture} builds the embedded model only "
@@ -249,6 +250,25 @@ def _vlm_problems(config: GroveConfig) -> list[str]:
         problems.append(
             "model.warm_start fits the text models on a corpus without images, not "
             "model.architecture: vlm: remove model.warm_start"
+        )
+    return problems
+
+
+def _precision_problems(config: GroveConfig) -> list[str]:
+    """``policy.precision`` and ``policy.device`` against the model (``docs/train.md``,
+    "Devices, precision and activation checkpointing")."""
+    policy, model = config.policy, config.model
+    problems = []
+    if policy.precision == "bfloat16" and model.dtype != "float32":
+        problems.append(
+            f"policy.precision: bfloat16 keeps float32 master weights and optimizer state and "
+            f"runs the forward under bfloat16 autocast, but model.dtype is {model.dtype}: set "
+            "model.dtype: float32 (or policy.precision: float32 to train in the model's dtype)"
+        )
+    if policy.device == "cuda" and model.architecture == "vlm":
+        problems.append(
+            "policy.device: cuda is not supported with model.architecture: vlm: the embedded "
+            "vision-language model and its engine run on the CPU; set policy.device: cpu or auto"
         )
     return problems
 

@@ -26,6 +26,7 @@ from grove.training.selection import resolve_selection_policy
 __all__ = [
     "AsyncRLConfig",
     "CheckpointingConfig",
+    "DTensorConfig",
     "GRPOConfig",
     "LossConfig",
     "MegatronConfig",
@@ -184,6 +185,19 @@ class ToggleConfig(Section):
     """Turn the feature on; refused when true (``docs/train.md`` says why for each)."""
 
 
+class DTensorConfig(Section):
+    """``policy.dtensor_cfg``: the torch learner's sharding and memory settings."""
+
+    enabled: bool = False
+    """Shard the model with FSDP2 (``torch.distributed.fsdp.fully_shard``) per decoder layer and
+    at the root, one shard per data-parallel rank."""
+
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them
+    (``training/activation_checkpointing.py``): less memory, one more forward per layer, the
+    same gradients."""
+
+
 class SequencePackingConfig(Section):
     """``policy.sequence_packing``: a step's rows packed into token-budget bins, each bin one
     sequence in which every row keeps its own attention context (``training/sequence_packing.py``,
@@ -209,6 +223,19 @@ class SequencePackingConfig(Section):
 
 class PolicyConfig(Section):
     """``policy``: the learner, its batches and its optimizer."""
+
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the model, each step's rows, logprobs, loss and optimizer state live, and where the
+    embedded engine samples: ``auto`` is ``cuda`` when ``torch.cuda.is_available()``, else
+    ``cpu``; ``cuda`` on a machine without CUDA is refused before the run starts."""
+
+    precision: Literal["float32", "bfloat16"] = "float32"
+    """``bfloat16``: the forward runs under ``torch.autocast(dtype=torch.bfloat16)`` with float32
+    master weights and optimizer state (``model.dtype`` must stay float32); logprobs, the loss,
+    TMPE and generation KL are computed in float32 from the bfloat16 logits."""
+
+    dtensor_cfg: DTensorConfig = Field(default_factory=DTensorConfig)
+    """FSDP2 sharding and activation checkpointing."""
 
     train_global_batch_size: int = Field(default=16, ge=1, le=100_000_000)
     """Logical rollouts per optimizer step (never rows: a rollout may have several rows)."""

@@ -123,9 +123,21 @@ class VllmWeightsError(JobError):
 
 class EmbeddedPolicy:
     """In-process sampling on the trainer's own parameters (``capture/embedded.py``; a
-    vision-language model samples with its images, ``capture/embedded_vlm.py``)."""
+    vision-language model samples with its images, ``capture/embedded_vlm.py``).
 
-    def __init__(self, loaded: LoadedModel, *, seed: int, policy_version: int = 0) -> None:
+    The parameters are the trainer's, so the engine samples on the trainer's device
+    (``policy.device``); ``autocast_dtype`` (``torch.bfloat16`` under ``policy.precision:
+    bfloat16``) runs its forward in the trainer's precision, so it samples the distribution the
+    learner trains (``docs/train.md``, "Devices, precision and activation checkpointing")."""
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        *,
+        seed: int,
+        policy_version: int = 0,
+        autocast_dtype: torch.dtype | None = None,
+    ) -> None:
         tokenizer = loaded.tokenizer
         self.engine: EmbeddedEngine
         if loaded.image_processor is not None:
@@ -144,6 +156,7 @@ class EmbeddedPolicy:
                 seed=seed,
                 policy_version=policy_version,
                 tokenizer=tokenizer,
+                autocast_dtype=autocast_dtype,
             )
         self.policy_version = policy_version
         self._context = context_length(loaded.model)
@@ -374,7 +387,13 @@ def open_policy_engine(config: GroveConfig, loaded: LoadedModel, *, step: int) -
     """The engine of the run's configuration, serving the weights of optimizer step ``step``."""
     if config.engine.kind == "vllm":
         return _open_vllm_policy(config, loaded, step)
-    return EmbeddedPolicy(loaded, seed=config.seed, policy_version=step)
+    bfloat16 = config.policy.precision == "bfloat16"
+    return EmbeddedPolicy(
+        loaded,
+        seed=config.seed,
+        policy_version=step,
+        autocast_dtype=torch.bfloat16 if bfloat16 else None,
+    )
 
 
 def _python(configured: str | None) -> str:

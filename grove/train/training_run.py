@@ -26,6 +26,7 @@ import torch
 from grove.config import GroveConfig
 from grove.ledger.store import EventStore
 from grove.storage import BlobStore
+from grove.training.activation_checkpointing import enable_activation_checkpointing
 from grove.training.advantages import (
     AdvantageConfig,
     GroupDecision,
@@ -47,6 +48,7 @@ from grove.training.errors import BatchError
 from grove.training.loss import ClipRange
 from grove.training.media_logprobs import MediaLogprobs
 from grove.training.metrics import length_metrics, rollout_lengths, step_metrics
+from grove.training.placement import Placement, resolve_device
 from grove.training.projector import Projector, ProjectorSettings, PublishedBatch
 from grove.training.route_replay import logprob_function, recompute_logprobs
 from grove.training.row_sharding import RankGroup, SingleProcess
@@ -73,6 +75,7 @@ __all__ = [
     "TrainingRun",
     "advantage_config",
     "build_trainer",
+    "placement",
     "trainer_logprobs",
 ]
 
@@ -134,6 +137,16 @@ def trainer_logprobs(config: GroveConfig, model: torch.nn.Module) -> LogprobFunc
     return logprob_function(model)
 
 
+def placement(config: GroveConfig) -> Placement:
+    """The learner's device and precision (``policy.device``, ``policy.precision``; ``auto`` is
+    the CPU for the vision-language model); raises ``grove.training.placement.DeviceUnavailable``
+    for ``cuda`` without CUDA."""
+    device = config.policy.device
+    if config.model.architecture == "vlm":
+        device = "cpu"  # the embedded vision-language model runs on the CPU (cuda is refused)
+    return Placement(resolve_device(device), config.policy.precision)
+
+
 def build_trainer(
     config: GroveConfig, model: torch.nn.Module, *, ranks: RankGroup | None = None
 ) -> Trainer:
@@ -141,6 +154,12 @@ def build_trainer(
     logical rollouts), batches and loss; every data-parallel rank builds the same one. Without
     ``ranks`` one process trains the shards of all ``policy.data_parallel_size`` ranks."""
     policy = config.policy
+    placed = placement(config)
+    # In place, before the optimizer exists, so its state is created on the device; the embedded
+    # engine samples these same parameters, so it follows (docs/train.md, "Devices, ...").
+    model.to(placed.device)
+    if policy.dtensor_cfg.activation_checkpointing:
+        enable_activation_checkpointing(model)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=policy.learning_rate, weight_decay=policy.weight_decay
     )
@@ -160,6 +179,7 @@ def build_trainer(
         layout=TokenBudgetBins(policy.sequence_packing.train_mb_tokens, policy.data_parallel_size)
         if policy.sequence_packing.enabled
         else None,
+        placement=placed,
     )
 
 
@@ -368,6 +388,7 @@ class TrainingRun:
         if self.advantages.seq_logprob_error_threshold is None:
             return outcomes
         batch = published.batch
+        placed = self.trainer.placement
         if isinstance(self.trainer.logprobs, MediaLogprobs):
             recomputed = self._media_logprobs(batch.input_ids, batch.media)
         elif self.config.policy.sequence_packing.enabled:
@@ -378,12 +399,14 @@ class TrainingRun:
                 tokens=self.config.policy.sequence_packing.logprob_mb_tokens,
             ).cpu()
         else:
-            recomputed = recompute_logprobs(
-                self.model,
-                batch.input_ids,
-                batch.routes,
-                micro_batch_size=self.config.policy.logprob_micro_batch_size,
-            )
+            routes = None if batch.routes is None else batch.routes.to(placed.device)
+            with placed.autocast():
+                recomputed = recompute_logprobs(
+                    self.model,
+                    batch.input_ids.to(placed.device),
+                    routes,
+                    micro_batch_size=self.config.policy.logprob_micro_batch_size,
+                ).cpu()
         errors = pooled_logprob_error(
             batch.generation_logprobs,
             recomputed,
