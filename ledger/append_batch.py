@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from pydantic import TypeAdapter, ValidationError
+from pydantic_core import PydanticSerializationError
 
 from grove.ledger.errors import EventIdConflict, InvalidEventPayload
 from grove.ledger.events import Event, event_class, validate_payload
@@ -63,9 +64,18 @@ def _validate_json(cls: type[Event], payloads: Sequence[str]) -> None:
             raise InvalidEventPayload(cls.type, cls.schema_version, str(error)) from None
 
 
+def _payload_json(event: Event) -> str:
+    """``event``'s payload as JSON text; a value JSON cannot hold (a lone UTF-16 surrogate in a
+    string) is an invalid payload, refused like any other."""
+    try:
+        return event.model_dump_json()
+    except PydanticSerializationError as error:
+        raise InvalidEventPayload(event.type, event.schema_version, str(error)) from None
+
+
 def _prepared(ids: Sequence[str], events: Sequence[Event]) -> list[AppendedRow]:
     """The rows of ``events``, validated: one validation call per event type."""
-    payloads = [event.model_dump_json() for event in events]
+    payloads = [_payload_json(event) for event in events]
     by_type: dict[str, list[str]] = {}
     for event, payload in zip(events, payloads, strict=True):
         by_type.setdefault(event.type, []).append(payload)

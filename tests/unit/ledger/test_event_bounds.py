@@ -135,3 +135,16 @@ def test_an_append_of_an_event_built_without_validation_writes_nothing(tmp_path:
         assert store.count() == 0
     finally:
         store.close()
+
+
+def test_an_append_of_a_string_json_cannot_hold_is_refused_and_writes_nothing(tmp_path: Path):
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    migrate.upgrade(url)
+    store = EventStore.open(url)
+    try:
+        event = AttemptOpened.model_construct(**{**OPENED, "rollout_id": "r\ud800"})
+        with pytest.raises(InvalidEventPayload, match="surrogates not allowed"):
+            store.append("k", [event], expected_version=0)
+        assert store.count() == 0
+    finally:
+        store.close()
