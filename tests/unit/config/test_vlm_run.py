@@ -85,8 +85,10 @@ def test_a_vlm_run_trains_its_image_rows_with_the_generation_logprobs(vlm_run: R
     metrics = vlm_run.metrics()
     assert len(metrics) == 2
     assert all(m["train/max_token_mult_prob_error"] < 1.001 for m in metrics)
-    # grpo.seq_logprob_error_threshold recomputes with the images too: no rollout is excluded
-    assert [m["num_mask_sample_filtered"] for m in metrics] == [0.0, 0.0]
+    # grpo.seq_logprob_error_threshold recomputes with the images too: no rollout is excluded,
+    # so every real row of both steps trains (two rollouts of one row each per step)
+    assert [m["forest/masked_rows"] for m in metrics] == [0.0, 0.0]
+    assert [m["forest/rows"] for m in metrics] == [2.0, 2.0]
 
 
 @pytest.mark.parametrize(
