@@ -16,7 +16,7 @@ from typing import Any
 import anthropic
 import pytest
 
-from grove.client import ATTEMPT_TOKEN_HEADER, CAPTURE_KEY_HEADER
+from grove.client import ATTEMPT_TOKEN_HEADER, CAPTURE_KEY_HEADER, GroveClient
 from tests.integration.gateway.support import MODEL, Gateway
 
 from .attempts import Link, Played, chain, finish, open_attempt
@@ -234,3 +234,14 @@ def test_concurrent_attempts_are_captured_apart(gateway: Gateway) -> None:
         ids = list(pool.map(call, keys))
     assert len(set(ids)) == 4
     assert [len(gateway.status(key)["calls"]) for key in keys] == [1, 1, 1, 1]
+
+
+def test_an_attempt_of_grove_client_binds_the_anthropic_client(gateway: Gateway) -> None:
+    gateway.engine.say("Bound.")
+    with GroveClient(f"{gateway.base_url}/v1") as grove:
+        attempt = grove.open_attempt(
+            "anthropic-bound", rollout_id="anthropic-bound", prompt_group="g0", rollout_index=0
+        )
+        answer = attempt.anthropic().messages.create(model=MODEL, max_tokens=8, messages=[USER])
+        assert answer.content[0].type == "text"
+        assert [c["response_id"] for c in attempt.status()["calls"]] == [answer.id]
