@@ -9,6 +9,11 @@ is written, so no request can make the server import a module. An attempt that n
 or no forest mode, gets the server's own; ``attempt.opened`` records the resolved values
 (``docs/gateway.md``, "Attempts").
 
+``max_model_calls`` (``token_capture.max_model_calls``; None: unbounded) bounds the model calls
+one attempt may record: a call beyond it is refused (409 ``call_budget_exhausted``) before its
+intent, nothing written. Every call the attempt recorded counts, whatever became of it (committed,
+failed, rejected by the harness, pending): a resample after a rejection is one more call.
+
 ``DEFAULT_FOREST_MODE`` (off) is written here once: it is the default of Grove's configuration key
 ``token_capture.forest_training`` too, so a server and a training run that set nothing agree.
 """
@@ -21,11 +26,13 @@ from typing import Final
 from grove.capture.refusals import Refused
 from grove.capture.wire import OpenAttemptRequest
 
-__all__ = ["DEFAULT_FOREST_MODE", "AttemptSettings"]
+__all__ = ["DEFAULT_FOREST_MODE", "DEFAULT_SELECTION_POLICY", "AttemptSettings"]
 
 DEFAULT_FOREST_MODE: Final = False
 """Forest mode of an attempt that gives none, on a server configured with none: off, so rollouts
 train as one row each unless forest training is turned on (``docs/forest.md``)."""
+DEFAULT_SELECTION_POLICY: Final = "returned_history"
+"""The one selection policy that does not need forest training."""
 
 
 @dataclass(frozen=True)
@@ -36,17 +43,23 @@ class AttemptSettings:
     ``selection_policies``: the names an attempt may give (the server's selector runs each).
     ``selection_policy``: the policy of an attempt that names none; one of them.
     ``forest_mode``: the forest mode of an attempt that gives none.
+    ``max_model_calls``: the model calls one attempt may record (None: unbounded).
     """
 
-    selection_policies: tuple[str, ...] = ("returned_history", "all_captured")
-    selection_policy: str = "returned_history"
+    selection_policies: tuple[str, ...] = (DEFAULT_SELECTION_POLICY, "all_captured")
+    selection_policy: str = DEFAULT_SELECTION_POLICY
     forest_mode: bool = DEFAULT_FOREST_MODE
+    max_model_calls: int | None = None
 
     def __post_init__(self) -> None:
         if self.selection_policy not in self.selection_policies:
             raise ValueError(
                 f"the default selection policy {self.selection_policy!r} must be one of the "
                 f"server's policies {list(self.selection_policies)}"
+            )
+        if self.max_model_calls is not None and self.max_model_calls < 1:
+            raise ValueError(
+                f"max_model_calls must be >= 1 (or None: unbounded), got {self.max_model_calls}"
             )
 
     def resolve(self, request: OpenAttemptRequest) -> OpenAttemptRequest:
@@ -66,3 +79,16 @@ class AttemptSettings:
             )
         forest_mode = self.forest_mode if request.forest_mode is None else request.forest_mode
         return request.model_copy(update={"selection_policy": policy, "forest_mode": forest_mode})
+
+    def check_budget(self, capture_key: str, recorded_calls: int) -> None:
+        """Refuse (409) a new model call of an attempt that recorded ``max_model_calls``."""
+        budget = self.max_model_calls
+        if budget is not None and recorded_calls >= budget:
+            raise Refused(
+                409,
+                "call_budget_exhausted",
+                f"Attempt {capture_key!r} has recorded {recorded_calls} model calls, its budget "
+                f"(token_capture.max_model_calls: {budget}); every recorded call counts, a "
+                "resample after a rejection too. Post the attempt's result now, or raise "
+                "token_capture.max_model_calls",
+            )

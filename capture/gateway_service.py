@@ -293,6 +293,7 @@ class GatewayService:
         fit = None if limit is None else lambda prompt: self._fit(converted, prompt, limit)
         for attempt in range(_STALE_RETRIES):
             state = self.admitting(capture_key, converted.call.call_id, read=attempt > 0)
+            self.attempts.check_budget(state.capture_key, len(state.calls))
             try:
                 return self.service.generate(
                     state.capture_key, converted.call, fit=fit, refresh=False

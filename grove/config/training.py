@@ -71,6 +71,11 @@ class TokenCaptureConfig(Section):
     """After the harness returns, how long pending calls are awaited before masking the rollout
     (the gateway's settle timeout; ``grove serve --settle-timeout``)."""
 
+    max_model_calls: int | None = Field(default=None, ge=1, le=1_000_000)
+    """The model calls one attempt may record (``None``: unbounded). A call beyond is refused
+    (409 ``call_budget_exhausted``) before its intent, nothing written; every recorded call counts,
+    a resample after a rejection too (``capture/attempt_settings.py``)."""
+
     strict: bool = False
     """Refuse (409, with its divergence diagnostic) a call the gateway would root unexplained:
     one that continues a committed call whose exact tokens the chat template cannot extend

@@ -81,8 +81,9 @@ class GatewayStartError(JobError):
 def gateway_options(config: GroveConfig) -> dict[str, Any]:
     """``build_gateway``'s keyword arguments that ``config`` sets: ``engine.auth_token``,
     ``engine.default_max_tokens``, ``token_capture.pending_call_timeout_s`` (the settle timeout),
-    ``token_capture.selection_policy``, ``token_capture.forest_training`` and
-    ``token_capture.strict``, the ``gateway.limits`` and ``grpo.max_abs_reward``."""
+    ``token_capture.selection_policy``, ``token_capture.forest_training``,
+    ``token_capture.max_model_calls`` and ``token_capture.strict``, the ``gateway.limits`` and
+    ``grpo.max_abs_reward``."""
     capture = config.token_capture
     return {
         "auth_token": config.engine.auth_token,
@@ -90,6 +91,7 @@ def gateway_options(config: GroveConfig) -> dict[str, Any]:
         "settle_timeout_s": capture.pending_call_timeout_s,
         "selection_policy": capture.selection_policy,
         "forest_mode": capture.forest_training,
+        "max_model_calls": capture.max_model_calls,
         "strict": capture.strict,
         "limits": config.gateway.limits.capture(),
         "max_abs_reward": config.grpo.max_abs_reward,
@@ -173,6 +175,7 @@ def build_gateway(
     settle_timeout_s: float = _CAPTURE.pending_call_timeout_s,
     selection_policy: str = _CAPTURE.selection_policy,
     forest_mode: bool = _CAPTURE.forest_training,
+    max_model_calls: int | None = _CAPTURE.max_model_calls,
     strict: bool = _CAPTURE.strict,
     image_processor: Any | None = None,
     limits: GatewayLimits | None = None,
@@ -192,8 +195,9 @@ def build_gateway(
     that name none get it, and a custom ``module:function`` is resolved now
     (``SelectionPolicyError`` before anything is served) and registered, so attempts may name it
     or a built-in, nothing else. ``forest_mode`` (``token_capture.forest_training``) is the
-    forest mode of attempts that give none. ``strict`` (``token_capture.strict``) refuses
-    unexplained roots (``docs/normalization.md``, "Strict mode").
+    forest mode of attempts that give none. ``max_model_calls``
+    (``token_capture.max_model_calls``) bounds the model calls of one attempt. ``strict``
+    (``token_capture.strict``) refuses unexplained roots (``docs/normalization.md``, "Strict mode").
 
     An embedded vision-language engine (``capture/embedded_vlm.py``) gets a renderer that
     processes images with ``image_processor`` (default: the embedded one) and expands their
@@ -231,7 +235,7 @@ def build_gateway(
         max_context=max_context,
         default_max_tokens=default_max_tokens,
         settle_timeout_s=settle_timeout_s,
-        attempts=AttemptSettings(policies.names, policies.default, forest_mode),
+        attempts=AttemptSettings(policies.names, policies.default, forest_mode, max_model_calls),
         limits=limits,
         max_abs_reward=max_abs_reward,
         on_shutdown=store.close,
