@@ -154,8 +154,10 @@ def test_unusable_selection_policy_is_refused_before_any_rollout(policy, message
         ),
         (
             {"policy": {"megatron_cfg": {"enabled": True}}},
-            "policy.megatron_cfg.enabled: true is not supported: Grove's learner is its torch "
-            "trainer; training/megatron.py packs rows for a Megatron learner you run yourself",
+            "policy.megatron_cfg.enabled: true is not supported: megatron-core's GPTModel needs "
+            "CUDA even for a forward pass (its rotary embedding and attention buffers call "
+            "torch.cuda.current_device()), so Grove cannot test a Megatron learner on the CPU "
+            "its tests run on; the sharded learner is FSDP2: set policy.dtensor_cfg.enabled: true",
         ),
         (
             {"harness": {"target": "examples.recency_agent:play"}},
