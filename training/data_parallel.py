@@ -11,6 +11,12 @@ Gradients are summed, never averaged: every rank's loss is already divided by th
 retained token count (``grove.training.row_sharding``). They are summed in one flat buffer per
 dtype and device; a parameter without a gradient on some rank counts as zero there, and one
 without a gradient on every rank keeps None, as in one process (AdamW skips it).
+
+``ShardedRanks`` is the same group for a model sharded with FSDP2 (``grove.training.fsdp``):
+FSDP reduce-scatters (sums) each gradient into its shard during backward, so there is nothing
+left to sum. The flat all-reduce stays for ranks that each hold the whole model: a run without
+``policy.dtensor_cfg.enabled`` (a model too small to be worth sharding, or one whose layers FSDP
+cannot find).
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import torch.distributed as dist
 from grove.training.errors import BatchError
 from grove.training.row_sharding import shard_rows
 
-__all__ = ["ProcessGroupRanks"]
+__all__ = ["ProcessGroupRanks", "ShardedRanks"]
 
 T = TypeVar("T")
 
@@ -85,3 +91,10 @@ class ProcessGroupRanks:
         """``tensor`` summed elementwise over the ranks, in place; returned."""
         dist.all_reduce(tensor)
         return tensor
+
+
+class ShardedRanks(ProcessGroupRanks):
+    """The ranks of a model sharded with FSDP2: its gradients are summed by FSDP itself."""
+
+    def sum_gradients(self, parameters: Iterable[torch.nn.Parameter]) -> None:
+        """Nothing to do: FSDP summed each gradient into its shard during backward."""
