@@ -157,6 +157,12 @@ def unsupported_combinations(config: GroveConfig) -> list[str]:
         problems.append("loss_fn.token_level_loss: false is not supported (token-level loss only)")
     if loss.sequence_level_importance_ratios:
         problems.append("loss_fn.sequence_level_importance_ratios: true is not supported")
+    if policy.dtensor_cfg.enabled:
+        problems.append(
+            "policy.dtensor_cfg.enabled: true is not supported yet: FSDP2 sharding "
+            "(training/fsdp.py) trains and checkpoints under torchrun, but grove train does not "
+            "run it yet; train data-parallel without it (policy.data_parallel_size)"
+        )
     if policy.dynamic_batching.enabled:
         problems.append("policy.dynamic_batching.enabled: true is not supported")
     if policy.megatron_cfg.enabled:

@@ -11,6 +11,10 @@ here to a test that changes it and shows what happens:
   refusal of any other value when the configuration is loaded;
 - ``test_capture_keys``: capture keys (``token_capture.strict``), shown on a tiny run;
 - ``test_moe_run``: ``model.architecture``, shown on a tiny run of the embedded MoE model;
+- ``test_device_keys``: ``policy.device``, ``policy.precision`` and activation checkpointing,
+  shown on the run's model, optimizer state, logprobs and gradients;
+- ``test_sequence_packing_keys``: the ``policy.sequence_packing`` keys, shown on the bins a
+  training step runs and what they refuse;
 - ``test_tree_packing_key``: ``policy.tree_packing``, shown on a training step of the run's trainer;
 - ``tests/integration/gateway/test_limits.py`` and ``test_image_limits.py``: the
   ``gateway.limits`` keys, each shown on what a gateway built with it refuses over real HTTP;
@@ -26,14 +30,17 @@ import inspect
 from collections.abc import Callable
 
 from grove.config import config_field_paths
+from tests.integration.gateway import test_call_budget as call_budget
 from tests.integration.gateway import test_image_limits as image_limits
 from tests.integration.gateway import test_limits as limits
 from tests.integration.gateway import test_reward_bound as reward_bound
 from tests.unit.config import test_capture_keys as capture
+from tests.unit.config import test_device_keys as device
 from tests.unit.config import test_learner_keys as learner
 from tests.unit.config import test_moe_run as moe
 from tests.unit.config import test_refused_keys as refused
 from tests.unit.config import test_run_keys as run
+from tests.unit.config import test_sequence_packing_keys as packing
 from tests.unit.config import test_tree_packing_key as tree
 from tests.unit.jobs import test_engines as engines
 
@@ -196,8 +203,30 @@ EFFECTS: dict[str, Callable[..., None]] = {
         refused.test_interleaved_pipeline_stages_are_refused
     ),
     "policy.automodel_cfg.enabled": refused.test_automodel_learner_is_refused,
-    "policy.sequence_packing.enabled": refused.test_sequence_packing_is_refused,
+    "policy.sequence_packing.enabled": (
+        packing.test_sequence_packing_trains_bins_of_train_mb_tokens_with_the_same_loss
+    ),
+    "policy.sequence_packing.train_mb_tokens": (
+        packing.test_bins_smaller_than_the_longest_row_are_refused
+    ),
+    "policy.sequence_packing.logprob_mb_tokens": (
+        packing.test_logprob_mb_tokens_bounds_the_recompute_passes
+    ),
+    "policy.sequence_packing.algorithm": (
+        packing.test_an_algorithm_other_than_first_fit_decreasing_is_refused
+    ),
+    "policy.device": device.test_device_cpu_puts_model_and_optimizer_state_on_the_cpu,
+    "policy.precision": (
+        device.test_precision_bfloat16_trains_float32_weights_from_bfloat16_logits
+    ),
+    "policy.dtensor_cfg.enabled": refused.test_fsdp2_sharding_is_refused_until_grove_train_runs_it,
+    "policy.dtensor_cfg.activation_checkpointing": (
+        device.test_activation_checkpointing_recomputes_layers_with_the_same_gradients
+    ),
     "policy.dynamic_batching.enabled": refused.test_dynamic_batching_is_refused,
+    "token_capture.max_model_calls": (
+        call_budget.test_the_configuration_key_sets_the_budget_of_the_gateway
+    ),
     "policy.tree_packing": (
         tree.test_tree_packing_computes_each_shared_prefix_once_with_the_same_loss
     ),
@@ -223,11 +252,14 @@ def test_each_key_has_its_own_collected_test() -> None:
         run.__name__,
         engines.__name__,
         capture.__name__,
+        device.__name__,
+        packing.__name__,
         moe.__name__,
         tree.__name__,
         limits.__name__,
         image_limits.__name__,
         reward_bound.__name__,
+        call_budget.__name__,
     }
     for key, effect in EFFECTS.items():
         module = inspect.getmodule(effect)

@@ -83,6 +83,14 @@ def test_automodel_learner_is_refused() -> None:
     )
 
 
+def test_fsdp2_sharding_is_refused_until_grove_train_runs_it() -> None:
+    assert _problems({"policy": {"dtensor_cfg": {"enabled": True}}}) == (
+        "policy.dtensor_cfg.enabled: true is not supported yet: FSDP2 sharding "
+        "(training/fsdp.py) trains and checkpoints under torchrun, but grove train does not "
+        "run it yet; train data-parallel without it (policy.data_parallel_size)",
+    )
+
+
 def test_dynamic_batching_is_refused() -> None:
     assert _problems({"policy": {"dynamic_batching": {"enabled": True}}}) == (
         "policy.dynamic_batching.enabled: true is not supported",
