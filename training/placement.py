@@ -21,7 +21,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import torch
 
@@ -96,7 +96,7 @@ class Placement:
 
     def move_batch(self, batch: StepBatch) -> StepBatch:
         """``batch`` with every tensor on the device (the same object when already there)."""
-        moved = {
+        moved: dict[str, Any] = {
             field.name: value.to(self.device)
             for field in fields(batch)
             if isinstance(value := getattr(batch, field.name), torch.Tensor)
