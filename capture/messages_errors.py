@@ -41,9 +41,12 @@ def anthropic_error(status: int, body: Any) -> dict[str, Any]:
     error = body.get("error") if isinstance(body, dict) else None
     if isinstance(error, dict):
         message = f"[{error.get('code')}] {error.get('message')}"
-    else:
-        message = str(body)
-    return {"type": "error", "error": {"type": kind, "message": message}}
+        # Grove's own code rides beside Anthropic's fields, as on every other route.
+        return {
+            "type": "error",
+            "error": {"type": kind, "message": message, "code": error.get("code")},
+        }
+    return {"type": "error", "error": {"type": kind, "message": str(body)}}
 
 
 class MessagesConventions:
