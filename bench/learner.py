@@ -183,7 +183,10 @@ def packed_over_padded(rows: int, longest: int, rounds: int) -> dict[str, float]
     ``longest``."""
     lengths = [longest // 8 + (longest - longest // 8) * i // (rows - 1) for i in range(rows)]
     batch = rows_batch(lengths)
-    packing = {"sequence_packing": {"enabled": True, "train_mb_tokens": longest * MICRO_BATCH}}
+    packing = {
+        "max_total_sequence_length": longest,
+        "sequence_packing": {"enabled": True, "train_mb_tokens": longest * MICRO_BATCH},
+    }
     step_s = alternating_step_s(
         {
             "packed": grove_trainer(batch, packing).train_step,

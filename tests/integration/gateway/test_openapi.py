@@ -12,6 +12,7 @@ def test_the_schema_lists_every_endpoint(local_gateway: Gateway):
         ("/v1/models", "get"),
         ("/v1/chat/completions", "post"),
         ("/v1/responses", "post"),
+        ("/v1/messages", "post"),
         ("/v1/attempts", "post"),
         ("/v1/attempts/{capture_key}", "get"),
         ("/v1/attempts/{capture_key}/close", "post"),
