@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from tests.unit.config.runs import train
-from tests.unit.config.steps import training_run
-from tests.unit.config.test_device_keys import CHECKPOINTS, one_step, trainer_state
+from tests.unit.config.steps import CHECKPOINTS, one_step, trainer_state, training_run
 
 
 @pytest.mark.parametrize("precision", ["float32", "bfloat16"])

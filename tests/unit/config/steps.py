@@ -49,6 +49,9 @@ LEARNER = {
 }
 """The step's shape unless a test says otherwise: one prompt group of four rollouts."""
 
+CHECKPOINTS = {"checkpointing": {"enabled": True}}
+"""The override that turns checkpoints on (``LEARNER`` turns them off)."""
+
 
 def training_run(directory: Path, *overrides: Mapping[str, Any]) -> TrainingRun:
     """``TrainingRun`` on the embedded model for ``LEARNER`` with ``overrides``."""
@@ -109,6 +112,26 @@ def published(training: TrainingRun, rollouts: Sequence[FinalizedRollout]) -> Pu
     return PublishedBatch(
         training.step, batch, tuple(rollouts), LedgerPosition(position=0), rebuilt=False
     )
+
+
+def one_step(training: TrainingRun) -> None:
+    """One whole step of ``training``: four rollouts of the model's own logprobs, rewards
+    alternating 0 and 1, published and trained."""
+    mine = own_logprobs(training.model)
+    rollouts = [rollout(f"r{i}", float(i % 2), mine) for i in range(4)]
+    training.train(published(training, rollouts))
+
+
+def trainer_state(training: TrainingRun) -> list[torch.Tensor]:
+    """Copies of the trainer's parameters, then of its optimizer's tensors, in their order."""
+    params = [p.detach().clone() for p in training.model.parameters()]
+    moments = [
+        value.clone()
+        for state in training.trainer.optimizer.state.values()
+        for value in state.values()
+        if isinstance(value, torch.Tensor)
+    ]
+    return params + moments
 
 
 def ratio_batch(model: torch.nn.Module, *, ratio: float, advantage: float) -> StepBatch:

@@ -14,33 +14,13 @@ from grove.config import ConfigurationError, load_config
 from grove.train.training_run import TrainingRun
 from grove.training.placement import DeviceUnavailable
 from tests.unit.config.steps import (
+    CHECKPOINTS,
     LEARNER,
-    own_logprobs,
-    published,
-    rollout,
+    one_step,
     rows_batch,
+    trainer_state,
     training_run,
 )
-
-CHECKPOINTS = {"checkpointing": {"enabled": True}}
-
-
-def one_step(training: TrainingRun) -> None:
-    mine = own_logprobs(training.model)
-    rollouts = [rollout(f"r{i}", float(i % 2), mine) for i in range(4)]
-    training.train(published(training, rollouts))
-
-
-def trainer_state(training: TrainingRun) -> list[torch.Tensor]:
-    params = [p.detach().clone() for p in training.model.parameters()]
-    moments = [
-        value.clone()
-        for state in training.trainer.optimizer.state.values()
-        for value in state.values()
-        if isinstance(value, torch.Tensor)
-    ]
-    return params + moments
-
 
 # -- policy.device -------------------------------------------------------------------------------
 
