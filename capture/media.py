@@ -349,7 +349,8 @@ def _verify_retained(
         )
 
     if len(refs) != len(captured):
-        ref = refs[min(len(refs), len(captured))] if refs else None
+        # The first retained image the chain does not hold, else the last one retained.
+        ref = refs[len(captured)] if len(refs) > len(captured) else (refs[-1] if refs else None)
         raise RetainedMediaMismatchError(
             capture_key,
             parent_call_id,

@@ -13,6 +13,7 @@ import base64
 import io
 import re
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,8 +74,8 @@ def user(text: str, *urls: str) -> dict[str, Any]:
     return {"role": "user", "content": [{"type": "text", "text": text}, *map(chat_image, urls)]}
 
 
-@pytest.fixture
-def vlm(tmp_path: Path) -> Iterator[Gateway]:
+@contextmanager
+def serve_vlm(tmp_path: Path) -> Iterator[Gateway]:
     """A gateway serving the tiny vision-language model on SQLite and local blobs."""
     database_url = f"sqlite:///{tmp_path / 'ledger.db'}"
     migrate.upgrade(database_url)
@@ -95,6 +96,13 @@ def vlm(tmp_path: Path) -> Iterator[Gateway]:
         httpx.Client(base_url=server.base_url, event_hooks=tokens.hooks) as http,
     ):
         yield Gateway(server.base_url, service, http, server, tokens)
+
+
+@pytest.fixture
+def vlm(tmp_path: Path) -> Iterator[Gateway]:
+    """A gateway serving the tiny vision-language model (``serve_vlm``)."""
+    with serve_vlm(tmp_path) as gateway:
+        yield gateway
 
 
 def delta(gateway: Gateway, call_id: str, capture_key: str = "att-1") -> CallDelta:
