@@ -48,6 +48,7 @@ __all__ = [
     "messages_sse",
     "messages_tool_choice",
     "messages_tools",
+    "returned_turns",
 ]
 
 TOOL_ERROR_PREFIX: Final = "Error: "
@@ -65,6 +66,8 @@ _ROLE_BLOCKS: Final = {
     "user": frozenset({"text", "tool_result"}),
     "assistant": frozenset({"text", "thinking", "tool_use"}),
 }
+_MESSAGES_ONLY_BLOCKS: Final = frozenset({"thinking", "tool_use", "tool_result"})
+"""Block types of the Messages API that no Chat or Responses content part has."""
 _REFUSED_BLOCKS: Final = {
     "image": "images are not served on /v1/messages; send them through /v1/chat/completions",
     "document": "documents are not supported: send their text as text blocks",
@@ -129,23 +132,64 @@ def messages_items(request: MessagesRequest) -> list[dict[str, Any]]:
     if request.system is not None:
         items.append({"role": "system", "content": _system_text(request.system)})
     for index, turn in enumerate(request.messages):
-        role, content = turn.get("role"), turn.get("content")
+        role = turn.get("role")
         if role not in _ROLE_BLOCKS or set(turn) - {"role", "content"}:
             raise _invalid(
                 f"messages[{index}]", "must be {'role': 'user' | 'assistant', 'content': ...}"
             )
-        if isinstance(content, str):
-            items.append({"role": role, "content": content})
-        elif isinstance(content, list):
-            blocks = [_block(f"messages[{index}].content[{n}]", b) for n, b in enumerate(content)]
-            for n, block in enumerate(blocks):
-                if block["type"] not in _ROLE_BLOCKS[role]:
-                    where = f"messages[{index}].content[{n}]"
-                    raise _invalid(where, f"a {block['type']} block cannot be in a {role} turn")
-            items.extend(_user_items(blocks) if role == "user" else [_assistant_item(blocks)])
-        else:
-            raise _invalid(f"messages[{index}].content", "must be a string or a list of blocks")
+        items.extend(_turn_items(f"messages[{index}]", role, turn.get("content")))
     return items
+
+
+def returned_turns(items: Sequence[Any]) -> list[Any]:
+    """A harness's returned history with its Messages turns as the Chat messages they map to,
+    so that selection matches them to their calls as it matches Chat messages.
+
+    A turn is in Messages form when it has a ``user`` or ``assistant`` role and its content
+    holds a ``thinking``, ``tool_use`` or ``tool_result`` block (types no Chat or Responses
+    part has). An assistant turn keeps its ``response_id`` and its ``id`` (a whole Message
+    sent back: its id is the call's response id), so a turn names its call either way. Other
+    items, and turns the Messages rules refuse, are left as they are, for the policy to judge.
+    """
+    converted: list[Any] = []
+    for item in items:
+        content = item.get("content") if isinstance(item, Mapping) else None
+        role = item.get("role") if isinstance(item, Mapping) else None
+        if role not in _ROLE_BLOCKS or not _holds_messages_blocks(content):
+            converted.append(item)
+            continue
+        try:
+            turn = _turn_items("output", role, content)
+        except Refused:
+            converted.append(item)
+            continue
+        if role == "assistant":
+            names = {key: item[key] for key in ("id", "response_id") if key in item}
+            turn = [{**message, **names} for message in turn]
+        converted.extend(turn)
+    return converted
+
+
+def _holds_messages_blocks(content: Any) -> bool:
+    return isinstance(content, list) and any(
+        isinstance(block, Mapping) and block.get("type") in _MESSAGES_ONLY_BLOCKS
+        for block in content
+    )
+
+
+def _turn_items(where: str, role: str, content: Any) -> list[dict[str, Any]]:
+    """One turn's content (a string or blocks) as Chat messages (module docstring)."""
+    if isinstance(content, str):
+        return [{"role": role, "content": content}]
+    if not isinstance(content, list):
+        raise _invalid(f"{where}.content", "must be a string or a list of blocks")
+    blocks = [_block(f"{where}.content[{n}]", block) for n, block in enumerate(content)]
+    for n, block in enumerate(blocks):
+        if block["type"] not in _ROLE_BLOCKS[role]:
+            raise _invalid(
+                f"{where}.content[{n}]", f"a {block['type']} block cannot be in a {role} turn"
+            )
+    return _user_items(blocks) if role == "user" else [_assistant_item(blocks)]
 
 
 def messages_tools(tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any]] | None:

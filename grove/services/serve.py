@@ -18,8 +18,9 @@ rejected stay committed and are marked rejected; fingerprints are the ones captu
 
 - the result's returned items (``output`` and ``responses[].output``) are normalized the way
   capture normalizes requests (``docs/normalization.md``), so Chat messages and Responses items
-  fingerprint alike, and an item that echoes a response id of the attempt as its ``id`` carries
-  it as ``response_id``;
+  fingerprint alike (a Messages turn is first mapped to the Chat message it stands for,
+  ``grove.capture.messages_api.returned_turns``), and an item that echoes a response id of the
+  attempt as its ``id`` carries it as ``response_id``;
 - the attempt's policy is looked up in the server's ``PolicyRegistry`` (the built-ins and the
   custom policy of its configuration, resolved when the gateway is built), never imported by
   name; the gateway refuses to open an attempt naming another (``AttemptSettings``).
@@ -45,6 +46,7 @@ from grove.capture.errors import NormalizationError
 from grove.capture.gateway import create_app
 from grove.capture.lifecycle import CaptureService
 from grove.capture.limits import GatewayLimits
+from grove.capture.messages_api import returned_turns
 from grove.capture.render import Renderer, normalize_messages
 from grove.capture.reward_bound import DEFAULT_MAX_ABS_REWARD
 from grove.capture.slow_clients import server_options
@@ -151,7 +153,7 @@ def normalized_result(result: Mapping[str, Any], served: set[str]) -> dict[str, 
 
 def _normalized_items(items: list[Any], served: set[str]) -> list[Any]:
     try:
-        request = normalize_messages(items)
+        request = normalize_messages(returned_turns(items))
     except NormalizationError:
         return items
     messages = []

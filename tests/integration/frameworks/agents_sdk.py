@@ -20,9 +20,9 @@ from grove.capture.capabilities import ATTEMPT_TOKEN_HEADER
 from grove.capture.gateway import CAPTURE_KEY_HEADER
 from tests.integration.gateway.support import MODEL, Gateway
 
-set_tracing_disabled(True)
+from .weather import WEATHER_IN
 
-WEATHER_IN = {"Paris": "sunny, 21 C", "Rome": "sunny, 25 C"}
+set_tracing_disabled(True)
 
 
 @function_tool

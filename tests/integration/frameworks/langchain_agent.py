@@ -17,10 +17,11 @@ from grove.capture.capabilities import ATTEMPT_TOKEN_HEADER
 from grove.capture.gateway import CAPTURE_KEY_HEADER
 from tests.integration.gateway.support import MODEL, Gateway
 
+from .weather import WEATHER_IN
+
 SYSTEM = SystemMessage("You answer questions about the weather.")
 PARIS_CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
 ROME_CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}</tool_call>'
-WEATHER_IN = {"Paris": "sunny, 21 C", "Rome": "sunny, 25 C"}
 
 
 @tool

@@ -5,7 +5,9 @@ append the answer's ``content`` as the assistant turn, answer each ``tool_use`` 
 ``tool_result`` block in the next user turn, and send again until the model stops without a tool
 call. The scripted model thinks, calls a tool, thinks and calls another, then answers: three
 calls, each continuing the one before from its exact tokens. Then the agent compacts: it sends a
-summary of its history as a new conversation, which starts a new root.
+summary of its history as a new conversation, which starts a new root. Its result names the
+calls by the answers' Message ids, or returns its history in the Messages form (each assistant
+turn with its ``response_id``, or each answer sent back as the whole Message).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from grove.client import ATTEMPT_TOKEN_HEADER, CAPTURE_KEY_HEADER, GroveClient
 from tests.integration.gateway.support import MODEL, Gateway
 
 from .attempts import Link, Played, chain, finish, open_attempt
+from .weather import SCRIPT, USER, WEATHER_IN
 
 pytestmark = pytest.mark.xdist_group("frameworks-anthropic")
 
@@ -28,16 +31,7 @@ WEATHER: Any = {
     "description": "The weather in a city.",
     "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
 }
-USER: Any = {"role": "user", "content": "Is it warmer in Paris or in Rome?"}
-SCRIPT = (
-    '<think>Paris first.</think><tool_call>{"name": "get_weather", "arguments": '
-    '{"city": "Paris"}}</tool_call>',
-    '<think>Now Rome.</think><tool_call>{"name": "get_weather", "arguments": '
-    '{"city": "Rome"}}</tool_call>',
-    "<think>21 is less than 25.</think>It is warmer in Rome.",
-)
 SUMMARY = "Rome is warmer."
-WEATHER_IN = {"Paris": "sunny, 21 C", "Rome": "sunny, 25 C"}
 
 
 def bound(gateway: Gateway, capture_key: str) -> anthropic.Anthropic:
@@ -50,7 +44,17 @@ def bound(gateway: Gateway, capture_key: str) -> anthropic.Anthropic:
 
 def agent(client: anthropic.Anthropic, *, stream: bool) -> list[anthropic.types.Message]:
     """The tool loop, then one compaction; the Messages it was answered, in order."""
+    return conversation(client, stream=stream)[0]
+
+
+def conversation(
+    client: anthropic.Anthropic, *, stream: bool
+) -> tuple[list[anthropic.types.Message], list[dict[str, Any]]]:
+    """The tool loop, then one compaction: the Messages it was answered, in order, and its
+    history in the Messages form (the turns sent, then the compacted conversation), each
+    assistant turn naming its Message by ``response_id``."""
     messages: list[dict[str, Any]] = [USER]
+    history: list[dict[str, Any]] = [USER]
     answers = []
     while True:
         if stream:
@@ -64,6 +68,7 @@ def agent(client: anthropic.Anthropic, *, stream: bool) -> list[anthropic.types.
             )
         answers.append(message)
         messages.append({"role": "assistant", "content": message.content})
+        history.append(assistant_turn(message))
         calls = [block for block in message.content if block.type == "tool_use"]
         if not calls:
             break
@@ -72,11 +77,20 @@ def agent(client: anthropic.Anthropic, *, stream: bool) -> list[anthropic.types.
             for c in calls
         ]
         messages.append({"role": "user", "content": results})
+        history.append(messages[-1])
     compacted = [{"role": "user", "content": "Notes: Paris 21 C, Rome 25 C. Summarize."}]
-    answers.append(
-        client.messages.create(model=MODEL, max_tokens=64, messages=compacted, tools=[WEATHER])
+    summary = client.messages.create(
+        model=MODEL, max_tokens=64, messages=compacted, tools=[WEATHER]
     )
-    return answers
+    answers.append(summary)
+    history += [*compacted, assistant_turn(summary)]
+    return answers, history
+
+
+def assistant_turn(message: anthropic.types.Message) -> dict[str, Any]:
+    """The answer as the assistant turn of a returned history, naming its Message."""
+    content = [block.model_dump(exclude_none=True) for block in message.content]
+    return {"role": "assistant", "content": content, "response_id": message.id}
 
 
 @pytest.fixture(scope="module", params=["plain", "streamed"])
@@ -86,6 +100,49 @@ def played(gateway: Gateway, request: pytest.FixtureRequest) -> tuple[Played, li
     answers = agent(bound(gateway, key), stream=request.param == "streamed")
     references = [{"response_id": message.id} for message in answers]
     return finish(gateway, key, {"reward": 1.0, "model_calls": references}), answers
+
+
+def whole_messages(
+    history: list[dict[str, Any]], answers: list[anthropic.types.Message]
+) -> list[Any]:
+    """``history`` with each assistant turn replaced by its whole Message, as the client
+    returned it (the Message's ``id`` names the call)."""
+    messages = iter(answers)
+    return [
+        next(messages).model_dump(exclude_none=True) if turn["role"] == "assistant" else turn
+        for turn in history
+    ]
+
+
+@pytest.fixture(scope="module", params=["response_ids", "whole_messages"])
+def returned(gateway: Gateway, request: pytest.FixtureRequest) -> Played:
+    """The agent's attempt after a result whose ``output`` is its Messages history."""
+    key = open_attempt(gateway, f"anthropic-history-{request.param}")
+    gateway.engine.say(*SCRIPT, SUMMARY)
+    answers, history = conversation(bound(gateway, key), stream=False)
+    if request.param == "whole_messages":
+        history = whole_messages(history, answers)
+    return finish(gateway, key, {"reward": 1.0, "output": history})
+
+
+def test_a_returned_messages_history_selects_every_call(returned: Played) -> None:
+    assert returned.selection == returned.call_ids
+    assert {outcome for _, _, outcome in returned.replay_checks} == {"same"}
+
+
+def test_a_messages_history_that_names_another_response_is_refused(gateway: Gateway) -> None:
+    key = open_attempt(gateway, "anthropic-history-wrong-id")
+    gateway.engine.say(*SCRIPT, SUMMARY)
+    answers, history = conversation(bound(gateway, key), stream=False)
+    last = history[-1]
+    history[-1] = {**last, "response_id": answers[0].id}  # the first answer's id
+    answer = gateway.http.post(
+        f"/v1/attempts/{key}/result", json={"reward": 1.0, "output": history}
+    )
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["error"]["code"] == "selection_refused"
+    assert "no returned span containing it equals that call's whole generation" in answer.text
+    assert gateway.status(key)["selection"] is None
 
 
 def test_the_answers_carry_thinking_tool_use_and_text_blocks(

@@ -28,17 +28,10 @@ from tests.integration.gateway.support import Gateway
 
 from .agents_sdk import chat_model, client, get_weather, responses_model
 from .attempts import Link, Played, chain, finish, open_attempt, verified
+from .weather import QUESTION, SCRIPT
 
 # One worker plays each module-scoped agent run once (``make test`` distributes by group).
 pytestmark = pytest.mark.xdist_group("frameworks-openai-agents")
-
-SCRIPT = (
-    '<think>Paris first.</think><tool_call>{"name": "get_weather", "arguments": '
-    '{"city": "Paris"}}</tool_call>',
-    '<think>Now Rome.</think><tool_call>{"name": "get_weather", "arguments": '
-    '{"city": "Rome"}}</tool_call>',
-    "<think>21 is less than 25.</think>It is warmer in Rome.",
-)
 
 
 async def run_agent(
@@ -54,13 +47,12 @@ async def run_agent(
             model=model(openai_client),
         )
         session = SQLiteSession("weather")
-        question = "Is it warmer in Paris or in Rome?"
         if streamed:
-            result = Runner.run_streamed(agent, question, session=session)
+            result = Runner.run_streamed(agent, QUESTION, session=session)
             async for _ in result.stream_events():
                 pass
         else:
-            result = await Runner.run(agent, question, session=session)
+            result = await Runner.run(agent, QUESTION, session=session)
         return result.final_output, await session.get_items()
 
 

@@ -21,6 +21,7 @@ from pydantic import BaseModel
 from tests.integration.gateway.support import MODEL, Gateway
 
 from .attempts import Played, chain, finish, open_attempt, verified
+from .weather import SCRIPT, USER, WEATHER_IN
 
 # One worker plays each module-scoped agent run once (``make test`` distributes by group).
 pytestmark = pytest.mark.xdist_group("frameworks-openai-client")
@@ -32,15 +33,6 @@ WEATHER = {
 }
 CHAT_TOOLS = [{"type": "function", "function": WEATHER}]
 RESPONSES_TOOLS = [{"type": "function", **WEATHER}]
-USER = {"role": "user", "content": "Is it warmer in Paris or in Rome?"}
-SCRIPT = (
-    '<think>Paris first.</think><tool_call>{"name": "get_weather", "arguments": '
-    '{"city": "Paris"}}</tool_call>',
-    '<think>Now Rome.</think><tool_call>{"name": "get_weather", "arguments": '
-    '{"city": "Rome"}}</tool_call>',
-    "<think>21 is less than 25.</think>It is warmer in Rome.",
-)
-WEATHER_IN = {"Paris": "sunny, 21 C", "Rome": "sunny, 25 C"}
 
 
 def get_weather(arguments: str) -> str:
