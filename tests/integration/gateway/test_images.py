@@ -25,6 +25,7 @@ import torch
 from openai import BadRequestError, ConflictError, OpenAI
 from PIL import Image
 
+from grove.capture.attempt_settings import AttemptSettings
 from grove.capture.embedded_vlm import (
     IMAGE_TOKEN,
     EmbeddedVLMEngine,
@@ -76,7 +77,8 @@ def user(text: str, *urls: str) -> dict[str, Any]:
 
 @contextmanager
 def serve_vlm(tmp_path: Path) -> Iterator[Gateway]:
-    """A gateway serving the tiny vision-language model on SQLite and local blobs."""
+    """A gateway serving the tiny vision-language model on SQLite and local blobs, forest mode
+    on."""
     database_url = f"sqlite:///{tmp_path / 'ledger.db'}"
     migrate.upgrade(database_url)
     store = EventStore.open(database_url)
@@ -89,7 +91,13 @@ def serve_vlm(tmp_path: Path) -> Iterator[Gateway]:
         engine,
         model_fingerprint=MODEL,
     )
-    app = create_app(service, selector=LedgerSelector(), model_name=MODEL, on_shutdown=store.close)
+    app = create_app(
+        service,
+        selector=LedgerSelector(),
+        model_name=MODEL,
+        attempts=AttemptSettings(forest_mode=True),  # its rows train as forests
+        on_shutdown=store.close,
+    )
     tokens = AttemptTokens()
     with (
         ServerThread(app) as server,
