@@ -11,6 +11,14 @@ A call goes through five stages:
 4. *store*: write the delta blob (before the commit event: the ledger event is the commit marker).
 5. *commit*: build ``call.committed`` (``capture/call_events.py``) and append it.
 
+Stages 2 and 3 overlap: the intent's append (and its durable commit) runs on a thread of the
+service's intent pool while the engine generates on the caller's thread, and the call goes on to
+stage 4 only once both are done. Nothing is stored or answered before the intent is durable; an
+intent that is refused or fails discards the generation and raises its own error (an intent that
+may have landed, its append's outcome unknown, is recorded ``call.failed``); an engine failure is
+recorded once the intent has landed. A second request for a call id this service is running is
+refused at once, before inference (``docs/gateway.md``, "Ordering: intent and generation").
+
 The call fails closed. Any exception after the intent and before the commit is appended (the
 point of no return) is recorded, in one place, as ``call.failed`` with its stage's reason
 (``capture/failure_reasons.py``: ``engine_error`` for stage 3, ``storage_error`` for 4,
@@ -34,11 +42,15 @@ planned once (``fit`` adjusts its sampling to the planned prompt before anything
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
+import threading
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Final
 
 from grove.capture.attempt_settings import DEFAULT_FOREST_MODE
 from grove.capture.attempt_views import DEFAULT_CACHED_VIEWS, AttemptView, AttemptViews
@@ -56,7 +68,7 @@ from grove.capture.render import NormalizedRequest, Renderer, RenderOptions, nor
 from grove.capture.splice import PromptPlan, RawOutput, plan_call
 from grove.ledger.admission import AdmissionDecision
 from grove.ledger.attempt import DEFAULT_SETTLE_TIMEOUT_S, AttemptError, AttemptLog, AttemptState
-from grove.ledger.events import AttemptOpened, CallFailed, RolloutSelected
+from grove.ledger.events import AttemptOpened, CallFailed, CallIntended, RolloutSelected
 from grove.storage import BlobRef, BlobStore, CallDelta, staging_key
 
 __all__ = [
@@ -108,6 +120,10 @@ class CallOutcome:
     text: str = ""
     finish_reason: str = "stop"
 
+
+INTENT_THREADS: Final = 40
+"""Threads that append intents while engines generate: as many as the gateway's worker threads
+(``grove/services/serve.py``), so no call's intent waits for another call's."""
 
 Fit = Callable[[int], SamplingParams]
 """``prompt tokens -> sampling``: the sampling a call runs with once its prompt is planned (max
@@ -176,6 +192,9 @@ class CaptureService:
         self.model_fingerprint = model_fingerprint
         self.strict = strict  # refuse unexplained roots (docs/normalization.md, "Strict mode")
         self.views = AttemptViews(log, blobs, renderer, capacity=cached_views)
+        self._intents = ThreadPoolExecutor(INTENT_THREADS, thread_name_prefix="grove-intent")
+        self._running: set[tuple[str, str]] = set()  # (capture key, call id) of calls in flight
+        self._running_lock = threading.Lock()
 
     # -- attempts ----------------------------------------------------------------------------
 
@@ -291,17 +310,23 @@ class CaptureService:
         """
         view = self.views.view(capture_key, read=refresh)
         prepared = self._prepare(view, call, fit)
-        self._intend(view, prepared, refresh=refresh)
-        reason = ENGINE_ERROR
-        try:
-            inference = self._infer(prepared)
+        with self._running_call(prepared):
+            intending = self._intend(prepared, refresh=refresh)
+            try:
+                inference = self._infer(prepared)
+            except BaseException as error:
+                self._intended(view, prepared, intending, refresh=refresh)
+                self._record_failure(prepared, ENGINE_ERROR, error)
+                raise
+            self._intended(view, prepared, intending, refresh=refresh)
             reason = STORAGE_ERROR
-            blob = self._store(prepared, inference.delta)
-            reason = INTERNAL_ERROR
-            committed = self._commit(view, prepared, inference, blob)
-        except BaseException as error:
-            self._record_failure(prepared, reason, error)
-            raise
+            try:
+                blob = self._store(prepared, inference.delta)
+                reason = INTERNAL_ERROR
+                committed = self._commit(view, prepared, inference, blob)
+            except BaseException as error:
+                self._record_failure(prepared, reason, error)
+                raise
         return self._remember(view, prepared, inference, blob, committed)
 
     def fail(self, capture_key: str, call_id: str, reason: str, detail: str = "") -> None:
@@ -339,29 +364,81 @@ class CaptureService:
             tools=call.options.tools is not None,
         )
 
-    def _intend(self, view: AttemptView, prepared: _PreparedCall, *, refresh: bool) -> None:
-        """Record the call's intent (at the planned version unless ``refresh``); the call is
-        pending from here on. Refused, with nothing written, when the call id is intended
-        already."""
+    @contextlib.contextmanager
+    def _running_call(self, prepared: _PreparedCall) -> Iterator[None]:
+        """Hold the call's id while it runs: a second request for it in this service is refused
+        before inference (the ledger refuses one from another process at its intent)."""
+        running = (prepared.capture_key, prepared.call_id)
+        with self._running_lock:
+            if running in self._running:
+                raise _intended_elsewhere(prepared)
+            self._running.add(running)
+        try:
+            yield
+        finally:
+            with self._running_lock:
+                self._running.discard(running)
+
+    def _intend(
+        self, prepared: _PreparedCall, *, refresh: bool
+    ) -> Future[tuple[bool, CallIntended]]:
+        """Start appending the call's intent (at the planned version unless ``refresh``) on
+        the intent pool: ``(recorded, event)`` once it is durable (``_intended`` waits)."""
         intended = intent_event(
             prepared.call_id,
             prepared.plan,
             prepared.sampling,
             getattr(self.engine, "policy_version", None),
         )
-        planned = prepared.state
-        recorded = self.log.intend(prepared.capture_key, intended, at=None if refresh else planned)
+        at = None if refresh else prepared.state
+
+        def append() -> tuple[bool, CallIntended]:
+            return self.log.intend(prepared.capture_key, intended, at=at), intended
+
+        return self._intents.submit(contextvars.copy_context().run, append)
+
+    def _intended(
+        self,
+        view: AttemptView,
+        prepared: _PreparedCall,
+        intending: Future[tuple[bool, CallIntended]],
+        *,
+        refresh: bool,
+    ) -> None:
+        """Wait for the call's intent to be durable; the call is pending from here on. A
+        refusal (``AttemptError``: nothing written) or a failed append raises, and the caller's
+        generation is discarded; an append whose outcome is unknown is recorded failed."""
+        try:
+            recorded, intended = intending.result()
+        except AttemptError:
+            raise
+        except BaseException as error:
+            self._record_unsure_intent(prepared, error)
+            raise
         if not recorded:
-            # Another request with this call id recorded the intent first (a racing retry):
-            # it alone infers, stores and commits the call.
-            raise AttemptError(
-                prepared.capture_key,
-                "the call id is already intended by another request; each call is inferred "
-                "once: send a new call id",
-                prepared.call_id,
-            )
+            # Another request with this call id recorded the intent first (a racing retry
+            # through another process): its generation alone is stored and committed.
+            raise _intended_elsewhere(prepared)
         if not refresh:
-            self.views.fold_own(view, planned.version + 1, intended)
+            self.views.fold_own(view, prepared.state.version + 1, intended)
+
+    def _record_unsure_intent(self, prepared: _PreparedCall, error: BaseException) -> None:
+        """The intent's append raised without a refusal (the ledger unreachable, its commit's
+        acknowledgement lost): record ``call.failed`` if the intent landed nonetheless, so the
+        call is not left pending; the ledger refuses a failure of a call never intended, and
+        then there is nothing to record."""
+        detail = f"the intent's append failed: {failure_detail(error)}"
+        failed = CallFailed(call_id=prepared.call_id, reason=INTERNAL_ERROR, detail=detail)
+        try:
+            self.log.fail(prepared.capture_key, failed)
+        except AttemptError:
+            pass  # the intent never landed: the call is not recorded at all
+        except Exception as unrecorded:
+            error.add_note(
+                f"Grove could not tell whether the intent of call {prepared.call_id!r} of "
+                f"attempt {prepared.capture_key!r} landed ({failure_detail(unrecorded)}); if "
+                "it did, the call stays pending until the attempt's settle timeout"
+            )
 
     def _infer(self, prepared: _PreparedCall) -> _Inference:
         """Generate the call and build its delta: the new prompt tokens, the generation and its
@@ -485,6 +562,16 @@ class CaptureService:
             capture_key=view.state.capture_key,
             model=model,
         )
+
+
+def _intended_elsewhere(prepared: _PreparedCall) -> AttemptError:
+    """The refusal of a call whose id another request intended (or is running) first."""
+    return AttemptError(
+        prepared.capture_key,
+        "the call id is already intended by another request; each call is inferred "
+        "once: send a new call id",
+        prepared.call_id,
+    )
 
 
 def _require_open(state: AttemptState, capture_key: str, call_id: str | None) -> None:
