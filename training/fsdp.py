@@ -25,7 +25,10 @@ is an ordinary schema-5 checkpoint and resumes in one process or on any number o
 - ``full_optimizer_state`` gathers AdamW's state onto rank 0 in ``Optimizer.state_dict()``'s
   form (integer parameter ids in parameter order), as one process would write it;
 - ``load_full_state`` takes rank 0's full weights and ordinary optimizer state and shards them
-  onto every rank.
+  onto every rank;
+- ``UnshardedCopy`` is rank 0's whole model beside the shards: the weights the embedded engine
+  samples and a vLLM engine is published, refreshed after every step, and with it a plain
+  optimizer of the same kind into which a checkpoint is gathered or restored.
 
 Every function here is collective: each rank calls it in the same order.
 """
@@ -33,6 +36,7 @@ Every function here is collective: each rank calls it in the same order.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
@@ -49,6 +53,7 @@ from torch.distributed.tensor import DTensor
 from grove.training.errors import BatchError
 
 __all__ = [
+    "UnshardedCopy",
     "check_equal_passes",
     "decoder_layers",
     "full_model_state",
@@ -205,3 +210,49 @@ def rank_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -
         if isinstance(value, torch.Tensor)
     )
     return params + state
+
+
+@dataclass(frozen=True)
+class UnshardedCopy:
+    """Rank 0's whole model beside the shards (producer: ``build_trainer``; consumers: the
+    trainer, which refreshes it after every step, and rank 0's checkpoints and resume).
+
+    ``model`` is the unsharded module the engine samples (None on the other ranks, which only
+    join the gathers); ``optimizer`` a plain optimizer of the trainer's kind over its parameters,
+    empty except while a checkpoint is gathered into it or restored from it."""
+
+    model: torch.nn.Module | None
+    optimizer: torch.optim.Optimizer | None
+
+    def refresh(self, sharded: torch.nn.Module) -> None:
+        """Load the sharded model's full weights into ``model`` (collective)."""
+        state = full_model_state(sharded)
+        if self.model is not None:
+            self.model.load_state_dict(state)
+
+    def gather_optimizer(self, sharded: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Load the sharded ``optimizer``'s full state into ``self.optimizer`` (collective)."""
+        state = full_optimizer_state(sharded, optimizer)
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(state)
+
+    def scatter(
+        self, sharded: torch.nn.Module, optimizer: torch.optim.Optimizer, *, restored: bool
+    ) -> None:
+        """Shard ``model``'s weights and, when ``restored`` (the same on every rank), the state
+        restored into ``self.optimizer`` onto every rank (collective); ``self.optimizer`` is
+        emptied again."""
+        model_state = self.model.state_dict() if self.model is not None else {}
+        held = self.optimizer.state_dict() if self.optimizer is not None else {}
+        load_full_state(
+            sharded,
+            optimizer,
+            model_state=model_state,
+            optimizer_state=held if restored else None,
+        )
+        self.clear()
+
+    def clear(self) -> None:
+        """Drop what ``self.optimizer`` holds (its state only; the hyperparameters stay)."""
+        if self.optimizer is not None:
+            self.optimizer.state.clear()

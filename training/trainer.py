@@ -29,6 +29,7 @@ import torch
 from grove.training.advantages import LogicalAdvantages, broadcast_to_rows
 from grove.training.batch import TrainingBatch
 from grove.training.errors import BatchError
+from grove.training.fsdp import UnshardedCopy, check_equal_passes
 from grove.training.loss import (
     DEFAULT_CLIP,
     ClipRange,
@@ -39,7 +40,12 @@ from grove.training.loss import (
 )
 from grove.training.metrics import OPTIMIZER_STEPS, SCHEDULER_STEP_INCREMENT
 from grove.training.placement import CPU_FLOAT32, Placement
-from grove.training.row_sharding import SINGLE_PROCESS, RankGroup, shard_micro_batches
+from grove.training.row_sharding import (
+    SINGLE_PROCESS,
+    RankGroup,
+    shard_micro_batches,
+    shard_rows,
+)
 from grove.training.rows import RowMedia
 
 __all__ = [
@@ -298,7 +304,11 @@ class _WarmupFactor:
 
 
 class Trainer:
-    """Takes one optimizer step per ``StepBatch``; holds the step count a checkpoint records."""
+    """Takes one optimizer step per ``StepBatch``; holds the step count a checkpoint records.
+
+    With ``unsharded`` the model is sharded with FSDP2 (``grove.training.fsdp``): every step
+    checks that the ranks run equal numbers of passes, and ends by refreshing rank 0's unsharded
+    copy from the shards."""
 
     def __init__(
         self,
@@ -316,6 +326,7 @@ class Trainer:
         layout: RowLayout | None = None,
         ranks: RankGroup = SINGLE_PROCESS,
         placement: Placement = CPU_FLOAT32,
+        unsharded: UnshardedCopy | None = None,
     ) -> None:
         if global_batch_rollouts < 1 or micro_batch_size < 1:
             raise BatchError(
@@ -341,6 +352,7 @@ class Trainer:
         self.layout = layout
         self.ranks = ranks
         self.placement = placement  # the model is already there (build_trainer puts it there)
+        self.unsharded = unsharded
         self.step = 0
 
     def _check_cardinality(self, batch: StepBatch) -> None:
@@ -368,6 +380,8 @@ class Trainer:
         else:
             plan = self.micro_batches or _fixed_micro_batches
             planned = plan(batch, self.micro_batch_size)
+        if self.unsharded is not None:
+            check_equal_passes(planned, shard_rows(batch.rows, self.ranks.world_size))
         batch = self.placement.move_batch(batch)  # docs/train.md, "Devices, precision and ..."
         retained = retained_token_mask(batch.loss_mask, batch.owners, batch.row_mask)
         step_tokens = int(retained.sum())
@@ -409,6 +423,8 @@ class Trainer:
         if self.scheduler is not None:
             for _ in range(batch.logical_rollouts):
                 self.scheduler.step()
+        if self.unsharded is not None:
+            self.unsharded.refresh(self.model)  # the engine samples the new weights
         self.step += 1
         diagnostics = token_diagnostics(
             self.ranks.sum_tensor(trained_logprobs),

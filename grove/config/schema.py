@@ -55,11 +55,14 @@ RUN_CONTROL_FIELDS: frozenset[str] = frozenset(
         "engine.vllm_weights_dir",
         "harness.concurrency",
         "logging.tensorboard",
+        "policy.dtensor_cfg.enabled",
     }
 )
 """Fields left out of ``GroveConfig.digest``: they say how long, where and how visibly a run
 goes, not what it computes, so a resumed run may change them (``--steps`` extends a run; a vLLM
-server may move)."""
+server may move). FSDP2 sharding is one: a checkpoint holds the whole model and optimizer state
+whether or not its run was sharded, and the sharded step computes the unsharded one's gradients
+(in another summation order), so a run may resume with the sharding turned on or off."""
 
 
 class GroveConfig(Section):
@@ -121,8 +124,11 @@ class GroveConfig(Section):
         ``RUN_CONTROL_FIELDS``), recorded in checkpoints and compared on resume."""
         values = self.model_dump(mode="json")
         for path in RUN_CONTROL_FIELDS:
-            section, name = path.split(".")
-            values[section].pop(name)
+            *sections, name = path.split(".")
+            held = values
+            for section in sections:
+                held = held[section]
+            held.pop(name)
         values.pop("gateway")  # how the gateway bounds clients, not what the run computes
         canonical = json.dumps(values, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
@@ -157,11 +163,13 @@ def unsupported_combinations(config: GroveConfig) -> list[str]:
         problems.append("loss_fn.token_level_loss: false is not supported (token-level loss only)")
     if loss.sequence_level_importance_ratios:
         problems.append("loss_fn.sequence_level_importance_ratios: true is not supported")
-    if policy.dtensor_cfg.enabled:
+    if policy.dtensor_cfg.enabled and policy.tree_packing:
         problems.append(
-            "policy.dtensor_cfg.enabled: true is not supported yet: FSDP2 sharding "
-            "(training/fsdp.py) trains and checkpoints under torchrun, but grove train does not "
-            "run it yet; train data-parallel without it (policy.data_parallel_size)"
+            "policy.dtensor_cfg.enabled: true is not supported with policy.tree_packing: true: a "
+            "tree-packed micro batch holds whole prompt trees, so ranks may run different "
+            "numbers of passes, and FSDP2 gathers every layer in every pass on every rank; turn "
+            "one of them off (unsharded data-parallel ranks sum gradients once per step, so "
+            "tree packing trains on them)"
         )
     if policy.dynamic_batching.enabled:
         problems.append("policy.dynamic_batching.enabled: true is not supported")

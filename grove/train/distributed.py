@@ -22,6 +22,13 @@ side:
 Within a step the gradients are summed over the ranks (gloo on CPU; NCCL for CUDA tensors, with no
 change to this code), so every rank takes the same optimizer step on the same weights. A rank
 that fails stops ``torchrun``, which ends the others.
+
+With ``policy.dtensor_cfg.enabled`` the ranks are ``ShardedRanks`` and each trains its FSDP2
+shard of the model (``grove.training.fsdp``): FSDP sums the gradients during the backward; after
+every step all ranks gather the full weights into rank 0's unsharded copy (its engine samples
+them), and at every checkpoint the full optimizer state, which rank 0 writes as an ordinary
+schema-5 checkpoint. ``TrainingState`` then carries only the scheduler and step; the weights and
+optimizer state are scattered from rank 0 onto the shards.
 """
 
 from __future__ import annotations
@@ -39,8 +46,8 @@ import torch.distributed as dist
 from grove.config import GroveConfig
 from grove.engines.models import load_model
 from grove.errors import JobError
-from grove.train.training_run import build_trainer
-from grove.training.data_parallel import ProcessGroupRanks
+from grove.train.training_run import build_trainer, checkpoint_due
+from grove.training.data_parallel import ProcessGroupRanks, ShardedRanks
 from grove.training.row_sharding import RankGroup, SingleProcess
 from grove.training.trainer import StepBatch, Trainer
 
@@ -130,32 +137,47 @@ def data_parallel_ranks(
     dist.init_process_group(
         backend="cpu:gloo,cuda:nccl" if cuda else "gloo", timeout=WAIT_FOR_MAIN_RANK
     )
+    group = ShardedRanks if config.policy.dtensor_cfg.enabled else ProcessGroupRanks
     try:
-        yield ProcessGroupRanks(dist.new_group(backend="gloo", timeout=WAIT_FOR_MAIN_RANK))
+        yield group(dist.new_group(backend="gloo", timeout=WAIT_FOR_MAIN_RANK))
     finally:
         dist.destroy_process_group()
 
 
 def share_training_state(ranks: RankGroup, trainer: Trainer) -> None:
     """Rank 0's weights, optimizer and scheduler state and step on every rank: rank 0 sends its
-    own, the others load them. Nothing happens in one process."""
+    own, the others load them. Nothing happens in one process.
+
+    A sharded trainer's weights and optimizer state are not pickled: rank 0's whole model and
+    the optimizer state ``--resume`` restored into its ``UnshardedCopy`` are scattered onto
+    every rank's shards (``grove.training.fsdp.load_full_state``)."""
     if ranks.world_size == 1:
         return
+    unsharded = trainer.unsharded
     if ranks.rank == 0:
+        if unsharded is None:
+            model, optimizer = trainer.model.state_dict(), trainer.optimizer.state_dict()
+        else:  # scattered below; the flag says whether --resume restored an optimizer state
+            restored = unsharded.optimizer is not None and bool(unsharded.optimizer.state)
+            model, optimizer = {}, {"restored": restored}
         state = TrainingState(
-            model=trainer.model.state_dict(),
-            optimizer=trainer.optimizer.state_dict(),
+            model=model,
+            optimizer=optimizer,
             scheduler=trainer.scheduler.state_dict() if trainer.scheduler is not None else None,
             step=trainer.step,
         )
         ranks.broadcast(state)
-        return
-    received = _expect(ranks, TrainingState)
-    trainer.model.load_state_dict(received.model)
-    trainer.optimizer.load_state_dict(received.optimizer)
-    if trainer.scheduler is not None and received.scheduler is not None:
-        trainer.scheduler.load_state_dict(received.scheduler)
-    trainer.step = received.step
+    else:
+        state = _expect(ranks, TrainingState)
+        if unsharded is None:
+            trainer.model.load_state_dict(state.model)
+            trainer.optimizer.load_state_dict(state.optimizer)
+        if trainer.scheduler is not None and state.scheduler is not None:
+            trainer.scheduler.load_state_dict(state.scheduler)
+        trainer.step = state.step
+    if unsharded is not None:
+        restored = bool(state.optimizer["restored"])
+        unsharded.scatter(trainer.model, trainer.optimizer, restored=restored)
 
 
 @contextmanager
@@ -191,6 +213,9 @@ def follow_main_rank(config: GroveConfig, ranks: RankGroup, summary_type: type[T
         message: object = ranks.broadcast(None)
         if isinstance(message, StepBatch):
             trainer.train_step(message)
+            if trainer.unsharded is not None and checkpoint_due(config, trainer.step):
+                # rank 0 writes the checkpoint: every rank joins the gather of its state
+                trainer.unsharded.gather_optimizer(trainer.model, trainer.optimizer)
             continue
         if isinstance(message, RunEnded) and message.error is not None:
             raise RankStopped(ranks.rank, message.error)

@@ -14,6 +14,7 @@ scheduler, generators, step and the projector's ledger position.
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections.abc import Sequence
@@ -44,7 +45,9 @@ from grove.training.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from grove.training.data_parallel import ShardedRanks
 from grove.training.errors import BatchError
+from grove.training.fsdp import UnshardedCopy, shard_model
 from grove.training.loss import ClipRange
 from grove.training.media_logprobs import MediaLogprobs
 from grove.training.metrics import length_metrics, rollout_lengths, step_metrics
@@ -75,6 +78,7 @@ __all__ = [
     "TrainingRun",
     "advantage_config",
     "build_trainer",
+    "checkpoint_due",
     "placement",
     "trainer_logprobs",
 ]
@@ -152,20 +156,30 @@ def build_trainer(
 ) -> Trainer:
     """The trainer of ``model`` with the configuration's optimizer (AdamW), scheduler (warm-up in
     logical rollouts), batches and loss; every data-parallel rank builds the same one. Without
-    ``ranks`` one process trains the shards of all ``policy.data_parallel_size`` ranks."""
+    ``ranks`` one process trains the shards of all ``policy.data_parallel_size`` ranks.
+
+    On ``ShardedRanks`` (``policy.dtensor_cfg.enabled`` under ``torchrun``) the trainer trains
+    an FSDP2-sharded model: rank 0 shards a copy and keeps ``model`` whole for its engine
+    (``UnshardedCopy``, refreshed after every step), the other ranks shard ``model`` itself."""
     policy = config.policy
     placed = placement(config)
     # In place, before the optimizer exists, so its state is created on the device; the embedded
     # engine samples these same parameters, so it follows (docs/train.md, "Devices, ...").
     model.to(placed.device)
+    ranks = ranks if ranks is not None else SingleProcess(policy.data_parallel_size)
+    trained, unsharded = model, None
+    if isinstance(ranks, ShardedRanks):
+        main = ranks.rank == 0
+        trained = copy.deepcopy(model) if main else model
+        unsharded = UnshardedCopy(model if main else None, _adamw(config, model) if main else None)
     if policy.dtensor_cfg.activation_checkpointing:
-        enable_activation_checkpointing(model)
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=policy.learning_rate, weight_decay=policy.weight_decay
-    )
+        enable_activation_checkpointing(trained)
+    if unsharded is not None:
+        shard_model(trained)  # docs/train.md, "Sharded training with FSDP2"
+    optimizer = _adamw(config, trained)
     scheduler = rollout_warmup_scheduler(optimizer, warmup_rollouts=policy.lr_warmup_rollouts)
     return Trainer(
-        model,
+        trained,
         optimizer,
         scheduler,
         global_batch_rollouts=policy.train_global_batch_size,
@@ -173,14 +187,28 @@ def build_trainer(
         clip=ClipRange(low=config.loss_fn.ratio_clip_min, high=config.loss_fn.ratio_clip_max),
         max_grad_norm=policy.max_grad_norm,
         min_step_batch_fraction=config.async_rl.rollout_failure.min_step_batch_fraction,
-        ranks=ranks if ranks is not None else SingleProcess(policy.data_parallel_size),
+        ranks=ranks,
         logprobs=trainer_logprobs(config, model),
         micro_batches=owner_micro_batches if policy.tree_packing else None,
         layout=TokenBudgetBins(policy.sequence_packing.train_mb_tokens, policy.data_parallel_size)
         if policy.sequence_packing.enabled
         else None,
         placement=placed,
+        unsharded=unsharded,
     )
+
+
+def _adamw(config: GroveConfig, model: torch.nn.Module) -> torch.optim.AdamW:
+    policy = config.policy
+    return torch.optim.AdamW(
+        model.parameters(), lr=policy.learning_rate, weight_decay=policy.weight_decay
+    )
+
+
+def checkpoint_due(config: GroveConfig, step: int) -> bool:
+    """Whether the run checkpoints after optimizer step ``step`` (``checkpointing``)."""
+    checkpointing = config.checkpointing
+    return checkpointing.enabled and step % checkpointing.save_period == 0
 
 
 class TrainingRun:
@@ -246,7 +274,7 @@ class TrainingRun:
         meta = load_checkpoint(
             path,
             model=self.model,
-            optimizer=self.trainer.optimizer,
+            optimizer=self._whole_optimizer(),
             scheduler=self.trainer.scheduler,
             expect=ResumeExpectation(
                 forest_mode=self.config.token_capture.forest_training,
@@ -445,15 +473,35 @@ class TrainingRun:
             self.model.train(was_training)
         return torch.cat(parts)
 
+    def _whole_optimizer(self) -> torch.optim.Optimizer:
+        """The optimizer a checkpoint is written from and restored into: the trainer's, or for
+        a sharded model rank 0's plain one over the whole model (``UnshardedCopy``; the shards
+        are scattered from it by ``share_training_state``)."""
+        unsharded = self.trainer.unsharded
+        if unsharded is None:
+            return self.trainer.optimizer
+        if unsharded.optimizer is None:
+            raise BatchError("unsharded_copy", "only rank 0 restores or writes checkpoints")
+        return unsharded.optimizer
+
     def _checkpoint(self, published: PublishedBatch) -> str | None:
-        checkpointing = self.config.checkpointing
-        if not checkpointing.enabled or self.trainer.step % checkpointing.save_period:
+        if not checkpoint_due(self.config, self.trainer.step):
             return None
+        unsharded = self.trainer.unsharded
+        if unsharded is not None:  # every rank gathers (distributed.follow_main_rank)
+            unsharded.gather_optimizer(self.trainer.model, self.trainer.optimizer)
+        try:
+            return self._save(published)
+        finally:
+            if unsharded is not None:
+                unsharded.clear()
+
+    def _save(self, published: PublishedBatch) -> str:
         position = published.position
         path = save_checkpoint(
             self.checkpoint_dir,
             model=self.model,
-            optimizer=self.trainer.optimizer,
+            optimizer=self._whole_optimizer(),
             scheduler=self.trainer.scheduler,
             metadata=CheckpointMetadata(
                 step=self.trainer.step,

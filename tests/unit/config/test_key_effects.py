@@ -16,6 +16,8 @@ here to a test that changes it and shows what happens:
 - ``test_sequence_packing_keys``: the ``policy.sequence_packing`` keys, shown on the bins a
   training step runs and what they refuse;
 - ``test_tree_packing_key``: ``policy.tree_packing``, shown on a training step of the run's trainer;
+- ``tests/e2e/test_train_fsdp.py``: ``policy.dtensor_cfg.enabled``, shown on the weights and
+  checkpoints of ``grove train`` under ``torchrun`` with two sharded ranks;
 - ``tests/integration/gateway/test_limits.py`` and ``test_image_limits.py``: the
   ``gateway.limits`` keys, each shown on what a gateway built with it refuses over real HTTP;
 - ``tests/integration/gateway/test_reward_bound.py``: ``grpo.max_abs_reward``, shown on the
@@ -30,6 +32,7 @@ import inspect
 from collections.abc import Callable
 
 from grove.config import config_field_paths
+from tests.e2e import test_train_fsdp as train_fsdp
 from tests.integration.gateway import test_call_budget as call_budget
 from tests.integration.gateway import test_image_limits as image_limits
 from tests.integration.gateway import test_limits as limits
@@ -219,7 +222,9 @@ EFFECTS: dict[str, Callable[..., None]] = {
     "policy.precision": (
         device.test_precision_bfloat16_trains_float32_weights_from_bfloat16_logits
     ),
-    "policy.dtensor_cfg.enabled": refused.test_fsdp2_sharding_is_refused_until_grove_train_runs_it,
+    "policy.dtensor_cfg.enabled": (
+        train_fsdp.test_a_sharded_run_resumed_on_two_ranks_reaches_the_single_process_weights
+    ),
     "policy.dtensor_cfg.activation_checkpointing": (
         device.test_activation_checkpointing_recomputes_layers_with_the_same_gradients
     ),
@@ -260,6 +265,7 @@ def test_each_key_has_its_own_collected_test() -> None:
         image_limits.__name__,
         reward_bound.__name__,
         call_budget.__name__,
+        train_fsdp.__name__,
     }
     for key, effect in EFFECTS.items():
         module = inspect.getmodule(effect)

@@ -83,12 +83,17 @@ def test_automodel_learner_is_refused() -> None:
     )
 
 
-def test_fsdp2_sharding_is_refused_until_grove_train_runs_it() -> None:
-    assert _problems({"policy": {"dtensor_cfg": {"enabled": True}}}) == (
-        "policy.dtensor_cfg.enabled: true is not supported yet: FSDP2 sharding "
-        "(training/fsdp.py) trains and checkpoints under torchrun, but grove train does not "
-        "run it yet; train data-parallel without it (policy.data_parallel_size)",
+def test_fsdp2_sharding_with_tree_packing_is_refused() -> None:
+    sharded_trees = {"policy": {"dtensor_cfg": {"enabled": True}, "tree_packing": True}}
+    assert _problems(sharded_trees) == (
+        "policy.dtensor_cfg.enabled: true is not supported with policy.tree_packing: true: a "
+        "tree-packed micro batch holds whole prompt trees, so ranks may run different "
+        "numbers of passes, and FSDP2 gathers every layer in every pass on every rank; turn "
+        "one of them off (unsharded data-parallel ranks sum gradients once per step, so "
+        "tree packing trains on them)",
     )
+    # either alone loads
+    assert load_config({"policy": {"dtensor_cfg": {"enabled": True}}}).policy.dtensor_cfg.enabled
 
 
 def test_dynamic_batching_is_refused() -> None:

@@ -311,6 +311,14 @@ def test_digest_ignores_how_long_where_and_how_visibly_a_run_goes() -> None:
     assert load_config(changed).digest() == load_config().digest()
 
 
+def test_digest_ignores_fsdp2_sharding_so_a_run_resumes_with_it_turned_on_or_off() -> None:
+    sharded = load_config({"policy": {"dtensor_cfg": {"enabled": True}}})
+    assert sharded.digest() == load_config().digest()
+    # ... while the learner settings beside it still count
+    checkpointed = load_config({"policy": {"dtensor_cfg": {"activation_checkpointing": True}}})
+    assert checkpointed.digest() != load_config().digest()
+
+
 def test_digest_ignores_where_the_vllm_server_runs() -> None:
     def vllm(**where: object) -> dict:
         return {"engine": {"kind": "vllm", **where}}
