@@ -5,7 +5,8 @@
 decides: trainable with its paths and owned calls, or masked with a reason (capture incomplete, a
 failed or pending call, a missing or corrupt blob, routes or media that do not fit a row, no owned
 generated token, selection not closed, ...; ``docs/forest.md``, "Failures and drops"). Rows are
-built as tensors before the decision, so a ``RowError`` masks its rollout rather than escaping.
+built as tensors before the decision, and their images held to the model's media rules when given
+(``training/media_checks.py``), so a ``RowError`` masks its rollout rather than escaping.
 Two settings can mask an otherwise trainable rollout as well: with ``forest_training`` off, a
 forest of more than one path (``forest_training_disabled``); with ``max_row_tokens``, a forest with
 a longer row (``row_too_long``). The whole rollout is masked in every case, never part of its
@@ -25,6 +26,7 @@ from grove.ledger.events import RolloutFinalized
 from grove.storage import BlobRef, BlobStore, MediaTensor, UnusableBlobError, row_chain_digests
 from grove.training.errors import RowError
 from grove.training.forest import CallRecord, Forest, ForestRow, MaskReason, build_forest
+from grove.training.media_checks import MediaRules, check_row_media
 from grove.training.rows import CallExtras, MediaItem, RowTensors, rollout_rows
 from grove.training.selection import CapturedCall, completion_mask_reason
 
@@ -102,6 +104,7 @@ def finalization_forest(
     *,
     forest_training: bool = True,
     max_row_tokens: int | None = None,
+    media_rules: MediaRules | None = None,
 ) -> tuple[Forest, dict[str, CallExtras]]:
     """The forest the projector decides for a settled, selected attempt, and its calls' extras.
 
@@ -114,11 +117,18 @@ def finalization_forest(
     The checks, in order: the ledger's lifecycle (``ledger_contradiction``), capture completion
     (``completion_mask_reason``, then calls still pending when the attempt settled), the blobs,
     the forest's own rules, the recorded chain digests, the rows as tensors (a ``RowError``:
-    ``blob_invalid``, or ``route_missing`` for a route missing inside a row), at least one
-    owned generated token (``no_trainable_tokens``), then the settings
+    ``blob_invalid``, or ``route_missing`` for a route missing inside a row), with
+    ``media_rules`` the rows' images held to the model's rules (``training/media_checks.py``),
+    at least one owned generated token (``no_trainable_tokens``), then the settings
     (``setting_mask_reason``).
     """
-    decision = decide(state, blobs, forest_training=forest_training, max_row_tokens=max_row_tokens)
+    decision = decide(
+        state,
+        blobs,
+        forest_training=forest_training,
+        max_row_tokens=max_row_tokens,
+        media_rules=media_rules,
+    )
     return decision.forest, decision.extras
 
 
@@ -128,6 +138,7 @@ def decide(
     *,
     forest_training: bool,
     max_row_tokens: int | None,
+    media_rules: MediaRules | None = None,
 ) -> Decision:
     """``finalization_forest``'s decision, with the rows of a trainable forest as tensors."""
     selection = state.recorded_selection()
@@ -154,6 +165,8 @@ def decide(
     if mask is None:
         try:
             rows = tuple(rollout_rows(forest, extras))
+            if media_rules is not None:
+                check_row_media(rows, media_rules)
         except RowError as error:
             mask = MaskReason(error.mask_reason)
     if mask is None and not any(_owns_tokens(row) for row in forest.rows):

@@ -51,6 +51,7 @@ from grove.training.groups import (
     abandonment_reason,
     decide_group,
 )
+from grove.training.media_checks import MediaRules
 
 __all__ = [
     "FinalizedRollout",
@@ -77,6 +78,9 @@ class ProjectorSettings:
     so ``grove replay --verify`` must pass the same values to ``finalization_forest``.
     ``min_valid_fraction`` (``token_capture.min_valid_fraction_per_group``) and
     ``max_policy_lag`` (``async_rl.max_policy_lag``) are the group rules; None turns each off.
+    ``media_rules``: the trained model's image token and merge size (``media_rules`` of its
+    configuration); with them each image of a rollout is checked before its decision is
+    recorded (``training/media_checks.py``), None checks none (a text model).
     """
 
     rollouts_per_group: int
@@ -89,6 +93,7 @@ class ProjectorSettings:
     max_row_tokens: int | None = None
     min_valid_fraction: float | None = None
     max_policy_lag: int | None = None
+    media_rules: MediaRules | None = None
 
     def __post_init__(self) -> None:
         for name in ("rollouts_per_group", "groups_per_step", "row_multiple"):
@@ -330,6 +335,7 @@ class Projector:
             self.blobs,
             forest_training=self.settings.forest_training,
             max_row_tokens=self.settings.max_row_tokens,
+            media_rules=self.settings.media_rules,
         )
 
     def _record_finalization(self, state: AttemptState) -> None:

@@ -191,16 +191,6 @@ def test_media_with_empty_geometry_raises() -> None:
         rollout_rows(build_forest(chain_with_rewrite(), ["a"]), {"a": CallExtras(media=(flat,))})
 
 
-def test_row_error_maps_to_the_blob_invalid_mask_reason() -> None:
-    with pytest.raises(RowError) as raised:
-        rollout_rows(
-            build_forest(chain_with_rewrite(), ["a"]),
-            {"a": CallExtras(routes=torch.zeros(1, 1, dtype=torch.int32))},
-        )
-
-    assert raised.value.mask_reason == MaskReason.BLOB_INVALID
-
-
 def with_token_tensors(calls: list[CallRecord]) -> dict[str, CallExtras]:
     """Each call's delta as the blob decodes it: int32 tokens, float32 logprobs."""
     return {
