@@ -1,7 +1,7 @@
 """The learner: Grove's trainer step against a plain transformers + AdamW loop, and what each
 learner feature buys, each as a ratio measured in one run.
 
-Usage: ``python -m bench.learner [--quick] [--json]``
+Usage: ``python -m bench.learner [--quick] [--json] [--smoke]``
 
 - ``learner_over_plain``: tokens/s of ``Trainer.train_step`` (the trainer
   ``grove.train.training_run.build_trainer`` builds from a configuration) over a plain loop on the
@@ -10,19 +10,26 @@ Usage: ``python -m bench.learner [--quick] [--json]``
   loss divided by the step's tokens, ``clip_grad_norm_`` and one ``torch.optim.AdamW`` step. The
   two sides alternate, the first round of each warms up and is not counted, and torch runs on one
   thread. Aim: >= 0.9.
-- ``packed_over_padded``: tokens/s with ``policy.sequence_packing.enabled`` over padded rows, on
-  rows whose lengths vary 8x. Aim: >= 1.5.
+- ``packed_over_padded``: tokens/s with ``policy.sequence_packing.enabled`` over padded micro
+  batches of 4 rows, on 8 rows whose lengths vary 8x, bins of at most the longest row
+  (``train_mb_tokens = max_total_sequence_length``). Aim: >= 1.5.
+  ``packed_wide_bins_over_padded`` is the same with bins of 4 longest rows: a bin is one
+  sequence under a dense block-diagonal mask, so its attention costs the square of the bin.
+- ``fsdp_bytes_per_rank_over_single``: parameter and optimizer bytes one rank holds
+  (``grove.training.fsdp.rank_state_bytes``) with the model sharded by FSDP2 on 2 ``torchrun``
+  ranks (gloo), over one unsharded process's, after one step
+  (``bench/support/learner_fsdp.py``). Aim: <= 0.55.
 - ``checkpointed_peak_over_plain``: the peak resident memory a step adds, with
   ``policy.dtensor_cfg.activation_checkpointing`` over without, on long rows; each side runs in
-  a fresh process (``bench/support/learner_peak.py``), which reports its ``ru_maxrss`` after the
-  step less before it. Aim: <= 0.6.
+  a fresh process (``bench/support/learner_peak.py``) whose freed memory goes back to the kernel,
+  so its resident memory follows the live tensors. Aim: <= 0.6.
 - ``bf16_tmpe_max``: the largest TMPE of ``grove demo``'s configuration with
   ``policy.precision: bfloat16``. Reported.
 
 The full run (and ``--smoke`` alone) adds the larger-model smoke
-(``bench/support/learner_smoke.py``): a 63M-parameter Llama directory built offline, 2 steps of
-``grove train`` on 2 ``torchrun`` ranks with FSDP2, bfloat16, activation checkpointing and sequence
-packing; its wall time and each rank's peak resident memory.
+(``bench/support/learner_smoke.py``): a 63M-parameter Llama directory built offline, 2 steps on 2
+``torchrun`` ranks with FSDP2, bfloat16, activation checkpointing and sequence packing; its wall
+time and each rank's peak resident memory.
 
 A figure whose learner feature the configuration does not accept is ``null``, and
 ``not_measured`` says why (the configuration's own refusal).
@@ -45,54 +52,24 @@ from typing import Any
 import torch
 import yaml
 
-from bench.support.learner_smoke import run_smoke
-from grove.capture.embedded import build_model, build_tokenizer
-from grove.config import load_config
+from bench.support.learner_smoke import SMOKE_POLICY, run_smoke
+from bench.support.learner_workload import (
+    MICRO_BATCH,
+    bench_model,
+    grove_trainer,
+    learner_config,
+    rows_batch,
+    varied_lengths,
+)
+from bench.support.memory import FREED_TO_KERNEL
+from bench.support.report import print_figures
+from bench.support.torchrun import rank_results
 from grove.config.loading import ConfigurationError
-from grove.train.training_run import build_trainer
-from grove.training.trainer import StepBatch, Trainer
+from grove.training.trainer import StepBatch
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "grove" / "demo" / "demo.yaml"
 CLIP = 0.2
-MICRO_BATCH = 4
-
-
-def rows_batch(lengths: list[int], *, seed: int = 0) -> StepBatch:
-    """One logical rollout per row, right-padded to the longest: the second half of each row's
-    tokens are its generated (loss) tokens, advantages alternate +1 and -1."""
-    generator = torch.Generator().manual_seed(seed)
-    width = max(lengths)
-    token_ids = torch.zeros((len(lengths), width), dtype=torch.int64)  # (R, T)
-    loss_mask = torch.zeros((len(lengths), width), dtype=torch.bool)  # (R, T)
-    for row, length in enumerate(lengths):
-        token_ids[row, :length] = torch.randint(10, 500, (length,), generator=generator)
-        loss_mask[row, length // 2 : length] = True
-    owners = torch.arange(len(lengths))
-    return StepBatch(
-        token_ids=token_ids,
-        loss_mask=loss_mask,
-        generation_logprobs=torch.full(token_ids.shape, -6.0),
-        advantages=torch.where(owners % 2 == 0, 1.0, -1.0),
-        owners=owners,
-        logical_rollouts=len(lengths),
-    )
-
-
-def learner_config(rollouts: int, policy: dict[str, Any] | None = None) -> Any:
-    """The configuration of a step of ``rollouts`` rows, with ``policy`` keys added."""
-    return load_config(
-        {
-            "grpo": {"num_prompts_per_step": 1, "num_generations_per_prompt": rollouts},
-            "policy": {
-                "train_global_batch_size": rollouts,
-                "train_micro_batch_size": MICRO_BATCH,
-                "learning_rate": 1e-5,
-                "max_grad_norm": 1.0,
-                **(policy or {}),
-            },
-        }
-    )
 
 
 def refusal(rollouts: int, policy: dict[str, Any]) -> str | None:
@@ -102,11 +79,6 @@ def refusal(rollouts: int, policy: dict[str, Any]) -> str | None:
     except ConfigurationError as error:
         return str(error)
     return None
-
-
-def bench_model(*, hidden_size: int = 128, num_layers: int = 4) -> torch.nn.Module:
-    """The benches' model: the embedded Qwen2 shape, random weights, float32, train mode."""
-    return build_model(build_tokenizer(), seed=0, hidden_size=hidden_size, num_layers=num_layers)
 
 
 class PlainLoop:
@@ -157,11 +129,6 @@ def real_tokens(batch: StepBatch) -> int:
     return int(torch.where(batch.loss_mask, columns, 0).amax(dim=1).sum())
 
 
-def grove_trainer(batch: StepBatch, policy: dict[str, Any] | None = None) -> Trainer:
-    """``build_trainer``'s trainer of a fresh bench model, for ``batch``'s rollouts."""
-    return build_trainer(learner_config(batch.logical_rollouts, policy), bench_model())
-
-
 def learner_over_plain(rows: int, length: int, rounds: int) -> dict[str, float]:
     """Grove's step and the plain loop's on the same rows, in tokens/s, and their ratio."""
     batch = rows_batch([length] * rows)
@@ -178,18 +145,23 @@ def learner_over_plain(rows: int, length: int, rounds: int) -> dict[str, float]:
     }
 
 
+def packing(longest: int, bin_tokens: int) -> dict[str, Any]:
+    """The policy keys of sequence packing into bins of ``bin_tokens``, rows of up to
+    ``longest`` tokens."""
+    return {
+        "max_total_sequence_length": longest,
+        "sequence_packing": {"enabled": True, "train_mb_tokens": bin_tokens},
+    }
+
+
 def packed_over_padded(rows: int, longest: int, rounds: int) -> dict[str, float]:
     """Tokens/s with sequence packing over padded rows, row lengths from ``longest / 8`` to
-    ``longest``."""
-    lengths = [longest // 8 + (longest - longest // 8) * i // (rows - 1) for i in range(rows)]
-    batch = rows_batch(lengths)
-    packing = {
-        "max_total_sequence_length": longest,
-        "sequence_packing": {"enabled": True, "train_mb_tokens": longest * MICRO_BATCH},
-    }
+    ``longest``; bins of the longest row, and of ``MICRO_BATCH`` longest rows."""
+    batch = rows_batch(varied_lengths(rows, longest))
     step_s = alternating_step_s(
         {
-            "packed": grove_trainer(batch, packing).train_step,
+            "packed": grove_trainer(batch, packing(longest, longest)).train_step,
+            "wide": grove_trainer(batch, packing(longest, longest * MICRO_BATCH)).train_step,
             "padded": grove_trainer(batch).train_step,
         },
         batch,
@@ -197,8 +169,21 @@ def packed_over_padded(rows: int, longest: int, rounds: int) -> dict[str, float]
     )
     return {
         "packed_over_padded": round(step_s["padded"] / step_s["packed"], 3),
+        "packed_wide_bins_over_padded": round(step_s["padded"] / step_s["wide"], 3),
         "packed_step_s": round(step_s["packed"], 4),
         "padded_step_s": round(step_s["padded"], 4),
+    }
+
+
+def fsdp_bytes_per_rank_over_single() -> dict[str, float]:
+    """Parameter and optimizer bytes per rank on 2 FSDP2 ranks over one process's."""
+    ranks = rank_results("bench.support.learner_fsdp", ranks=2)
+    single = ranks[0]["single_state_bytes"]
+    per_rank = max(rank["rank_state_bytes"] for rank in ranks)
+    return {
+        "fsdp_bytes_per_rank_over_single": round(per_rank / single, 3),
+        "fsdp_rank_state_mib": round(per_rank / 2**20, 2),
+        "single_state_mib": round(single / 2**20, 2),
     }
 
 
@@ -217,6 +202,7 @@ def step_peak_bytes(policy: dict[str, Any], rows: int, length: int) -> int:
         capture_output=True,
         text=True,
         check=False,
+        env={**os.environ, **FREED_TO_KERNEL},
     )
     if run.returncode != 0:
         raise RuntimeError(f"the peak-memory step failed: {run.stderr[-2000:]}")
@@ -266,17 +252,13 @@ def larger_model_smoke() -> dict[str, Any]:
 
 
 FEATURES: dict[str, dict[str, Any]] = {
-    "packed_over_padded": {"sequence_packing": {"enabled": True}},
+    "packed_over_padded": packing(512, 512),
     "checkpointed_peak_over_plain": {"dtensor_cfg": {"activation_checkpointing": True}},
     "bf16_tmpe_max": {"precision": "bfloat16"},
-    "smoke": {
-        "precision": "bfloat16",
-        "dtensor_cfg": {"enabled": True, "activation_checkpointing": True},
-        "sequence_packing": {"enabled": True},
-    },
+    "smoke": SMOKE_POLICY,
 }
 """The policy keys each figure needs; a figure whose keys the configuration refuses is not
-measured."""
+measured. The FSDP2 figures build the sharded learner from ``grove.training.fsdp`` itself."""
 
 
 def run(quick: bool, *, figures: tuple[str, ...] | None = None) -> dict[str, Any]:
@@ -286,6 +268,7 @@ def run(quick: bool, *, figures: tuple[str, ...] | None = None) -> dict[str, Any
     measures: dict[str, Callable[[], dict[str, Any]]] = {
         "learner_over_plain": lambda: learner_over_plain(8, 256 if quick else 512, rounds),
         "packed_over_padded": lambda: packed_over_padded(8, 512 if quick else 1024, rounds),
+        "fsdp_bytes_per_rank_over_single": fsdp_bytes_per_rank_over_single,
         "checkpointed_peak_over_plain": lambda: checkpointed_peak_over_plain(
             4, 1024 if quick else 2048
         ),
@@ -317,11 +300,7 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="only the larger-model smoke")
     arguments = parser.parse_args()
     results = run(arguments.quick, figures=("smoke",) if arguments.smoke else None)
-    if arguments.json:
-        print(json.dumps(results))
-        return
-    for name, value in results.items():
-        print(f"{name:32} {value}")
+    print_figures(results, as_json=arguments.json)
 
 
 if __name__ == "__main__":

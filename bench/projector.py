@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import statistics
 import tempfile
 import time
@@ -44,6 +43,7 @@ from dataclasses import dataclass
 
 import torch
 
+from bench.support.report import print_figures
 from grove.storage import BlobRef, BlobStore, CallDelta, open_blob_store, staging_key
 from grove.training.batch import LogicalRollout, assemble_batch
 from grove.training.forest import CallRecord, Forest, build_forest
@@ -250,12 +250,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="8 prompt groups, 3 rounds")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     arguments = parser.parse_args()
-    result = run(arguments.quick)
-    if arguments.json:
-        print(json.dumps(result))
-        return
-    for name, value in result.items():
-        print(f"{name:32} {value}")
+    print_figures(run(arguments.quick), as_json=arguments.json)
 
 
 if __name__ == "__main__":

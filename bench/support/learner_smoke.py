@@ -1,129 +1,118 @@
 """The larger-model smoke of ``bench/learner.py``: a Llama directory of about 63M parameters,
-built offline, trained 2 steps by ``grove train`` on 2 ``torchrun`` ranks (gloo, CPU) with FSDP2,
-bfloat16, activation checkpointing and sequence packing.
+built offline, trained 2 steps on 2 ``torchrun`` ranks (gloo, CPU) with FSDP2, bfloat16,
+activation checkpointing and sequence packing.
 
 The directory holds random weights (seed 0: hidden 768, 10 layers, 12 attention heads over 4
-key-value heads, MLP 2048, tied embeddings) and the embedded byte-level tokenizer
-(``grove.capture.embedded.build_tokenizer``), saved with ``save_pretrained``. The harness is the
-demo's tool agent on the demo's tasks, 4 rollouts of one prompt group per step, 16 tokens a call.
+key-value heads, MLP 2048, tied embeddings, 2048 positions) and the embedded byte-level
+tokenizer (``grove.capture.embedded.build_tokenizer``), saved with ``save_pretrained``; each rank
+loads it as ``model.path`` names a directory (``grove.engines.models.load_model``).
 
-Each rank runs ``grove train`` in-process (``python -m bench.support.learner_smoke RANK_FILE
-CONFIG``) and, when it ends, writes its peak resident memory (``ru_maxrss``) to ``RANK_FILE``
-with its rank appended.
+``grove train`` does not yet take ``policy.dtensor_cfg.enabled``, so each rank builds the
+sharded learner from its parts (``bench.support.learner_workload.sharded_trainer``: FSDP2 per
+decoder layer and the root, ``ShardedRanks``) under the configuration of ``SMOKE_POLICY``, and
+trains 2 steps of the same 8 rows, 32 to 256 tokens long, packed into bins of at most 512 tokens.
+Usage (on torchrun ranks): ``python -m bench.support.learner_smoke OUT MODEL_DIR``; each rank
+writes its steps' wall time, its peak resident memory over the whole process (the full model is
+loaded on every rank before it is sharded) and over the two steps alone.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-from transformers import LlamaConfig, LlamaForCausalLM
+import torch
+import torch.distributed as dist
 
+from bench.support.decoders import causal_lm
+from bench.support.learner_workload import learner_config, rows_batch, sharded_trainer
+from bench.support.memory import peak_resident_bytes, reset_peak
+from bench.support.torchrun import rank_results, write_rank_result
 from grove.capture.embedded import build_tokenizer
-from grove.capture.tiny_decoder import seeded
+from grove.engines.models import load_model
 
-ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "grove" / "demo" / "demo.yaml"
 RANKS = 2
+STEPS = 2
+ROWS = 8
+LONGEST = 256
+SMOKE_POLICY: dict[str, Any] = {
+    "data_parallel_size": RANKS,
+    "train_micro_batch_size": 2,
+    "max_total_sequence_length": LONGEST,
+    "precision": "bfloat16",
+    "dtensor_cfg": {"activation_checkpointing": True},
+    "sequence_packing": {"enabled": True, "train_mb_tokens": 512, "logprob_mb_tokens": 512},
+}
+"""The smoke's policy keys; FSDP2 itself is ``sharded_trainer``'s."""
 
 
 def build_model_directory(directory: Path) -> int:
     """Write the smoke's Llama directory (weights, config, tokenizer); return its parameters."""
     tokenizer = build_tokenizer()
-    config = LlamaConfig(
+    model = causal_lm(
+        "llama",
+        seed=0,
         vocab_size=len(tokenizer),
         hidden_size=768,
         intermediate_size=2048,
-        num_hidden_layers=10,
-        num_attention_heads=12,
-        num_key_value_heads=4,
-        max_position_embeddings=2048,
+        layers=10,
+        heads=12,
+        kv_heads=4,
+        context=2048,
         tie_word_embeddings=True,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=None,
     )
-    model = seeded(0, lambda: LlamaForCausalLM(config))
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return sum(p.numel() for p in model.parameters())
 
 
-def smoke_config(model_dir: Path) -> dict[str, Any]:
-    """The demo's configuration on the Llama directory, with every learner feature on."""
-    config = yaml.safe_load(DEMO.read_text())
-    config["model"] = {"path": str(model_dir)}
-    config["data"]["path"] = str(DEMO.parent / config["data"]["path"])
-    config["harness"]["options"]["max_tokens"] = 16
-    config["grpo"] = {
-        "num_prompts_per_step": 1,
-        "num_generations_per_prompt": 4,
-        "max_num_steps": 2,
-    }
-    config["policy"] = {
-        "train_global_batch_size": 4,
-        "train_micro_batch_size": 2,
-        "logprob_micro_batch_size": 2,
-        "data_parallel_size": RANKS,
-        "learning_rate": 1e-5,
-        "max_total_sequence_length": 1024,
-        "precision": "bfloat16",
-        "dtensor_cfg": {"enabled": True, "activation_checkpointing": True},
-        "sequence_packing": {"enabled": True, "train_mb_tokens": 2048},
-    }
-    return config
-
-
 def run_smoke(work: Path) -> dict[str, Any]:
-    """Build the directory, train 2 steps on 2 ranks; wall time and peak memory per rank."""
+    """Build the directory under ``work``, train 2 steps on 2 ranks; wall time and peak
+    resident memory per rank."""
     parameters = build_model_directory(work / "model")
-    config_path = work / "smoke.yaml"
-    config_path.write_text(yaml.safe_dump(smoke_config(work / "model")))
-    rank_file = work / "peak"
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        str(RANKS),
-        "-m",
-        "bench.support.learner_smoke",
-        str(rank_file),
-        str(config_path),
-    ]
     start = time.perf_counter()
-    run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
+    ranks = rank_results("bench.support.learner_smoke", str(work / "model"), ranks=RANKS)
     wall_s = time.perf_counter() - start
-    if run.returncode != 0:
-        raise RuntimeError(f"the larger-model smoke failed: {run.stderr[-3000:]}")
-    peaks = [int(Path(f"{rank_file}{rank}").read_text()) for rank in range(RANKS)]
     return {
         "smoke_parameters": parameters,
-        "smoke_steps": 2,
+        "smoke_steps": STEPS,
         "smoke_wall_s": round(wall_s, 1),
-        "smoke_peak_mib_per_rank": [round(peak / 2**20) for peak in peaks],
+        "smoke_steps_s": round(max(rank["steps_s"] for rank in ranks), 1),
+        "smoke_peak_mib_per_rank": [round(rank["peak_bytes"] / 2**20) for rank in ranks],
+        "smoke_steps_peak_mib_per_rank": [
+            round(rank["steps_peak_bytes"] / 2**20) for rank in ranks
+        ],
     }
 
 
 def main() -> None:
-    """One rank: ``grove train CONFIG`` in this process, then its peak memory to the rank file."""
-    from grove.cli import app
-
-    rank_file, config = sys.argv[1], sys.argv[2]
-    workdir = Path(config).parent / "workdir"
-    try:
-        app(["train", config, "--json", "--workdir", str(workdir)], standalone_mode=False)
-    finally:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        Path(f"{rank_file}{os.environ.get('RANK', '0')}").write_text(json.dumps(peak))
+    """One rank: load the directory, shard it, train the steps, write this rank's figures."""
+    out, model_dir = sys.argv[1], sys.argv[2]
+    torch.set_num_threads(1)
+    dist.init_process_group(backend="gloo")
+    model = load_model(model_dir).model
+    trainer = sharded_trainer(learner_config(ROWS, SMOKE_POLICY), model)
+    batch = rows_batch([32 + (LONGEST - 32) * i // (ROWS - 1) for i in range(ROWS)])
+    whole_peak = peak_resident_bytes()
+    reset_peak()
+    start = time.perf_counter()
+    for _ in range(STEPS):
+        trainer.train_step(batch)
+    steps_s = time.perf_counter() - start
+    write_rank_result(
+        out,
+        {
+            "steps_s": steps_s,
+            "peak_bytes": max(whole_peak, peak_resident_bytes()),
+            "steps_peak_bytes": peak_resident_bytes(),
+        },
+    )
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -4,11 +4,13 @@ the unpacked layout's loss, gradients and TMPE on forests with compaction, branc
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
+from bench.support.decoders import causal_lm
 from grove.training.errors import BatchError
 from grove.training.row_sharding import SingleProcess
 from grove.training.sequence_packing import (
@@ -28,18 +30,18 @@ from tests.unit.training.test_tree_logprobs import FAMILY, computed, family_batc
 
 def tiny_llama(*, seed: int) -> LlamaForCausalLM:
     """Two Llama layers, hidden size 32, sdpa attention."""
-    torch.manual_seed(seed)
-    config = LlamaConfig(
+    model = causal_lm(
+        "llama",
+        seed=seed,
         vocab_size=VOCAB,
         hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
+        layers=2,
+        heads=4,
+        kv_heads=2,
+        context=64,
         attn_implementation="sdpa",
     )
-    return LlamaForCausalLM(config)
+    return cast(LlamaForCausalLM, model)
 
 
 def test_first_fit_decreasing_puts_each_row_in_the_first_bin_with_room() -> None:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
+from transformers import GPT2Config, GPT2LMHeadModel, Qwen2ForCausalLM
 
+from bench.support.decoders import causal_lm
 from grove.training.batch import LogicalRollout
 from grove.training.forest import CallRecord, build_forest
 from grove.training.rows import rollout_rows
@@ -19,19 +21,19 @@ def tiny_causal_lm(
     *, seed: int, dropout: float = 0.0, dtype: torch.dtype = torch.float32
 ) -> Qwen2ForCausalLM:
     """Two layers, hidden size 32, tied embeddings; ``dropout`` on attention weights."""
-    torch.manual_seed(seed)
-    config = Qwen2Config(
+    model = causal_lm(
+        "qwen2",
+        seed=seed,
         vocab_size=VOCAB,
         hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
+        layers=2,
+        heads=4,
+        kv_heads=2,
+        context=64,
         attention_dropout=dropout,
         tie_word_embeddings=True,
     )
-    return Qwen2ForCausalLM(config).to(dtype)
+    return cast(Qwen2ForCausalLM, model.to(dtype))
 
 
 def tiny_absolute_position_lm(*, seed: int) -> GPT2LMHeadModel:
