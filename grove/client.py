@@ -45,6 +45,7 @@ __all__ = [
     "GatewayServerError",
     "GroveClient",
     "GroveClientError",
+    "anthropic_client",
     "reject",
 ]
 
@@ -262,6 +263,27 @@ def reject(
 ) -> None:
     """Reject ``response_id`` through an ``openai.OpenAI`` client bound to an attempt (the one an
     in-process harness receives): the same as :meth:`Attempt.reject`."""
+    attempt = _attempt_of(client, timeout_s=60.0)
+    try:
+        attempt.reject(response_id, detail)
+    finally:
+        attempt.grove.close()
+
+
+def anthropic_client(client: openai.OpenAI, **kwargs: Any) -> Any:
+    """An ``anthropic.Anthropic`` bound to the same attempt as ``client``, an ``openai.OpenAI``
+    bound to one (the client ``grove train`` hands an in-process harness): the same as
+    :meth:`Attempt.anthropic`, with ``client``'s timeout unless ``timeout`` is given."""
+    timeout = client.timeout if isinstance(client.timeout, int | float) else 600.0
+    attempt = _attempt_of(client, timeout_s=float(timeout))
+    try:
+        return attempt.anthropic(**kwargs)
+    finally:
+        attempt.grove.close()  # the anthropic client keeps its own connections
+
+
+def _attempt_of(client: openai.OpenAI, *, timeout_s: float) -> Attempt:
+    """The attempt ``client`` is bound to, by its headers; close its ``grove`` when done."""
     capture_key = client.default_headers.get(CAPTURE_KEY_HEADER)
     token = client.default_headers.get(ATTEMPT_TOKEN_HEADER)
     if not isinstance(capture_key, str) or not isinstance(token, str):
@@ -270,8 +292,5 @@ def reject(
             f"and {ATTEMPT_TOKEN_HEADER} headers (use Attempt.openai() or the client grove train "
             "hands the harness)"
         )
-    grove = GroveClient(str(client.base_url), api_key=client.api_key, timeout_s=60.0)
-    try:
-        Attempt(grove, capture_key, token).reject(response_id, detail)
-    finally:
-        grove.close()
+    grove = GroveClient(str(client.base_url), api_key=client.api_key, timeout_s=timeout_s)
+    return Attempt(grove, capture_key, token)
