@@ -9,6 +9,16 @@ is written, so no request can make the server import a module. An attempt that n
 or no forest mode, gets the server's own; ``attempt.opened`` records the resolved values
 (``docs/gateway.md``, "Attempts").
 
+Every policy but ``returned_history`` selects calls that train only as a forest (abandoned
+retries, branches, rejected resamples), so it needs forest training. The server's forest mode
+(``token_capture.forest_training``, the mode its training run projects with) decides: on a server
+with forest mode off, an attempt naming such a policy is refused (400
+``selection_policy_needs_forest_training``) before anything is written, and so is one that names
+such a policy while giving ``forest_mode: false`` itself, whose record would contradict its
+policy. A server whose own default policy needs forest training is not built with forest mode off.
+An attempt's recorded ``forest_mode`` decides nothing else: the run's projector trains every
+attempt with the run's ``token_capture.forest_training``.
+
 ``max_model_calls`` (``token_capture.max_model_calls``; None: unbounded) bounds the model calls
 one attempt may record: a call beyond it is refused (409 ``call_budget_exhausted``) before its
 intent, nothing written. Every call the attempt recorded counts, whatever became of it (committed,
@@ -57,6 +67,12 @@ class AttemptSettings:
                 f"the default selection policy {self.selection_policy!r} must be one of the "
                 f"server's policies {list(self.selection_policies)}"
             )
+        if self.selection_policy != DEFAULT_SELECTION_POLICY and not self.forest_mode:
+            raise ValueError(
+                f"the default selection policy {self.selection_policy!r} needs forest training: "
+                "turn forest mode on (token_capture.forest_training: true) or make "
+                f"{DEFAULT_SELECTION_POLICY} the default"
+            )
         if self.max_model_calls is not None and self.max_model_calls < 1:
             raise ValueError(
                 f"max_model_calls must be >= 1 (or None: unbounded), got {self.max_model_calls}"
@@ -64,7 +80,7 @@ class AttemptSettings:
 
     def resolve(self, request: OpenAttemptRequest) -> OpenAttemptRequest:
         """``request`` with the server's defaults where it gives none; ``Refused`` (400) when it
-        names a policy this server does not run."""
+        names a policy this server does not run, or one that needs forest training without it."""
         policy = request.selection_policy or self.selection_policy
         if policy not in self.selection_policies:
             raise Refused(
@@ -78,6 +94,21 @@ class AttemptSettings:
                 param="selection_policy",
             )
         forest_mode = self.forest_mode if request.forest_mode is None else request.forest_mode
+        if policy != DEFAULT_SELECTION_POLICY and not (self.forest_mode and forest_mode):
+            whose = (
+                "this server's forest mode is off (token_capture.forest_training: false)"
+                if not self.forest_mode
+                else "the attempt gives forest_mode: false"
+            )
+            raise Refused(
+                400,
+                "selection_policy_needs_forest_training",
+                f"Attempt {request.capture_key!r} names selection policy {policy!r}, which "
+                f"selects calls that train only as a forest, but {whose}. Name "
+                f"{DEFAULT_SELECTION_POLICY} (or none, on a server without forest training), "
+                "or run with token_capture.forest_training: true and give no forest_mode",
+                param="selection_policy",
+            )
         return request.model_copy(update={"selection_policy": policy, "forest_mode": forest_mode})
 
     def check_budget(self, capture_key: str, recorded_calls: int) -> None:
