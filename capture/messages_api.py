@@ -4,7 +4,7 @@ Producer of the request: a harness on the official ``anthropic`` client (``base_
 gateway's root); consumer: ``capture/conversion.py`` (``RequestConverter.messages_call``), which
 takes the items and tools made here. The answer is built here from the ``CallOutcome``
 (``message_object``); ``message_events`` cuts it into the stream events the client's
-``messages.stream(...)`` reads. ``docs/gateway.md`` ("Messages") states the rules.
+``messages.stream(...)`` reads. ``docs/gateway.md`` ("Messages API") states the rules.
 
 Blocks map onto Chat Completions messages, so a Messages call normalizes, renders, digests and
 admits exactly as a Chat call does (``docs/normalization.md``) and the APIs mix in one attempt:
@@ -401,7 +401,7 @@ def _assistant_item(blocks: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 def _invalid(where: str, rule: str) -> Refused:
     return Refused(
-        400, "invalid_request", f"{where}: {rule} (see docs/gateway.md, Messages)", where
+        400, "invalid_request", f"{where}: {rule} (see docs/gateway.md, Messages API)", where
     )
 
 

@@ -18,7 +18,7 @@ client's documentation teaches:
 Answers that are empty or hold tool-call markup that does not parse are rejected
 (``grove.client.reject``) and sampled again, as is a seeded fraction of the rest. The agent
 returns its history in the Messages form, each assistant turn naming its Message by
-``response_id`` (``docs/gateway.md``, "Messages"), and the demo's verifiable reward. Its blocks
+``response_id`` (``docs/gateway.md``, "Messages API"), and the demo's verifiable reward. Its blocks
 map onto the very Chat messages the demo's agent sends, so ``model.warm_start`` fits the
 embedded model for it too.
 """

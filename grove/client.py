@@ -211,7 +211,7 @@ class Attempt:
 
     def anthropic(self, **kwargs: Any) -> Any:
         """An ``anthropic.Anthropic`` whose every ``messages`` call belongs to this attempt
-        (``POST /v1/messages``, ``docs/gateway.md``, "Messages"); keyword arguments go to the
+        (``POST /v1/messages``, ``docs/gateway.md``, "Messages API"); keyword arguments go to the
         client, ``max_retries`` is 0 unless given. Needs the ``anthropic`` package."""
         import anthropic  # optional: only harnesses on the anthropic client need it
 

@@ -13,12 +13,13 @@ turn with its ``response_id``, or each answer sent back as the whole Message).
 from __future__ import annotations
 
 import concurrent.futures
+import json
 from typing import Any
 
 import anthropic
 import pytest
 
-from grove.client import ATTEMPT_TOKEN_HEADER, CAPTURE_KEY_HEADER, GroveClient
+from grove.client import ATTEMPT_TOKEN_HEADER, CAPTURE_KEY_HEADER, GroveClient, anthropic_client
 from tests.integration.gateway.support import MODEL, Gateway
 
 from .attempts import Link, Played, chain, finish, open_attempt
@@ -279,6 +280,39 @@ def test_a_tool_error_result_reaches_the_model_marked_as_an_error(gateway: Gatew
     assert "Error: no data" in prompt
 
 
+def test_a_messages_call_continues_a_chat_call_of_its_attempt(gateway: Gateway) -> None:
+    key = open_attempt(gateway, "anthropic-after-chat")
+    gateway.engine.say(SCRIPT[0], "Paris is sunny.")
+    function = {"name": "get_weather", "description": WEATHER["description"]}
+    tool = {"type": "function", "function": {**function, "parameters": WEATHER["input_schema"]}}
+    chat = gateway.client(key).chat.completions.create(
+        model=MODEL, messages=[USER], tools=[tool], max_tokens=64
+    )
+    message: Any = chat.choices[0].message
+    (call,) = message.tool_calls
+    echoed = [
+        {"type": "thinking", "thinking": message.reasoning_content, "signature": ""},
+        {
+            "type": "tool_use",
+            "id": call.id,
+            "name": call.function.name,
+            "input": json.loads(call.function.arguments),
+        },
+    ]
+    result = {"type": "tool_result", "tool_use_id": call.id, "content": WEATHER_IN["Paris"]}
+    turns: Any = [
+        USER,
+        {"role": "assistant", "content": echoed},
+        {"role": "user", "content": [result]},
+    ]
+    bound(gateway, key).messages.create(model=MODEL, max_tokens=64, messages=turns, tools=[WEATHER])
+    calls = gateway.status(key)["calls"]
+    assert [(c["decision"], c["parent_call_id"]) for c in calls] == [
+        ("root", None),
+        ("continuation", calls[0]["call_id"]),
+    ]
+
+
 def test_concurrent_attempts_are_captured_apart(gateway: Gateway) -> None:
     keys = [open_attempt(gateway, "anthropic-concurrent") for _ in range(4)]
     gateway.engine.say(*["A short answer."] * 4)
@@ -301,4 +335,17 @@ def test_an_attempt_of_grove_client_binds_the_anthropic_client(gateway: Gateway)
         )
         answer = attempt.anthropic().messages.create(model=MODEL, max_tokens=8, messages=[USER])
         assert answer.content[0].type == "text"
+        assert [c["response_id"] for c in attempt.status()["calls"]] == [answer.id]
+
+
+def test_the_anthropic_client_of_a_bound_openai_client_shares_its_attempt(
+    gateway: Gateway,
+) -> None:
+    gateway.engine.say("Bound.")
+    with GroveClient(f"{gateway.base_url}/v1") as grove:
+        attempt = grove.open_attempt(
+            "anthropic-shared", rollout_id="anthropic-shared", prompt_group="g0", rollout_index=0
+        )
+        with attempt.openai() as handed, anthropic_client(handed) as client:
+            answer = client.messages.create(model=MODEL, max_tokens=8, messages=[USER])
         assert [c["response_id"] for c in attempt.status()["calls"]] == [answer.id]
