@@ -26,6 +26,16 @@ results); the top level holds the worst over concurrencies of PostgreSQL + S3 (S
 PostgreSQL). Aims: p50 <= 5 ms, p99 <= 25 ms, ratio >= 0.5. A profiling pass then times the
 request path by stage (``StageClock``, off during the measured rounds; ``docs/benchmarks.md``).
 
+The headline backend is measured again with an engine that takes 50 ms per generation (a sleep:
+a GPU's work costs the server no CPU), beside a plain server on the same engine
+(``engine_delays``). The top level also holds the cost figures (``COST_AIMS``):
+``grove_server_cpu_ms_per_call`` (PostgreSQL + local, one client), ``serving_cpu_over_plain``
+(the serving stack's CPU per call, Grove over plain, headline backend, one client),
+``overhead_ms_p50_engine_50ms`` (one client) and ``calls_per_s_over_plain_engine_50ms`` (the
+highest concurrency). On PostgreSQL each figure also counts the server's WAL flushes per event
+appended (``wal_flushes_per_event``, from ``pg_stat_wal``: below 1 when concurrent commits share
+a flush, PostgreSQL's group commit; the server's other databases count too).
+
 CPU accounting, per side (``grove``, ``plain``): ``*_cpu_ms_per_call`` holds the CPU ms per call
 of every process that serves a call over the measured rounds (the server process, the
 PostgreSQL backends of the bench's databases and PostgreSQL's shared processes, moto, this client
@@ -63,6 +73,7 @@ from sqlalchemy.engine import make_url
 from bench.servers.gateway import (
     CALL_TIMEOUT_S,
     ServerProcess,
+    WalFlushes,
     moto_server,
     postgres_databases,
 )
@@ -79,13 +90,22 @@ AIMS: Final = {  # figure: (aim, True when lower is better)
     "capture_overhead_ms_p99": (25.0, True),
     "capture_calls_per_s_over_plain": (0.5, False),
 }
+COST_AIMS: Final = {  # the top level's cost figures (docs/benchmarks.md): (aim, lower is better)
+    "grove_server_cpu_ms_per_call": (3.5, True),
+    "serving_cpu_over_plain": (2.0, True),
+    "overhead_ms_p50_engine_50ms": (5.0, True),
+    "calls_per_s_over_plain_engine_50ms": (0.9, False),
+}
+CPU_BACKEND: Final = "postgresql+local"  # grove_server_cpu_ms_per_call's backend
 
 
 @dataclass(frozen=True)
 class Workload:
     """``attempts[c]`` attempts per client at concurrency ``c``, each of ``calls`` chained calls,
     ``rounds`` times per server; then a profiling phase per server and concurrency with
-    ``profile_attempts[c]`` attempts per client; on each Grove backend of ``backends``."""
+    ``profile_attempts[c]`` attempts per client; on each Grove backend of ``backends`` with an
+    instant engine, and on the headline backend again with an engine that takes each of
+    ``engine_delays_ms`` per generation (beside a plain server on the same engine)."""
 
     calls: int
     attempts: Mapping[int, int]
@@ -93,6 +113,7 @@ class Workload:
     profile_attempts: Mapping[int, int]
     warmup_attempts: int = 2
     backends: tuple[str, ...] = BACKENDS
+    engine_delays_ms: tuple[int, ...] = (50,)
 
 
 FULL: Final = Workload(calls=8, attempts={1: 8, 16: 1}, rounds=3, profile_attempts={1: 6, 16: 1})
@@ -102,7 +123,7 @@ QUICK: Final = Workload(
     rounds=1,
     profile_attempts={1: 2},
     warmup_attempts=1,
-    backends=("sqlite+local", HEADLINE_BACKEND),
+    backends=("sqlite+local", CPU_BACKEND, HEADLINE_BACKEND),
 )
 
 
@@ -121,9 +142,13 @@ class Phase:
     calls: int = 0
     server_cpu_s: float = 0.0
     cpu_s: dict[str, float] = field(default_factory=dict)
+    wal_flushes: int = 0  # PostgreSQL's WAL flushes meanwhile (the server's), and the events
+    events: int = 0  # appended to the phase's database: none on SQLite
 
     def extend(self, other: Phase) -> None:
         """Pool ``other`` into this phase."""
+        self.wal_flushes += other.wal_flushes
+        self.events += other.events
         self.latencies += other.latencies
         self.attempt_requests += other.attempt_requests
         self.wall_s += other.wall_s
@@ -282,6 +307,9 @@ def figures(grove: Phase, plain: Phase) -> dict[str, Any]:
         "cores": os.cpu_count(),
         "calls": grove.calls,
     }
+    if grove.events:
+        result["events_per_call"] = round(grove.events / grove.calls, 2)
+        result["wal_flushes_per_event"] = round(grove.wal_flushes / grove.events, 3)
     allowed = result["grove_calls_per_s_cores_allow"], result["plain_calls_per_s_cores_allow"]
     result["cores_allow_ratio"] = round(allowed[0] / allowed[1], 3) if all(allowed) else None
     result["aims_met"] = {
@@ -314,6 +342,35 @@ def stage_table(taken: Mapping[str, Any], calls: int) -> dict[str, dict[str, flo
         wall["detail: attempt requests (open, result)"] = round(1000 * attempts[1] / calls, 3)
     cpu["server process, all threads"] = round(1000 * taken["cpu_s"] / calls, 3)
     return {"wall_ms": wall, "cpu_ms": cpu, "counts": counts}
+
+
+def ms_per_call(seconds: float, phase: Phase) -> float:
+    """``seconds`` spent over ``phase``, in ms per call."""
+    return round(1000 * seconds / phase.calls, 3)
+
+
+def cost_figures(
+    results: Mapping[str, Mapping[str, Any]],
+    engines: Mapping[str, Mapping[str, Any]],
+    headline: str,
+) -> dict[str, Any]:
+    """The top level's cost figures (``COST_AIMS``): Grove's server CPU per call on
+    ``CPU_BACKEND`` (else the headline backend), the serving stack's CPU per call over plain's
+    on the headline backend, both at the lowest concurrency; with each slower engine the
+    overhead p50 at the lowest concurrency and the throughput ratio at the highest."""
+    cpu = results[CPU_BACKEND if CPU_BACKEND in results else headline]
+    lowest = min(cpu, key=int)
+    single = results[headline][lowest]
+    serving = single["grove_cpu_ms_per_call"]["serving"], single["plain_cpu_ms_per_call"]["serving"]
+    cost: dict[str, Any] = {
+        "grove_server_cpu_ms_per_call": cpu[lowest]["grove_server_cpu_ms_per_call"],
+        "serving_cpu_over_plain": round(serving[0] / serving[1], 3) if serving[1] else None,
+    }
+    for delay, per in engines.items():
+        low, high = min(per, key=int), max(per, key=int)
+        cost[f"overhead_ms_p50_engine_{delay}"] = per[low]["capture_overhead_ms_p50"]
+        cost[f"calls_per_s_over_plain_engine_{delay}"] = per[high]["capture_calls_per_s_over_plain"]
+    return cost
 
 
 # -- the run -------------------------------------------------------------------------------------
@@ -349,7 +406,7 @@ def run_benchmark(workload: Workload, *, flushed: bool = True) -> dict[str, Any]
             else:
                 urls.update(databases)
                 meter.databases = {make_url(url).database for url in databases.values()}
-        specs = [{"name": "plain", "kind": "plain"}] + [
+        specs: list[dict[str, Any]] = [{"name": "plain", "kind": "plain"}] + [
             {
                 "name": b,
                 "kind": "grove",
@@ -361,6 +418,11 @@ def run_benchmark(workload: Workload, *, flushed: bool = True) -> dict[str, Any]
             }
             for b in backends
         ]
+        delayed = HEADLINE_BACKEND if HEADLINE_BACKEND in backends else backends[0]
+        for delay in workload.engine_delays_ms:  # the same servers on a slower engine
+            for spec in (specs[0], specs[1 + backends.index(delayed)]):
+                name = f"{spec['name']}@{delay}ms"
+                specs.append({**spec, "name": name, "delay_s": delay / 1000})
         server = ServerProcess(specs, env, workdir / "server.log")
         stack.callback(server.stop)
         meter.watched["server"] = server.process.pid
@@ -368,14 +430,22 @@ def run_benchmark(workload: Workload, *, flushed: bool = True) -> dict[str, Any]
             ready()
         notes.append(f"servers up after {time.perf_counter() - began:.0f} s")
         targets = ["plain", *backends]
+        slow = [f"{t}@{d}ms" for d in workload.engine_delays_ms for t in ("plain", delayed)]
+        postgres_urls = {b: urls[b] for b in backends if b.startswith("postgresql")}
+        wal = WalFlushes(postgres_urls) if postgres_urls else None
+        if wal is not None:
+            stack.callback(wal.close)
 
         def phase(target: str, clients: int, attempts: int) -> tuple[Phase, dict[str, Any]]:
             """One phase, with what the server's clock took during it."""
+            database = target.split("@")[0]
+            counted = wal is not None and database in postgres_urls
             server.command("take")
+            flushed_before = wal.sample(database) if wal is not None and counted else None
             before = meter.sample()
             played = run_phase(
                 server.base_urls[target],
-                grove=target != "plain",
+                grove=not target.startswith("plain"),
                 clients=clients,
                 attempts=attempts,
                 calls=workload.calls,
@@ -383,19 +453,29 @@ def run_benchmark(workload: Workload, *, flushed: bool = True) -> dict[str, Any]
             played.cpu_s = meter.since(before)
             taken = server.command("take")
             played.server_cpu_s = taken["cpu_s"]
+            if wal is not None and flushed_before is not None:
+                flushed, events = wal.sample(database)
+                played.wal_flushes = flushed - flushed_before[0]
+                played.events = events - flushed_before[1]
             return played, taken
 
-        for target in targets:  # warm-up: connections, caches, compiled queries
+        every = targets + slow
+        for target in every:  # warm-up: connections, caches, compiled queries
             phase(target, 1, workload.warmup_attempts)
         results: dict[str, dict[str, Any]] = {b: {} for b in backends}
+        engines: dict[str, dict[str, Any]] = {f"{d}ms": {} for d in workload.engine_delays_ms}
         for clients, attempts in sorted(workload.attempts.items()):
-            pooled = {target: Phase() for target in targets}
+            pooled = {target: Phase() for target in every}
             for round_ in range(workload.rounds):
-                shift = round_ % len(targets)
-                for target in targets[shift:] + targets[:shift]:
+                shift = round_ % len(every)
+                for target in every[shift:] + every[:shift]:
                     pooled[target].extend(phase(target, clients, attempts)[0])
             for backend in backends:
                 results[backend][str(clients)] = figures(pooled[backend], pooled["plain"])
+            for delay in engines:
+                engines[delay][str(clients)] = figures(
+                    pooled[f"{delayed}@{delay}"], pooled[f"plain@{delay}"]
+                )
         stages: dict[str, dict[str, Any]] = {target: {} for target in targets}
         server.command("on")
         for clients, attempts in sorted(workload.profile_attempts.items()):
@@ -403,6 +483,20 @@ def run_benchmark(workload: Workload, *, flushed: bool = True) -> dict[str, Any]
                 played, taken = phase(target, clients, attempts)
                 stages[target][str(clients)] = stage_table(taken, played.calls)
         server.command("off")
+        profiled = CPU_BACKEND if CPU_BACKEND in backends else backends[0]
+        server.command("profile")  # cProfile, one client, after the stage clock is off
+        played, taken = phase(
+            profiled, 1, workload.profile_attempts[min(workload.profile_attempts)]
+        )
+        server.command("off")
+        profile = {
+            "backend": profiled,
+            "calls": played.calls,
+            "top_own_ms_per_call": [  # function, calls, own ms, inclusive ms: per call
+                [where, round(count / played.calls, 2), *(ms_per_call(s, played) for s in times)]
+                for where, count, *times in taken.get("profile", [])
+            ],
+        }
     headline = HEADLINE_BACKEND if HEADLINE_BACKEND in results else next(iter(results))
     worst = results[headline].values()
     notes.append(f"ran {time.perf_counter() - began:.0f} s; load average {os.getloadavg()[0]:.1f}")
@@ -410,9 +504,12 @@ def run_benchmark(workload: Workload, *, flushed: bool = True) -> dict[str, Any]
         "capture_overhead_ms_p50": max(r["capture_overhead_ms_p50"] for r in worst),
         "capture_overhead_ms_p99": max(r["capture_overhead_ms_p99"] for r in worst),
         "capture_calls_per_s_over_plain": min(r["capture_calls_per_s_over_plain"] for r in worst),
+        **cost_figures(results, engines, headline),
         "headline_backend": headline,
         "backends": results,
+        "engine_delays": {"backend": delayed, **engines},
         "stages_per_call": stages,
+        "profile": profile,
         "workload": {
             "calls_per_attempt": workload.calls,
             "attempts_per_client": {str(c): a for c, a in workload.attempts.items()},
@@ -449,6 +546,11 @@ def print_report(report: Mapping[str, Any]) -> None:
                 cells = " ".join(f"{cpu.get(g, 0.0):>9.2f}" for g in groups)
                 allowed = r[f"{side}_calls_per_s_cores_allow"]
                 print(f"{backend:<17} {clients:>7} {side:>5} {cells}  allow {allowed}/s")
+            if "wal_flushes_per_event" in r:
+                print(
+                    f"{backend:<17} {clients:>7} WAL flushes per event "
+                    f"{r['wal_flushes_per_event']}, events per call {r['events_per_call']}"
+                )
     for target, per in report["stages_per_call"].items():
         for clients, table in per.items():
             print(f"\nstages, per call: {target}, {clients} client(s)     wall ms    CPU ms")
@@ -457,10 +559,26 @@ def print_report(report: Mapping[str, Any]) -> None:
                 print(f"  {name:<48} {wall.get(name, ''):>9} {cpu.get(name, ''):>9}")
             for name, count in table["counts"].items():
                 print(f"  {name:<48} {count:>9}")
+    profile = report["profile"]
+    print(f"\ncProfile, {profile['backend']}, 1 client: own / inclusive ms per call, calls")
+    for where, count, own, inclusive in profile["top_own_ms_per_call"]:
+        print(f"  {where:<64} {own:>8} {inclusive:>8} {count:>6}")
+    for delay, per in report["engine_delays"].items():
+        if delay == "backend":
+            continue
+        for clients, r in per.items():
+            print(
+                f"\nengine {delay}, {report['engine_delays']['backend']}, {clients} client(s): "
+                f"Grove p50 {r['grove_ms_p50']} ms, plain {r['plain_ms_p50']} ms, overhead "
+                f"{r['capture_overhead_ms_p50']} ms, calls/s over plain "
+                f"{r['capture_calls_per_s_over_plain']}"
+            )
     print()
     for name, (aim, lower) in AIMS.items():
         bound = "<=" if lower else ">="
         print(f"{name} = {report[name]} (aim {bound} {aim}; {report['headline_backend']}, worst)")
+    for name, (aim, lower) in COST_AIMS.items():
+        print(f"{name} = {report.get(name)} (aim {'<=' if lower else '>='} {aim})")
     for note in report["notes"]:
         print(f"note: {note}")
 

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import cProfile
 import functools
 import json
 import os
+import pstats
 import select
 import socket
 import subprocess
@@ -44,10 +46,15 @@ CALL_TIMEOUT_S: Final = 60.0
 
 class InstantEngine:
     """A ``grove.capture.engine.Engine`` that computes nothing: every call generates ``ANSWER``'s
-    tokens and end of turn, each with logprob -0.25, cut to ``max_tokens``. Deterministic."""
+    tokens and end of turn, each with logprob -0.25, cut to ``max_tokens``. Deterministic.
+    ``delay_s``: how long each generation takes (a sleep, no CPU, as a GPU's work looks to the
+    server), 0 by default."""
 
-    def __init__(self, answer_token_ids: Sequence[int], stop_token_id: int) -> None:
+    def __init__(
+        self, answer_token_ids: Sequence[int], stop_token_id: int, delay_s: float = 0.0
+    ) -> None:
         self.token_ids = (*answer_token_ids, stop_token_id)
+        self.delay_s = delay_s
 
     def check(self, prompt_token_ids: Sequence[int], sampling: SamplingParams) -> None:
         """Refuse a prompt that leaves no room for ``max_tokens`` in the context."""
@@ -61,6 +68,8 @@ class InstantEngine:
         from grove.capture.engine import Generation
 
         self.check(prompt_token_ids, sampling)
+        if self.delay_s:
+            time.sleep(self.delay_s)
         tokens = self.token_ids[: sampling.max_tokens]
         finish = "stop" if len(tokens) == len(self.token_ids) else "length"
         return Generation(tokens, (-0.25,) * len(tokens), finish)
@@ -143,6 +152,61 @@ class StageClock:
 CLOCK: Final = StageClock()
 
 
+class ThreadProfiles:
+    """``cProfile`` of Grove's request path, on every thread it runs on: ``wrap`` makes a function
+    profiled on the calling thread while it runs (nested and concurrent calls on other threads
+    included, the intent pool's thread too), while ``enabled``. ``take`` answers the functions with
+    the most own time since the last take, over all threads."""
+
+    def __init__(self) -> None:
+        self.enabled = False
+        self._lock = threading.Lock()
+        self._profiles: list[cProfile.Profile] = []
+        self._local = threading.local()
+
+    def wrap(self, function: Callable[..., Any]) -> Any:
+        """``function`` profiled on its thread while profiling is enabled."""
+
+        @functools.wraps(function)
+        def profiled(*args: Any, **kwargs: Any) -> Any:
+            if not self.enabled or getattr(self._local, "active", False):
+                return function(*args, **kwargs)
+            profile = getattr(self._local, "profile", None)
+            if profile is None:
+                profile = self._local.profile = cProfile.Profile()
+                with self._lock:
+                    self._profiles.append(profile)
+            self._local.active = True
+            profile.enable()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                profile.disable()
+                self._local.active = False
+
+        return profiled
+
+    def take(self, top: int = 25) -> list[list[Any]]:
+        """``[[function, calls, own s, inclusive s], ...]``, most own time first; then reset."""
+        with self._lock:
+            profiles, self._profiles = self._profiles, []
+        self._local = threading.local()  # every thread starts a fresh profile
+        if not profiles:
+            return []
+        stats = pstats.Stats(profiles[0])
+        for profile in profiles[1:]:
+            stats.add(profile)
+        rows = []
+        table = stats.stats  # type: ignore[attr-defined]
+        for (path, line, name), (_, calls, own, inclusive, _) in table.items():
+            where = f"{Path(path).name}:{line}({name})" if line else name
+            rows.append([where, calls, own, inclusive])
+        return sorted(rows, key=lambda row: -row[2])[:top]
+
+
+PROFILES: Final = ThreadProfiles()
+
+
 class RouteTimer:
     """ASGI middleware: sets the route kind for the stage clock and times the whole request
     (``server request``: from the application's first byte in to its last byte out)."""
@@ -208,6 +272,9 @@ def instrument_grove() -> None:
             stages.append((module, function, "admission and digests"))
     for owner, attribute, name in stages:
         CLOCK.patch(owner, attribute, name)
+    for owner, attribute in [(grove.capture.gateway_service.GatewayService, "generate")]:
+        setattr(owner, attribute, PROFILES.wrap(getattr(owner, attribute)))
+    AttemptLog.intend = PROFILES.wrap(AttemptLog.intend)  # type: ignore[method-assign]
 
     def count(name: str) -> Callable[..., None]:
         return lambda *_: CLOCK.add(name, 0.0) if CLOCK.enabled else None
@@ -277,10 +344,13 @@ def plain_app(tokenizer: Any, engine: InstantEngine) -> FastAPI:
     return app
 
 
-def serve(specs: Sequence[Mapping[str, str]]) -> None:
-    """The child process: each server of ``specs`` in a ``ServerThread``, then commands on stdin,
-    one a line, each answered by one JSON line: ``on`` / ``off`` (the stage clock), ``take``
-    (the stages since the last take), ``stop``. Anything else printed goes to stderr."""
+def serve(specs: Sequence[Mapping[str, Any]]) -> None:
+    """The child process: each server of ``specs`` (with its engine's ``delay_s``, default 0)
+    in a ``ServerThread``, then commands on stdin,
+    one a line, each answered by one JSON line: ``on`` / ``off`` (the stage clock; ``off`` also
+    stops profiling), ``profile`` (``cProfile`` of Grove's call path), ``take`` (the stages since
+    the last take, and the profile's top functions while profiling), ``stop``. Anything else
+    printed goes to stderr."""
     answers = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
@@ -289,10 +359,11 @@ def serve(specs: Sequence[Mapping[str, str]]) -> None:
     from grove.workspace import Workspace
 
     tokenizer = build_tokenizer()
-    engine = InstantEngine(tokenizer.encode(ANSWER), tokenizer.eos_token_id)
     instrument_grove()
     servers: dict[str, ServerThread] = {}
     for spec in specs:
+        delay_s = float(spec.get("delay_s", 0.0))
+        engine = InstantEngine(tokenizer.encode(ANSWER), tokenizer.eos_token_id, delay_s)
         if spec["kind"] == "plain":
             app = plain_app(tokenizer, engine)
         else:
@@ -307,7 +378,11 @@ def serve(specs: Sequence[Mapping[str, str]]) -> None:
             if command == "stop":
                 break
             CLOCK.enabled = {"on": True, "off": False}.get(command, CLOCK.enabled)
-            answers.write(json.dumps(CLOCK.take() if command == "take" else {}) + "\n")
+            PROFILES.enabled = {"profile": True, "off": False}.get(command, PROFILES.enabled)
+            answer = CLOCK.take() if command == "take" else {}
+            if command == "take" and PROFILES.enabled:
+                answer["profile"] = PROFILES.take()
+            answers.write(json.dumps(answer) + "\n")
     finally:
         for server in servers.values():  # all at once: each stop waits for its loop to notice
             server.server.should_exit = True
@@ -318,7 +393,7 @@ def serve(specs: Sequence[Mapping[str, str]]) -> None:
 class ServerProcess:
     """The child process hosting every server; one JSON line answers each command."""
 
-    def __init__(self, specs: Sequence[Mapping[str, str]], env: Mapping[str, str], log: Path):
+    def __init__(self, specs: Sequence[Mapping[str, Any]], env: Mapping[str, str], log: Path):
         self.log = log
         with log.open("w") as stderr:  # the child keeps writing to its own copy
             self.process = subprocess.Popen(
@@ -398,6 +473,46 @@ def moto_server() -> Iterator[tuple[dict[str, str], Callable[[], None], int]]:
         process.wait(timeout=30)
 
 
+def admin_url() -> str:
+    """The bench's PostgreSQL server (SQLAlchemy URL of the database it administers from)."""
+    environ = os.environ.get
+    return environ("GROVE_BENCH_DATABASE_URL") or environ("GROVE_TEST_DATABASE_URL") or DEFAULT_URL
+
+
+def libpq_dsn(url: str) -> str:
+    """``url`` (SQLAlchemy's form) as psycopg connects to it."""
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+class WalFlushes:
+    """PostgreSQL's WAL flushes (``pg_stat_wal.wal_sync``, the whole server's: other programs'
+    too) and the events in the bench's databases, to tell how many durable appends share one
+    flush (PostgreSQL's group commit)."""
+
+    def __init__(self, urls: Mapping[str, str]) -> None:
+        import psycopg
+
+        self.admin = psycopg.connect(libpq_dsn(admin_url()), autocommit=True)
+        self.databases = {
+            name: psycopg.connect(libpq_dsn(url), autocommit=True) for name, url in urls.items()
+        }
+
+    def sample(self, name: str) -> tuple[int, int]:
+        """(WAL flushes of the server so far, events in database ``name``)."""
+        self.admin.execute("SELECT pg_stat_clear_snapshot()")
+        row = self.admin.execute("SELECT wal_sync FROM pg_stat_wal").fetchone()
+        events = self.databases[name].execute("SELECT count(*) FROM grove_events").fetchone()
+        assert row is not None and events is not None
+        return int(row[0]), int(events[0])
+
+    def close(self) -> None:
+        """Close the connections."""
+        for connection in (self.admin, *self.databases.values()):
+            connection.close()
+
+
 @contextlib.contextmanager
 def postgres_databases(
     names: Sequence[str], *, flushed: bool = True
@@ -410,13 +525,9 @@ def postgres_databases(
 
     from grove.ledger import migrate
 
-    environ = os.environ.get
-    admin = make_url(
-        environ("GROVE_BENCH_DATABASE_URL") or environ("GROVE_TEST_DATABASE_URL") or DEFAULT_URL
-    )
-    dsn = admin.set(drivername="postgresql").render_as_string(hide_password=False)
+    admin = make_url(admin_url())
     try:
-        connection = psycopg.connect(dsn, autocommit=True, connect_timeout=5)
+        connection = psycopg.connect(libpq_dsn(admin_url()), autocommit=True, connect_timeout=5)
     except psycopg.OperationalError as error:
         yield f"no PostgreSQL at {admin.render_as_string(hide_password=True)}: {error}"
         return

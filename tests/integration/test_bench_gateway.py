@@ -10,6 +10,7 @@ import pytest
 
 @pytest.mark.slow
 def test_gateway_bench_reports_every_figure_for_sqlite_at_each_concurrency() -> None:
+    """Every figure, the cost figures of the top level and the slower engine's included."""
     bench = importlib.import_module("bench.gateway")  # bench/ is a directory of scripts
     workload = bench.Workload(
         calls=2,
@@ -28,6 +29,9 @@ def test_gateway_bench_reports_every_figure_for_sqlite_at_each_concurrency() -> 
         for clients in ("1", "2"):
             figures = report["backends"]["sqlite+local"][clients]
             assert name in figures and name in figures["aims_met"]
+    for name in bench.COST_AIMS:
+        assert report[name] is not None
+    assert set(report["engine_delays"]["50ms"]) == {"1", "2"}
     stages = report["stages_per_call"]["sqlite+local"]["1"]
     for stage in ("server request", "intent append", "commit append", "blob put"):
         assert stage in stages["wall_ms"]
