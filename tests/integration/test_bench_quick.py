@@ -2,8 +2,8 @@
 repository root without touching ``sys.path``, and the quick run of each one that no other smoke
 test covers exits 0 with one JSON object of figures (``python -m bench.NAME --quick --json``),
 except the three whose quick run takes minutes: their core runs on a smaller workload (the
-learner's without its bfloat16 demo run, and without its peak-memory figure, whose
-measure, a fresh process's ru_maxrss growth, is 0 on rows this small).
+learner's on short rows, without its two peak-memory processes, its bfloat16 demo run and its
+larger-model smoke).
 
 ``bench/gateway.py``, ``bench/ledger_append.py`` and ``bench/scale.py`` have smoke tests of their
 own (``test_bench_gateway.py``, ``test_bench_ledger_append.py``, ``test_bench_scale.py``) that run
@@ -31,7 +31,11 @@ SMOKED_ELSEWHERE = frozenset({"gateway", "ledger_append", "scale"})
 SMALLER_THAN_QUICK: dict[str, Callable[[ModuleType], dict[str, Any]]] = {
     "moe_replay": lambda bench: bench.run(rollouts=2, max_tokens=8, repeats=1),
     "tree": lambda bench: bench.run(rounds=1),
-    "learner": lambda bench: bench.run(True, figures=("learner_over_plain", "packed_over_padded")),
+    "learner": lambda bench: {
+        **bench.learner_over_plain(rows=4, length=64, rounds=1),
+        **bench.packed_over_padded(rows=8, longest=64, rounds=1),
+        **bench.fsdp_bytes_per_rank_over_single(),
+    },
 }
 """Benches whose quick run takes minutes on two cores: their core runs here on a smaller
 workload, in this process."""
