@@ -26,6 +26,11 @@ owner, before any row is excluded), each token with equal weight, so splitting a
 rows does not change its value; the pooling is ``grove.training.advantages.pooled_logprob_error``,
 the same function that decides ``grpo.seq_logprob_error_threshold``. Tokens whose logprobs are not
 finite are left out of the diagnostics.
+
+The threshold decides per logical rollout, but the sequence error is also reported per physical
+row (``row_sequence_errors``): the same pooling over each retained row's owned tokens. A rollout's
+pooled error is the token-weighted mean of its rows' errors, so a kept rollout can have a row
+above the threshold; the row figures show how often that happens.
 """
 
 from __future__ import annotations
@@ -42,9 +47,11 @@ __all__ = [
     "DEFAULT_CLIP",
     "ClipRange",
     "LossResult",
+    "RowSequenceErrors",
     "TokenDiagnostics",
     "clipped_policy_gradient_loss",
     "retained_token_mask",
+    "row_sequence_errors",
     "token_diagnostics",
 ]
 
@@ -224,4 +231,72 @@ def token_diagnostics(
         rollout_token_mult_prob_error=tuple(
             None if math.isnan(value) else value for value in pooled.tolist()
         ),
+    )
+
+
+@dataclass(frozen=True)
+class RowSequenceErrors:
+    """Per physical row sequence errors of one step (producer: ``row_sequence_errors``;
+    consumer: the step's metrics, ``docs/metrics.md``).
+
+    A row's error is the mean TMPE over the generated tokens it owns; ``max`` and ``mean`` are
+    over the retained rows (a real owner, not excluded by ``row_mask``) that own a token with
+    finite logprobs (1.0 and 1.0 when there is none), ``rows`` how many those are, and
+    ``over_threshold`` how many of them exceed the threshold."""
+
+    max: float
+    mean: float
+    rows: int
+    over_threshold: int
+
+    def metrics(self) -> dict[str, float]:
+        """The step metrics ``train/row_seq_logprob_error_max``, ``..._mean`` and
+        ``train/rows_over_seq_logprob_error_threshold``."""
+        return {
+            "train/row_seq_logprob_error_max": self.max,
+            "train/row_seq_logprob_error_mean": self.mean,
+            "train/rows_over_seq_logprob_error_threshold": float(self.over_threshold),
+        }
+
+
+@torch.no_grad()
+def row_sequence_errors(
+    trainer_logprobs: torch.Tensor,
+    generation_logprobs: torch.Tensor,
+    loss_mask: torch.Tensor,
+    owners: torch.Tensor,
+    *,
+    row_mask: torch.Tensor | None,
+    threshold: float,
+) -> RowSequenceErrors:
+    """Each retained row's sequence error (``pooled_logprob_error`` with the row as owner of its
+    owned tokens), and how many exceed ``threshold`` (``grpo.seq_logprob_error_threshold``).
+
+    ``trainer_logprobs``, ``generation_logprobs`` and ``loss_mask`` are ``[R, T]``, ``owners``
+    and ``row_mask`` ``[R]`` as in ``retained_token_mask``."""
+    rows, _ = _check_row_shapes(
+        {
+            "trainer_logprobs": trainer_logprobs,
+            "generation_logprobs": generation_logprobs,
+            "loss_mask": loss_mask,
+        },
+        {"owners": owners},
+    )
+    retained = retained_token_mask(loss_mask, owners, row_mask) & torch.isfinite(trainer_logprobs)
+    row_ids = torch.arange(rows)[:, None].expand_as(loss_mask)
+    per_row = pooled_logprob_error(
+        generation_logprobs.cpu(),
+        trainer_logprobs.cpu(),
+        retained.cpu(),
+        torch.where(retained.cpu(), row_ids, -1),
+        rows,
+    )  # (R,) float64, NaN for a row with no retained finite token
+    errors = per_row[~per_row.isnan()]
+    if not errors.numel():
+        return RowSequenceErrors(max=1.0, mean=1.0, rows=0, over_threshold=0)
+    return RowSequenceErrors(
+        max=float(errors.max()),
+        mean=float(errors.mean()),
+        rows=int(errors.numel()),
+        over_threshold=int((errors > threshold).sum()),
     )

@@ -48,7 +48,7 @@ from grove.training.checkpoint import (
 from grove.training.data_parallel import ShardedRanks
 from grove.training.errors import BatchError
 from grove.training.fsdp import UnshardedCopy, shard_model
-from grove.training.loss import ClipRange
+from grove.training.loss import ClipRange, RowSequenceErrors, row_sequence_errors
 from grove.training.media_logprobs import MediaLogprobs
 from grove.training.metrics import length_metrics, rollout_lengths, step_metrics
 from grove.training.placement import Placement, resolve_device
@@ -344,13 +344,15 @@ class TrainingRun:
             )
         started = time.perf_counter()
         published, decisions = self._kept_groups(published)
-        outcomes = self._outcomes(published)
+        outcomes, recomputed = self._outcomes(published)
         advantages = compute_advantages(outcomes, self.advantages)
         # Every data-parallel rank trains its shard of the same step (one process: all of it).
         batch = self.trainer.ranks.broadcast(step_batch(published.batch, advantages))
+        rows = self._row_errors(batch, recomputed)
         report = self.trainer.train_step(batch)
         metrics = {
             **report.metrics(),
+            **(rows.metrics() if rows is not None else {}),
             **step_metrics(
                 outcomes=outcomes,
                 decisions=decisions,
@@ -409,12 +411,15 @@ class TrainingRun:
             "dropped (grove lineage)",
         )
 
-    def _outcomes(self, published: PublishedBatch) -> list[RolloutOutcome]:
+    def _outcomes(
+        self, published: PublishedBatch
+    ) -> tuple[list[RolloutOutcome], torch.Tensor | None]:
         """Each rollout's outcome, with its pooled logprob error when
-        ``grpo.seq_logprob_error_threshold`` is set."""
+        ``grpo.seq_logprob_error_threshold`` is set, and the rows' recomputed logprobs
+        ``(R, T)`` it was judged from (None without a threshold)."""
         outcomes = published.outcomes
         if self.advantages.seq_logprob_error_threshold is None:
-            return outcomes
+            return outcomes, None
         batch = published.batch
         placed = self.trainer.placement
         if isinstance(self.trainer.logprobs, MediaLogprobs):
@@ -442,10 +447,28 @@ class TrainingRun:
             batch.token_owners(),
             batch.num_rollouts,
         ).tolist()
-        return [
+        judged = [
             replace(o, logprob_error=None if math.isnan(e) else e)
             for o, e in zip(outcomes, errors, strict=True)
         ]
+        return judged, recomputed
+
+    def _row_errors(
+        self, batch: StepBatch, recomputed: torch.Tensor | None
+    ) -> RowSequenceErrors | None:
+        """The step's per-row sequence errors against ``grpo.seq_logprob_error_threshold``, from
+        the logprobs the rollouts were judged by (None without a threshold)."""
+        threshold = self.advantages.seq_logprob_error_threshold
+        if recomputed is None or threshold is None:
+            return None
+        return row_sequence_errors(
+            recomputed,
+            batch.generation_logprobs,
+            batch.loss_mask,
+            batch.owners,
+            row_mask=batch.row_mask,
+            threshold=threshold,
+        )
 
     @torch.no_grad()
     def _media_logprobs(self, token_ids: torch.Tensor, media: tuple) -> torch.Tensor:

@@ -26,20 +26,29 @@ TOLERANCE = 1e-5  # float32, summation order
 pytestmark = pytest.mark.xdist_group("data_parallel")
 
 
+THRESHOLD = 2.0
+"""``grpo.seq_logprob_error_threshold``: far above the engine's disagreement with the trainer, so
+it masks nothing, but rank 0 judges every rollout (and reports every row) from its unsharded
+copy."""
+
+
 def _sharded_config(directory: Path) -> Path:
-    """``test_data_parallel``'s configuration with ``policy.dtensor_cfg.enabled: true``."""
+    """``test_data_parallel``'s configuration with ``policy.dtensor_cfg.enabled: true`` and a
+    sequence-error threshold."""
     path = _config(directory)
     config = yaml.safe_load(path.read_text())
     config["policy"]["dtensor_cfg"] = {"enabled": True}
+    config["grpo"]["seq_logprob_error_threshold"] = THRESHOLD
     path.write_text(yaml.safe_dump(config))
     return path
 
 
 @pytest.fixture(scope="module")
 def single(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """The sharded configuration trained for three steps in one process (unsharded)."""
+    """The sharded configuration trained for three steps in one process (unsharded): its
+    summary, and its ``workdir``."""
     directory = tmp_path_factory.mktemp("single")
-    return _train(_sharded_config(directory), directory / "work")
+    return {**_train(_sharded_config(directory), directory / "work"), "workdir": directory / "work"}
 
 
 @pytest.fixture(scope="module")
@@ -100,3 +109,30 @@ def test_a_sharded_checkpoint_resumes_in_one_process_to_the_same_weights(
     assert resumed["steps"] == 3
     weights = _weights(Path(resumed["checkpoint"]))
     assert _largest_difference(weights, _weights(Path(single["checkpoint"]))) <= TOLERANCE
+
+
+def _metrics(summary: dict, workdir: Path) -> list[dict[str, float]]:
+    """Each logged step's metrics of the run of ``summary``."""
+    lines = (workdir / "runs" / summary["run_id"] / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line)["metrics"] for line in lines]
+
+
+def test_rank_0_reports_each_steps_row_sequence_errors_from_its_unsharded_copy(
+    single: dict, two_steps: tuple[Path, dict]
+) -> None:
+    directory, summary = two_steps
+    sharded = _metrics(summary, directory / "work")
+    one = _metrics(single, single["workdir"])[:2]
+
+    assert len(sharded) == len(one) == 2
+    for step, reference in zip(sharded, one, strict=True):
+        # every retained row agrees with the engine far below the threshold: none is over it
+        assert step["train/rows_over_seq_logprob_error_threshold"] == 0.0
+        assert step["forest/masked_rows"] == 0.0
+        assert step["train/row_seq_logprob_error_mean"] >= 1.0
+        assert step["train/row_seq_logprob_error_mean"] <= step["train/row_seq_logprob_error_max"]
+        assert step["train/row_seq_logprob_error_max"] < 1.0 + TOLERANCE
+        # ... and the copy holds the weights one process trains
+        assert step["train/row_seq_logprob_error_max"] == pytest.approx(
+            reference["train/row_seq_logprob_error_max"], abs=TOLERANCE
+        )

@@ -43,9 +43,11 @@ PUBLIC = {
         "DEFAULT_CLIP",
         "ClipRange",
         "LossResult",
+        "RowSequenceErrors",
         "TokenDiagnostics",
         "clipped_policy_gradient_loss",
         "retained_token_mask",
+        "row_sequence_errors",
         "token_diagnostics",
     },
     "grove.training.trainer": {
