@@ -5,7 +5,8 @@ The served schema admits much that the gateway then refuses by rule: any model n
 served), any message role last (assistant prefill), any sampling value (the embedded engine samples
 the raw distribution: temperature and top_p 1), any text as a capture key. ``narrowed`` keeps each
 operation and its parameters and replaces the request bodies with their valid core: the served
-model, short lower-case texts (prompts that fit the context), user and system messages, sampling
+model, short lower-case texts (prompts that fit the context), user and system messages (on
+``/v1/messages``: user and assistant turns of text or text blocks only, a system text), sampling
 the engine honours, a known selection policy, a finite reward. A little stays that the gateway
 refuses after validation, as a harness's mistakes would be: an assistant message last (prefill),
 a temperature the embedded engine cannot honour exactly. Negative generation still uses the
@@ -79,6 +80,38 @@ def narrowed(served: JSON, model: str) -> JSON:
             instructions=_nullable(TEXT),
             store=_nullable({"type": "boolean"}),
             **_sampling("max_output_tokens"),
+        ),
+        MessagesTextBlock=_object(["type", "text"], type={"enum": ["text"]}, text=TEXT),
+        MessagesTurn=_object(
+            ["role", "content"],
+            role={"enum": ["user", "assistant"]},
+            content={
+                "anyOf": [
+                    TEXT,
+                    {
+                        "type": "array",
+                        "items": {"$ref": "#/components/schemas/MessagesTextBlock"},
+                        "minItems": 1,
+                        "maxItems": 2,
+                    },
+                ]
+            },
+        ),
+        MessagesRequest=_object(
+            ["model", "messages", "max_tokens"],
+            model=model_name,
+            messages={
+                "type": "array",
+                "items": {"$ref": "#/components/schemas/MessagesTurn"},
+                "minItems": 1,
+                "maxItems": 3,
+            },
+            system=_nullable(TEXT),
+            metadata=_nullable(_object([], user_id=NAME)),
+            **{
+                **_sampling("max_tokens"),
+                "max_tokens": {"type": "integer", "minimum": 1, "maximum": 8},
+            },
         ),
         OpenAttemptRequest=_object(
             ["capture_key", "rollout_id", "prompt_group", "rollout_index"],
