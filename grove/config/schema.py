@@ -7,9 +7,9 @@ default. Settings Grove does not support together are collected and refused in O
 error (``unsupported_combinations``), so a user fixes them in one pass.
 
 Where Grove departs from the forest-training rules it implements (``docs/train.md``): the learner
-is Grove's own torch trainer (``training/trainer.py``), so Megatron is not required (nor run:
-``training/megatron.py`` packs rows for a Megatron learner a user runs); and Grove always takes one
-optimizer step per logical batch, so ``policy.train_global_batch_size`` must equal the logical
+is Grove's own torch trainer (``training/trainer.py``), so Megatron is not required (nor run: its
+GPTModel needs CUDA even for a forward pass; the sharded learner is FSDP2); and Grove always takes
+one optimizer step per logical batch, so ``policy.train_global_batch_size`` must equal the logical
 rollouts per step in every mode.
 """
 

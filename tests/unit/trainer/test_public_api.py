@@ -15,7 +15,6 @@ from grove.training.checkpoint import (
     CheckpointSchemaError,
 )
 from grove.training.errors import TrainingError
-from grove.training.megatron import MegatronUnavailable
 
 PUBLIC = {
     "grove.config": {
@@ -80,14 +79,6 @@ PUBLIC = {
         "save_checkpoint",
         "verify_checkpoint",
     },
-    "grove.training.megatron": {
-        "MegatronPackedInputs",
-        "MegatronUnavailable",
-        "label_logprobs",
-        "pack_for_megatron",
-        "packed_seq_params",
-        "unpack_to_rows",
-    },
 }
 
 
@@ -111,9 +102,3 @@ def test_module_exports_exactly_its_pinned_names(module_name: str) -> None:
 def test_every_checkpoint_error_is_a_checkpoint_error(error: type[Exception]) -> None:
     assert issubclass(error, CheckpointError)
     assert issubclass(error, TrainingError)
-
-
-def test_missing_megatron_is_a_training_error_and_an_import_error() -> None:
-    assert issubclass(MegatronUnavailable, TrainingError)
-    assert issubclass(MegatronUnavailable, ImportError)
-    assert MegatronUnavailable("no module").rule == "megatron_unavailable"
