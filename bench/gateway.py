@@ -99,6 +99,12 @@ COST_AIMS: Final = {  # the top level's cost figures (docs/benchmarks.md): (aim,
 CPU_BACKEND: Final = "postgresql+local"  # grove_server_cpu_ms_per_call's backend
 
 
+def slow_targets(backend: str) -> tuple[tuple[str, str], ...]:
+    """The servers on each slower engine: (name, suffix) — plain, Grove, Grove without the
+    overlap of intent and generation (``-serial``)."""
+    return (("plain", ""), (backend, ""), (backend, "-serial"))
+
+
 @dataclass(frozen=True)
 class Workload:
     """``attempts[c]`` attempts per client at concurrency ``c``, each of ``calls`` chained calls,
@@ -423,6 +429,9 @@ def run_benchmark(workload: Workload, *, flushed: bool = True) -> dict[str, Any]
             for spec in (specs[0], specs[1 + backends.index(delayed)]):
                 name = f"{spec['name']}@{delay}ms"
                 specs.append({**spec, "name": name, "delay_s": delay / 1000})
+            # the baseline of the overlap: each intent durable before its generation starts
+            specs.append({**specs[-1], "name": f"{delayed}@{delay}ms-serial"})
+            specs[-1]["overlap_intents"] = False
         server = ServerProcess(specs, env, workdir / "server.log")
         stack.callback(server.stop)
         meter.watched["server"] = server.process.pid
@@ -430,7 +439,9 @@ def run_benchmark(workload: Workload, *, flushed: bool = True) -> dict[str, Any]
             ready()
         notes.append(f"servers up after {time.perf_counter() - began:.0f} s")
         targets = ["plain", *backends]
-        slow = [f"{t}@{d}ms" for d in workload.engine_delays_ms for t in ("plain", delayed)]
+        slow = [
+            f"{t}@{d}ms{s}" for d in workload.engine_delays_ms for t, s in slow_targets(delayed)
+        ]
         postgres_urls = {b: urls[b] for b in backends if b.startswith("postgresql")}
         wal = WalFlushes(postgres_urls) if postgres_urls else None
         if wal is not None:
@@ -463,7 +474,9 @@ def run_benchmark(workload: Workload, *, flushed: bool = True) -> dict[str, Any]
         for target in every:  # warm-up: connections, caches, compiled queries
             phase(target, 1, workload.warmup_attempts)
         results: dict[str, dict[str, Any]] = {b: {} for b in backends}
-        engines: dict[str, dict[str, Any]] = {f"{d}ms": {} for d in workload.engine_delays_ms}
+        engines: dict[str, dict[str, Any]] = {
+            f"{d}ms{s}": {} for d in workload.engine_delays_ms for s in ("", "_serial")
+        }
         for clients, attempts in sorted(workload.attempts.items()):
             pooled = {target: Phase() for target in every}
             for round_ in range(workload.rounds):
@@ -472,10 +485,11 @@ def run_benchmark(workload: Workload, *, flushed: bool = True) -> dict[str, Any]
                     pooled[target].extend(phase(target, clients, attempts)[0])
             for backend in backends:
                 results[backend][str(clients)] = figures(pooled[backend], pooled["plain"])
-            for delay in engines:
-                engines[delay][str(clients)] = figures(
-                    pooled[f"{delayed}@{delay}"], pooled[f"plain@{delay}"]
-                )
+            for delay in workload.engine_delays_ms:
+                plain = pooled[f"plain@{delay}ms"]
+                engines[f"{delay}ms"][str(clients)] = figures(pooled[f"{delayed}@{delay}ms"], plain)
+                serial = figures(pooled[f"{delayed}@{delay}ms-serial"], plain)
+                engines[f"{delay}ms_serial"][str(clients)] = serial
         stages: dict[str, dict[str, Any]] = {target: {} for target in targets}
         server.command("on")
         for clients, attempts in sorted(workload.profile_attempts.items()):

@@ -184,6 +184,7 @@ class CaptureService:
         model_fingerprint: str,
         strict: bool = False,
         cached_views: int = DEFAULT_CACHED_VIEWS,
+        overlap_intents: bool = True,
     ) -> None:
         self.log = log
         self.blobs = blobs
@@ -192,6 +193,9 @@ class CaptureService:
         self.model_fingerprint = model_fingerprint
         self.strict = strict  # refuse unexplained roots (docs/normalization.md, "Strict mode")
         self.views = AttemptViews(log, blobs, renderer, capacity=cached_views)
+        # False: each intent is durable before its generation starts (the order without the
+        # overlap, which bench/gateway.py measures beside it)
+        self.overlap_intents = overlap_intents
         self._intents = ThreadPoolExecutor(INTENT_THREADS, thread_name_prefix="grove-intent")
         self._running: set[tuple[str, str]] = set()  # (capture key, call id) of calls in flight
         self._running_lock = threading.Lock()
@@ -395,7 +399,14 @@ class CaptureService:
         def append() -> tuple[bool, CallIntended]:
             return self.log.intend(prepared.capture_key, intended, at=at), intended
 
-        return self._intents.submit(contextvars.copy_context().run, append)
+        if self.overlap_intents:
+            return self._intents.submit(contextvars.copy_context().run, append)
+        appended: Future[tuple[bool, CallIntended]] = Future()
+        try:
+            appended.set_result(append())
+        except BaseException as error:
+            appended.set_exception(error)
+        return appended
 
     def _intended(
         self,

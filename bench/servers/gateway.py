@@ -153,7 +153,8 @@ CLOCK: Final = StageClock()
 
 
 class ThreadProfiles:
-    """``cProfile`` of Grove's request path, on every thread it runs on: ``wrap`` makes a function
+    """``cProfile`` of Grove's request path in thread CPU time (waits cost nothing), on every
+    thread it runs on: ``wrap`` makes a function
     profiled on the calling thread while it runs (nested and concurrent calls on other threads
     included, the intent pool's thread too), while ``enabled``. ``take`` answers the functions with
     the most own time since the last take, over all threads."""
@@ -173,7 +174,7 @@ class ThreadProfiles:
                 return function(*args, **kwargs)
             profile = getattr(self._local, "profile", None)
             if profile is None:
-                profile = self._local.profile = cProfile.Profile()
+                profile = self._local.profile = cProfile.Profile(time.thread_time)
                 with self._lock:
                     self._profiles.append(profile)
             self._local.active = True
@@ -345,8 +346,8 @@ def plain_app(tokenizer: Any, engine: InstantEngine) -> FastAPI:
 
 
 def serve(specs: Sequence[Mapping[str, Any]]) -> None:
-    """The child process: each server of ``specs`` (with its engine's ``delay_s``, default 0)
-    in a ``ServerThread``, then commands on stdin,
+    """The child process: each server of ``specs`` (with its engine's ``delay_s``, default 0, and
+    for Grove ``overlap_intents``, default true) in a ``ServerThread``, then commands on stdin,
     one a line, each answered by one JSON line: ``on`` / ``off`` (the stage clock; ``off`` also
     stops profiling), ``profile`` (``cProfile`` of Grove's call path), ``take`` (the stages since
     the last take, and the profile's top functions while profiling), ``stop``. Anything else
@@ -369,6 +370,7 @@ def serve(specs: Sequence[Mapping[str, Any]]) -> None:
         else:
             workspace = Workspace(Path(spec["workdir"]), spec["database_url"], spec["blob_url"])
             app = build_gateway(workspace, engine=engine, tokenizer=tokenizer, max_context=CONTEXT)
+            app.state.gateway.service.overlap_intents = spec.get("overlap_intents", True)
         app.add_middleware(RouteTimer)
         servers[spec["name"]] = ServerThread(app).start(timeout_s=START_TIMEOUT_S)
     answers.write(json.dumps({name: s.base_url for name, s in servers.items()}) + "\n")

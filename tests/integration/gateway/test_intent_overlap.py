@@ -193,3 +193,14 @@ def test_after_a_failed_intent_the_attempt_has_no_pending_call_and_settles_at_on
 
     status = gateway.http.post(f"/v1/attempts/{KEY}/result", json={"reward": 0.0}).json()
     assert (status["calls"], status["pending"], status["timed_out"]) == ([], [], False)
+
+
+@pytest.mark.postgres
+def test_without_the_overlap_the_intent_is_durable_before_generation_starts(
+    watched: tuple[Gateway, WatchedEngine],
+):
+    gateway, watching = watched
+    gateway.service.overlap_intents = False  # the baseline bench/gateway.py measures
+
+    assert _call(gateway).status_code == 200
+    assert watching.seen == [["attempt.opened", "call.intended"]]
