@@ -12,11 +12,13 @@ retained token count (``grove.training.row_sharding``). They are summed in one f
 dtype and device; a parameter without a gradient on some rank counts as zero there, and one
 without a gradient on every rank keeps None, as in one process (AdamW skips it).
 
-``ShardedRanks`` is the same group for a model sharded with FSDP2 (``grove.training.fsdp``):
-FSDP reduce-scatters (sums) each gradient into its shard during backward, so there is nothing
-left to sum. The flat all-reduce stays for ranks that each hold the whole model: a run without
-``policy.dtensor_cfg.enabled`` (a model too small to be worth sharding, or one whose layers FSDP
-cannot find).
+``ShardedRanks`` is the same group for a model sharded with FSDP2 (``grove.training.fsdp``,
+``policy.dtensor_cfg.enabled``): FSDP reduce-scatters (sums) each gradient into its shard during
+backward, so there is nothing left to sum. The flat all-reduce stays for ranks that each hold the
+whole model (``docs/train.md``, "Sharded training with FSDP2"): tree-packed micro batches, whose
+number differs between ranks (FSDP collectives run in every pass; this one runs once per step),
+a model whose layers FSDP cannot find, and a model small enough that one collective per step is
+cheaper than a gather per layer per pass.
 """
 
 from __future__ import annotations
