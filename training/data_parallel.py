@@ -17,8 +17,7 @@ without a gradient on every rank keeps None, as in one process (AdamW skips it).
 backward, so there is nothing left to sum. The flat all-reduce stays for ranks that each hold the
 whole model (``docs/train.md``, "Sharded training with FSDP2"): tree-packed micro batches, whose
 number differs between ranks (FSDP collectives run in every pass; this one runs once per step),
-a model whose layers FSDP cannot find, and a model small enough that one collective per step is
-cheaper than a gather per layer per pass.
+and a model whose layers FSDP cannot find.
 """
 
 from __future__ import annotations
