@@ -7,24 +7,49 @@ merge size 2), ``txt`` sees text only. Held to the rules of the model that serve
 train; held to the rules of a model that reads images otherwise (another image token, another
 merge size), the image rollout breaks them: its rollout is masked before its decision is
 recorded, nothing of it reaches the batch, and its text sibling trains.
+
+A rollout whose own record breaks the served model's rules (``bad``: call ``bad-1``, written by
+hand, shows A's 1 x 4 x 4 grid over a span of 3 image tokens) is masked alone beside a sibling
+that keeps them; unchecked, its rows would stop the trainer.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
-from grove.capture.embedded_vlm import VIDEO_TOKEN, build_vlm_model, vision_token_ids
+from grove.capture.embedded_vlm import (
+    VIDEO_TOKEN,
+    VISION_END,
+    VISION_START,
+    EmbeddedVLMEngine,
+    build_vlm_model,
+    vision_token_ids,
+)
+from grove.ledger.events import CallCommitted, CallIntended, ReplaySummary
+from grove.storage import CallDelta, chain_digest, describe_media, staging_key
 from grove.training.advantages import AdvantageConfig, compute_advantages, group_decisions
 from grove.training.media_checks import MEDIA_MASK_REASON, MediaRules, media_rules
 from grove.training.metrics import MASKED_ROLLOUTS, ROWS, step_metrics
 from grove.training.projector import Projector, ProjectorSettings, PublishedBatch
 
 from .support import Gateway
-from .test_images import IMAGE_ID, TOKENIZER, A, call, serve_vlm, user
+from .test_images import (
+    IMAGE_ID,
+    TOKENIZER,
+    A,
+    call,
+    logprobs_function,
+    serve_vlm,
+    step_batch,
+    user,
+)
 
 SERVED = MediaRules(image_token_id=IMAGE_ID, merge_size=2)
 
@@ -35,7 +60,7 @@ class Group:
 
     gateway: Gateway
 
-    def publish(self, rules: MediaRules) -> PublishedBatch:
+    def publish(self, rules: MediaRules | None) -> PublishedBatch:
         """Project the ledger with a new projector holding images to ``rules``; step 0 (published
         by the first projector, rebuilt from the ledger by later ones)."""
         service = self.gateway.service
@@ -55,19 +80,90 @@ class Group:
         return recorded.trainable, recorded.masked_reason
 
 
+def finish(gateway: Gateway, key: str, reward: float, response_id: str) -> None:
+    """Post attempt ``key``'s result: ``response_id`` scored ``reward``."""
+    answer = gateway.http.post(
+        f"/v1/attempts/{key}/result",
+        json={"reward": reward, "terminal_response_id": response_id},
+    )
+    assert answer.status_code == 200, answer.text
+
+
+def play(gateway: Gateway, key: str, index: int, message: dict[str, Any]) -> None:
+    """Rollout ``index`` of group g0: one call with ``message``, scored ``index``."""
+    gateway.open(key, rollout_index=index, selection_policy="all_captured")
+    completion = call(gateway.client(key), f"{key}-1", [message])
+    finish(gateway, key, float(index), completion.id)
+
+
+def commit_by_hand(gateway: Gateway, key: str, call_id: str, delta: CallDelta) -> str:
+    """Intend and commit root call ``call_id`` of attempt ``key`` with ``delta`` as its blob;
+    its response id."""
+    log = gateway.service.log
+    summary = ReplaySummary(
+        normalization_version=1,
+        item_count=1,
+        source_digest="0" * 64,
+        canonical_source_digest="0" * 64,
+        render_options_digest="1" * 64,
+    )
+    intended = CallIntended(
+        call_id=call_id,
+        decision="root",
+        root_reason="initial",
+        replay_summary=summary,
+        prompt_tokens=len(delta.prompt_delta),
+    )
+    log.intend(key, intended)
+    blob = gateway.service.blobs.put_delta(staging_key(key, call_id), delta)
+    response_id = f"resp-{call_id}"
+    committed = CallCommitted(
+        call_id=call_id,
+        prev_len=0,
+        delta_len=delta.delta_len,
+        cum_len=delta.delta_len,
+        prompt_delta_len=len(delta.prompt_delta),
+        generated_len=len(delta.generated),
+        blob_key=blob.key,
+        blob_sha256=blob.sha256,
+        blob_bytes=blob.size,
+        chain_digest=chain_digest(None, delta.prompt_delta, delta.generated),
+        finish_reason="stop",
+        response_id=response_id,
+        output_fingerprint=hashlib.sha256(call_id.encode()).hexdigest(),
+        replay_summary=summary,
+    )
+    log.commit(key, committed)
+    return response_id
+
+
 @pytest.fixture
 def group(tmp_path: Path) -> Iterator[Group]:
     with serve_vlm(tmp_path) as gateway:
-        for index, (key, message) in enumerate(
-            [("img", user("look", A)), ("txt", user("read this"))]
-        ):
-            gateway.open(key, rollout_index=index, selection_policy="all_captured")
-            completion = call(gateway.client(key), f"{key}-1", [message])
-            answer = gateway.http.post(
-                f"/v1/attempts/{key}/result",
-                json={"reward": float(index), "terminal_response_id": completion.id},
-            )
-            assert answer.status_code == 200, answer.text
+        play(gateway, "img", 0, user("look", A))
+        play(gateway, "txt", 1, user("read this"))
+        yield Group(gateway)
+
+
+@pytest.fixture
+def broken(tmp_path: Path) -> Iterator[Group]:
+    with serve_vlm(tmp_path) as gateway:
+        play(gateway, "img", 0, user("look", A))
+        gateway.open("bad", rollout_index=1, selection_policy="all_captured")
+        ids = vision_token_ids(TOKENIZER)
+        text = TOKENIZER.encode("look", add_special_tokens=False)
+        prompt = [*text, ids[VISION_START], *[IMAGE_ID] * 3, ids[VISION_END]]
+        pixels = torch.zeros(16, 3 * 2 * 14 * 14)  # A's 1 x 4 x 4 patches: 4 placeholders
+        image = describe_media(
+            media_id="message-0/image-0",
+            kind="image",
+            pixels=pixels,
+            height=4,
+            width=4,
+            token_span=(len(text) + 1, len(text) + 4),
+        )
+        delta = CallDelta.from_lists(prompt, text, [-0.5] * len(text), media=[image])
+        finish(gateway, "bad", 1.0, commit_by_hand(gateway, "bad", "bad-1", delta))
         yield Group(gateway)
 
 
@@ -119,3 +215,28 @@ def test_a_projector_rebuilt_from_the_ledger_keeps_the_media_mask(group: Group):
     rebuilt = group.publish(other_token)
     assert rebuilt.rebuilt and rebuilt.batch.rollout_ids == first.batch.rollout_ids
     assert [len(r.rollout.rows) for r in rebuilt.rollouts] == [0, 1]
+
+
+def test_a_rollout_whose_record_breaks_the_rules_is_masked_beside_a_sibling_that_keeps_them(
+    broken: Group,
+):
+    published = broken.publish(SERVED)
+    assert broken.finalized("bad") == (False, str(MEDIA_MASK_REASON))
+    assert broken.finalized("img") == (True, None)
+    assert {r.rollout_id: len(r.rollout.rows) for r in published.rollouts} == {
+        "r-bad": 0,
+        "r-img": 1,
+    }
+
+
+def test_unchecked_the_broken_rollouts_rows_stop_the_trainer(broken: Group):
+    published = broken.publish(None)
+    assert broken.finalized("bad") == (True, None)
+    (rows,) = [r.rollout.rows for r in published.rollouts if r.rollout_id == "r-bad"]
+    batch = step_batch(rows)
+    model = EmbeddedVLMEngine.build(TOKENIZER, seed=5).model
+    with (
+        pytest.raises(ValueError, match=r"image tokens do not match, tokens: 3, features: 4"),
+        torch.no_grad(),
+    ):
+        logprobs_function()(model, batch, slice(0, batch.rows))
