@@ -256,25 +256,32 @@ def message_object(
         content.append(
             {"type": "tool_use", "id": call["id"], "name": function["name"], "input": arguments}
         )
-    generation = outcome.generation
-    stop: str | None = None
-    reason: StopReason = "end_turn"
-    if outcome.finish_reason == "tool_calls":
-        reason = "tool_use"
-    elif outcome.finish_reason == "length":
-        reason = "max_tokens"
-    elif generation.token_ids[-1] in stop_sequences:
-        reason, stop = "stop_sequence", stop_sequences[generation.token_ids[-1]]
+    reason, stop = _stop_reason(outcome, stop_sequences)
+    usage = MessagesUsage(
+        input_tokens=outcome.prompt_tokens, output_tokens=len(outcome.generation.token_ids)
+    )
     return AnthropicMessage(
         id=outcome.response_id,
         model=model,
         content=content,
         stop_reason=reason,
+        usage=usage,
         stop_sequence=stop,
-        usage=MessagesUsage(
-            input_tokens=outcome.prompt_tokens, output_tokens=len(generation.token_ids)
-        ),
     )
+
+
+def _stop_reason(
+    outcome: CallOutcome, stop_sequences: Mapping[int, str]
+) -> tuple[StopReason, str | None]:
+    """Why the generation stopped, and the stop sequence that stopped it (None: none did)."""
+    last = outcome.generation.token_ids[-1]
+    if outcome.finish_reason == "tool_calls":
+        return "tool_use", None
+    if outcome.finish_reason == "length":
+        return "max_tokens", None
+    if last in stop_sequences:
+        return "stop_sequence", stop_sequences[last]
+    return "end_turn", None
 
 
 def message_events(message: AnthropicMessage) -> list[JSONObject]:

@@ -39,6 +39,12 @@ def _object(required: list[str], **properties: JSON) -> JSON:
     }
 
 
+def _list(component: str, most: int) -> JSON:
+    """A list of one to ``most`` values of schema ``component``."""
+    items = {"$ref": f"#/components/schemas/{component}"}
+    return {"type": "array", "items": items, "minItems": 1, "maxItems": most}
+
+
 def _sampling(max_tokens: str) -> dict[str, JSON]:
     return {
         max_tokens: _nullable({"type": "integer", "minimum": 1, "maximum": 8}),
@@ -61,12 +67,7 @@ def narrowed(served: JSON, model: str) -> JSON:
         ChatCompletionRequest=_object(
             ["model", "messages"],
             model=model_name,
-            messages={
-                "type": "array",
-                "items": {"$ref": "#/components/schemas/ChatMessage"},
-                "minItems": 1,
-                "maxItems": 3,
-            },
+            messages=_list("ChatMessage", 3),
             n={"enum": [1, None]},
             seed=_nullable({"type": "integer", "minimum": 0, "maximum": 2**31}),
             logprobs=_nullable({"type": "boolean"}),
@@ -85,27 +86,12 @@ def narrowed(served: JSON, model: str) -> JSON:
         MessagesTurn=_object(
             ["role", "content"],
             role={"enum": ["user", "assistant"]},
-            content={
-                "anyOf": [
-                    TEXT,
-                    {
-                        "type": "array",
-                        "items": {"$ref": "#/components/schemas/MessagesTextBlock"},
-                        "minItems": 1,
-                        "maxItems": 2,
-                    },
-                ]
-            },
+            content={"anyOf": [TEXT, _list("MessagesTextBlock", 2)]},
         ),
         MessagesRequest=_object(
             ["model", "messages", "max_tokens"],
             model=model_name,
-            messages={
-                "type": "array",
-                "items": {"$ref": "#/components/schemas/MessagesTurn"},
-                "minItems": 1,
-                "maxItems": 3,
-            },
+            messages=_list("MessagesTurn", 3),
             system=_nullable(TEXT),
             metadata=_nullable(_object([], user_id=NAME)),
             **{
