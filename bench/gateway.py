@@ -32,9 +32,8 @@ a GPU's work costs the server no CPU), beside a plain server on the same engine
 ``grove_server_cpu_ms_per_call`` (PostgreSQL + local, one client), ``serving_cpu_over_plain``
 (the serving stack's CPU per call, Grove over plain, headline backend, one client),
 ``overhead_ms_p50_engine_50ms`` (one client) and ``calls_per_s_over_plain_engine_50ms`` (the
-highest concurrency). On PostgreSQL each figure also counts the server's WAL flushes per event
-appended (``wal_flushes_per_event``, from ``pg_stat_wal``: below 1 when concurrent commits share
-a flush, PostgreSQL's group commit; the server's other databases count too).
+highest concurrency). On PostgreSQL, ``group_commit`` holds durable appends from 1 and 16
+threads and the WAL flushes per append (``bench/servers/group_commit.py``).
 
 CPU accounting, per side (``grove``, ``plain``): ``*_cpu_ms_per_call`` holds the CPU ms per call
 of every process that serves a call over the measured rounds (the server process, the
@@ -70,10 +69,12 @@ import httpx
 from openai import OpenAI
 from sqlalchemy.engine import make_url
 
+from bench.servers import group_commit
 from bench.servers.gateway import (
     CALL_TIMEOUT_S,
     ServerProcess,
-    WalFlushes,
+    admin_url,
+    libpq_dsn,
     moto_server,
     postgres_databases,
 )
@@ -148,13 +149,9 @@ class Phase:
     calls: int = 0
     server_cpu_s: float = 0.0
     cpu_s: dict[str, float] = field(default_factory=dict)
-    wal_flushes: int = 0  # PostgreSQL's WAL flushes meanwhile (the server's), and the events
-    events: int = 0  # appended to the phase's database: none on SQLite
 
     def extend(self, other: Phase) -> None:
         """Pool ``other`` into this phase."""
-        self.wal_flushes += other.wal_flushes
-        self.events += other.events
         self.latencies += other.latencies
         self.attempt_requests += other.attempt_requests
         self.wall_s += other.wall_s
@@ -313,9 +310,6 @@ def figures(grove: Phase, plain: Phase) -> dict[str, Any]:
         "cores": os.cpu_count(),
         "calls": grove.calls,
     }
-    if grove.events:
-        result["events_per_call"] = round(grove.events / grove.calls, 2)
-        result["wal_flushes_per_event"] = round(grove.wal_flushes / grove.events, 3)
     allowed = result["grove_calls_per_s_cores_allow"], result["plain_calls_per_s_cores_allow"]
     result["cores_allow_ratio"] = round(allowed[0] / allowed[1], 3) if all(allowed) else None
     result["aims_met"] = {
@@ -443,16 +437,10 @@ def run_benchmark(workload: Workload, *, flushed: bool = True) -> dict[str, Any]
             f"{t}@{d}ms{s}" for d in workload.engine_delays_ms for t, s in slow_targets(delayed)
         ]
         postgres_urls = {b: urls[b] for b in backends if b.startswith("postgresql")}
-        wal = WalFlushes(postgres_urls) if postgres_urls else None
-        if wal is not None:
-            stack.callback(wal.close)
 
         def phase(target: str, clients: int, attempts: int) -> tuple[Phase, dict[str, Any]]:
             """One phase, with what the server's clock took during it."""
-            database = target.split("@")[0]
-            counted = wal is not None and database in postgres_urls
             server.command("take")
-            flushed_before = wal.sample(database) if wal is not None and counted else None
             before = meter.sample()
             played = run_phase(
                 server.base_urls[target],
@@ -464,10 +452,6 @@ def run_benchmark(workload: Workload, *, flushed: bool = True) -> dict[str, Any]
             played.cpu_s = meter.since(before)
             taken = server.command("take")
             played.server_cpu_s = taken["cpu_s"]
-            if wal is not None and flushed_before is not None:
-                flushed, events = wal.sample(database)
-                played.wal_flushes = flushed - flushed_before[0]
-                played.events = events - flushed_before[1]
             return played, taken
 
         every = targets + slow
@@ -503,6 +487,11 @@ def run_benchmark(workload: Workload, *, flushed: bool = True) -> dict[str, Any]
             profiled, 1, workload.profile_attempts[min(workload.profile_attempts)]
         )
         server.command("off")
+        grouped = None
+        if postgres_urls:  # durable appends from 1 and 16 threads: do their flushes merge?
+            url = postgres_urls.get(CPU_BACKEND) or next(iter(postgres_urls.values()))
+            grouped = group_commit.measure(url, libpq_dsn(admin_url()), (1, 16))
+            notes.append(f"group commit: {group_commit.summary(grouped)}")
         profile = {
             "backend": profiled,
             "calls": played.calls,
@@ -524,6 +513,7 @@ def run_benchmark(workload: Workload, *, flushed: bool = True) -> dict[str, Any]
         "engine_delays": {"backend": delayed, **engines},
         "stages_per_call": stages,
         "profile": profile,
+        "group_commit": grouped,
         "workload": {
             "calls_per_attempt": workload.calls,
             "attempts_per_client": {str(c): a for c, a in workload.attempts.items()},
@@ -560,11 +550,6 @@ def print_report(report: Mapping[str, Any]) -> None:
                 cells = " ".join(f"{cpu.get(g, 0.0):>9.2f}" for g in groups)
                 allowed = r[f"{side}_calls_per_s_cores_allow"]
                 print(f"{backend:<17} {clients:>7} {side:>5} {cells}  allow {allowed}/s")
-            if "wal_flushes_per_event" in r:
-                print(
-                    f"{backend:<17} {clients:>7} WAL flushes per event "
-                    f"{r['wal_flushes_per_event']}, events per call {r['events_per_call']}"
-                )
     for target, per in report["stages_per_call"].items():
         for clients, table in per.items():
             print(f"\nstages, per call: {target}, {clients} client(s)     wall ms    CPU ms")

@@ -488,33 +488,6 @@ def libpq_dsn(url: str) -> str:
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
-class WalFlushes:
-    """PostgreSQL's WAL flushes (``pg_stat_wal.wal_sync``, the whole server's: other programs'
-    too) and the events in the bench's databases, to tell how many durable appends share one
-    flush (PostgreSQL's group commit)."""
-
-    def __init__(self, urls: Mapping[str, str]) -> None:
-        import psycopg
-
-        self.admin = psycopg.connect(libpq_dsn(admin_url()), autocommit=True)
-        self.databases = {
-            name: psycopg.connect(libpq_dsn(url), autocommit=True) for name, url in urls.items()
-        }
-
-    def sample(self, name: str) -> tuple[int, int]:
-        """(WAL flushes of the server so far, events in database ``name``)."""
-        self.admin.execute("SELECT pg_stat_clear_snapshot()")
-        row = self.admin.execute("SELECT wal_sync FROM pg_stat_wal").fetchone()
-        events = self.databases[name].execute("SELECT count(*) FROM grove_events").fetchone()
-        assert row is not None and events is not None
-        return int(row[0]), int(events[0])
-
-    def close(self) -> None:
-        """Close the connections."""
-        for connection in (self.admin, *self.databases.values()):
-            connection.close()
-
-
 @contextlib.contextmanager
 def postgres_databases(
     names: Sequence[str], *, flushed: bool = True
