@@ -27,7 +27,9 @@ from grove.training.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from grove.training.row_sharding import SingleProcess
+from grove.training.errors import BatchError
+from grove.training.fsdp import check_equal_passes
+from grove.training.row_sharding import SingleProcess, shard_rows
 from grove.training.trainer import Trainer
 from tests.e2e.fsdp_worker import learner, step_batches
 from tests.unit.trainer.tiny_lm import tiny_causal_lm
@@ -131,3 +133,14 @@ def test_each_of_two_ranks_holds_about_half_the_parameter_and_optimizer_bytes(
     measured = json.loads((sharded / "bytes.json").read_text())
 
     assert measured["rank"] / measured["single"] < 0.6
+
+
+def test_a_micro_batch_plan_with_unequal_passes_per_rank_is_refused() -> None:
+    shards = shard_rows(4, 2)  # rank 0: rows 0-1, rank 1: rows 2-3
+    check_equal_passes([slice(0, 1), slice(1, 2), slice(2, 3), slice(3, 4)], shards)  # 2 and 2
+
+    # a plan that keeps rows 1-2 together gives rank 0 two passes and rank 1 one
+    with pytest.raises(
+        BatchError, match=r"same number of micro batches on every rank, got \[2, 1\]"
+    ):
+        check_equal_passes([slice(0, 1), slice(1, 3), slice(3, 4)], shards)
