@@ -46,6 +46,7 @@ __all__ = [
     "VLM_TEMPLATE",
     "EmbeddedVLMEngine",
     "build_image_processor",
+    "build_vlm_config",
     "build_vlm_model",
     "build_vlm_renderer",
     "build_vlm_tokenizer",
@@ -120,13 +121,28 @@ def build_vlm_model(
     num_layers: int = 2,
     context_length: int = 2048,
 ) -> Qwen2VLForConditionalGeneration:
-    """A tiny Qwen2-VL for ``tokenizer`` with random weights from ``seed``; the global torch
-    random state is left as it was."""
+    """A tiny Qwen2-VL for ``tokenizer`` (:func:`build_vlm_config`) with random weights from
+    ``seed``; the global torch random state is left as it was."""
+    config = build_vlm_config(
+        tokenizer, hidden_size=hidden_size, num_layers=num_layers, context_length=context_length
+    )
+    return seeded(seed, lambda: Qwen2VLForConditionalGeneration(config))
+
+
+def build_vlm_config(
+    tokenizer: PreTrainedTokenizerFast,
+    *,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    context_length: int = 2048,
+) -> Qwen2VLConfig:
+    """The configuration of the tiny Qwen2-VL for ``tokenizer``, built without weights: its
+    vision token ids, and a one-block vision tower with 14-pixel patches and a 2 x 2 merge."""
     ids = vision_token_ids(tokenizer)
     head_dim = hidden_size // 4
     half = head_dim // 2  # M-RoPE splits the rotary half into temporal, height, width sections
     sections = [half - 2 * (half // 3), half // 3, half // 3]
-    config = Qwen2VLConfig(
+    return Qwen2VLConfig(
         text_config={
             **tiny_decoder_config(
                 tokenizer,
@@ -155,7 +171,6 @@ def build_vlm_model(
         bos_token_id=None,  # type: ignore[call-arg]
         tie_word_embeddings=True,
     )
-    return seeded(seed, lambda: Qwen2VLForConditionalGeneration(config))
 
 
 class EmbeddedVLMEngine(EmbeddedEngine):

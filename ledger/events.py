@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from grove.ledger.admission import AdmissionItem, CallStatus, CandidateCall, prefix_digests
 from grove.ledger.bounds import Code, Count, Name, Seed, Size
@@ -292,7 +292,9 @@ class RolloutSelected(Event):
 @_register
 class RolloutFinalized(Event):
     """The projector's decision for the attempt's logical rollout, with the settings it was made
-    under (``forest_training``, ``max_row_tokens``) so that replay re-runs it alike."""
+    under (``forest_training``, ``max_row_tokens``, and the media rules its images were held to:
+    ``media_image_token_id`` and ``media_merge_size``, both or neither) so that replay re-runs it
+    alike."""
 
     type: ClassVar[str] = "rollout.finalized"
     rollout_id: Name
@@ -308,6 +310,25 @@ class RolloutFinalized(Event):
     max_row_tokens: int | None = Field(
         default=None, ge=1, description="the longest row the decision allowed (None: no limit)"
     )
+    media_image_token_id: int | None = Field(
+        default=None,
+        ge=0,
+        description="the image token every placeholder had to be (None: images were not checked)",
+    )
+    media_merge_size: int | None = Field(
+        default=None,
+        ge=1,
+        description="the patch square one placeholder covers (None: images were not checked)",
+    )
+
+    @model_validator(mode="after")
+    def _media_rules_together(self) -> RolloutFinalized:
+        if (self.media_image_token_id is None) != (self.media_merge_size is None):
+            raise ValueError(
+                "media_image_token_id and media_merge_size are the media rules together: give "
+                f"both or neither, got {self.media_image_token_id} and {self.media_merge_size}"
+            )
+        return self
 
 
 @_register

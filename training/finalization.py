@@ -6,7 +6,8 @@ decides: trainable with its paths and owned calls, or masked with a reason (capt
 failed or pending call, a missing or corrupt blob, routes or media that do not fit a row, no owned
 generated token, selection not closed, ...; ``docs/forest.md``, "Failures and drops"). Rows are
 built as tensors before the decision, and their images held to the model's media rules when given
-(``training/media_checks.py``), so a ``RowError`` masks its rollout rather than escaping.
+(``media_invalid``, ``training/media_checks.py``), so a ``RowError`` masks its rollout rather than
+escaping.
 Two settings can mask an otherwise trainable rollout as well: with ``forest_training`` off, a
 forest of more than one path (``forest_training_disabled``); with ``max_row_tokens``, a forest with
 a longer row (``row_too_long``). The whole rollout is masked in every case, never part of its
@@ -38,6 +39,7 @@ __all__ = [
     "finalization_event",
     "finalization_forest",
     "masked_forest",
+    "recorded_media_rules",
     "setting_mask_reason",
 ]
 
@@ -113,12 +115,14 @@ def finalization_forest(
     forest that passes them all is then held to the settings (``setting_mask_reason``). The
     projector records ``rollout.finalized`` from it; ``grove replay --verify`` and ``grove show``
     call it on the attempt's state as it stood when that decision was recorded, with the
-    projector's ``forest_training`` and ``max_row_tokens``: the decision depends on nothing else.
+    projector's ``forest_training``, ``max_row_tokens`` and ``media_rules`` (all three recorded
+    on the event): the decision depends on nothing else.
     The checks, in order: the ledger's lifecycle (``ledger_contradiction``), capture completion
     (``completion_mask_reason``, then calls still pending when the attempt settled), the blobs,
     the forest's own rules, the recorded chain digests, the rows as tensors (a ``RowError``:
     ``blob_invalid``, or ``route_missing`` for a route missing inside a row), with
-    ``media_rules`` the rows' images held to the model's rules (``training/media_checks.py``),
+    ``media_rules`` the rows' images held to the model's rules (``media_invalid``,
+    ``training/media_checks.py``),
     at least one owned generated token (``no_trainable_tokens``), then the settings
     (``setting_mask_reason``).
     """
@@ -203,9 +207,11 @@ def finalization_event(
     *,
     forest_training: bool = True,
     max_row_tokens: int | None = None,
+    media_rules: MediaRules | None = None,
 ) -> RolloutFinalized:
-    """The ``rollout.finalized`` decision for ``forest``, made under the given settings: its
-    paths and owned calls, or why it is masked."""
+    """The ``rollout.finalized`` decision for ``forest``, made under the given settings (the
+    media rules recorded as ``media_image_token_id`` and ``media_merge_size``): its paths and
+    owned calls, or why it is masked."""
     return RolloutFinalized(
         rollout_id=rollout_id,
         trainable=forest.trainable,
@@ -214,7 +220,16 @@ def finalization_event(
         owned=tuple(tuple(row.owned_call_ids) for row in forest.rows),
         forest_training=forest_training,
         max_row_tokens=max_row_tokens,
+        media_image_token_id=media_rules.image_token_id if media_rules else None,
+        media_merge_size=media_rules.merge_size if media_rules else None,
     )
+
+
+def recorded_media_rules(event: RolloutFinalized) -> MediaRules | None:
+    """The media rules ``event``'s decision held its images to (None: none were checked)."""
+    if event.media_image_token_id is None or event.media_merge_size is None:
+        return None
+    return MediaRules(event.media_image_token_id, event.media_merge_size)
 
 
 def _records(

@@ -61,9 +61,10 @@ class MaskReason(StrEnum):
     ``build_forest`` decides the first six; ``grove.training.selection.completion_mask_reason`` the
     capture-completion ones (``selected_call_incomplete``, ``capture_pending``,
     ``capture_failed``, and the selected-call ones too); the projector ``blob_invalid``,
-    ``route_missing``, ``ledger_contradiction`` and ``no_trainable_tokens``, and, from its
-    settings, ``forest_training_disabled`` and ``row_too_long`` (checked last, on a forest that is
-    otherwise trainable). Each value is a plain string (``docs/forest.md``, "Failures and drops").
+    ``route_missing``, ``ledger_contradiction`` and ``no_trainable_tokens``, with the model's
+    media rules ``media_invalid`` (``grove.training.media_checks``), and, from its settings,
+    ``forest_training_disabled`` and ``row_too_long`` (checked last, on a forest that is otherwise
+    trainable). Each value is a plain string (``docs/forest.md``, "Failures and drops").
     """
 
     EMPTY_SELECTION = "empty_selection"
@@ -97,6 +98,9 @@ class MaskReason(StrEnum):
     """A row of an MoE rollout lacks a captured route before its final token (the engine did not
     observe one inside a segment): the learner could not replay the engine's routing there
     (``grove.training.rows``, ``docs/moe.md``)."""
+    MEDIA_INVALID = "media_invalid"
+    """An image breaks the trained model's media rules: a token other than its image token at its
+    span, or a span its patch grid does not take (``grove.training.media_checks``)."""
     LEDGER_CONTRADICTION = "ledger_contradiction"
     """The attempt's events break the lifecycle rules (``AttemptState.contradictions``: written
     around ``AttemptLog``, e.g. a call committed twice or never intended)."""

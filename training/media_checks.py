@@ -27,7 +27,7 @@ from grove.training.rows import RowMedia, RowTensors
 
 __all__ = ["MEDIA_MASK_REASON", "MediaRules", "check_row_media", "media_rules"]
 
-MEDIA_MASK_REASON: Final = MaskReason.BLOB_INVALID
+MEDIA_MASK_REASON: Final = MaskReason.MEDIA_INVALID
 """The mask reason of a rollout whose images break the model's rules."""
 
 

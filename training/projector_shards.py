@@ -176,18 +176,20 @@ class ProjectorShard:
             return False
         if state.finalized is not None:
             return False
-        forest_training, max_row_tokens = (
-            self.settings.forest_training,
-            self.settings.max_row_tokens,
-        )
+        settings = self.settings
         decision = decide(
-            state, self.blobs, forest_training=forest_training, max_row_tokens=max_row_tokens
+            state,
+            self.blobs,
+            forest_training=settings.forest_training,
+            max_row_tokens=settings.max_row_tokens,
+            media_rules=settings.media_rules,
         )
         event = finalization_event(
             state.opened.rollout_id,
             decision.forest,
-            forest_training=forest_training,
-            max_row_tokens=max_row_tokens,
+            forest_training=settings.forest_training,
+            max_row_tokens=settings.max_row_tokens,
+            media_rules=settings.media_rules,
         )
         self.log.finalize(capture_key, event)
         self.finalized_here.append(capture_key)

@@ -17,7 +17,9 @@ step), ``policy.execution_row_multiple`` (data-parallel size x micro batch),
 ``token_capture.forest_training``, ``policy.max_total_sequence_length`` (the row limit),
 ``token_capture.min_valid_fraction_per_group`` and ``async_rl.max_policy_lag`` (the group
 rules) — and pads with the padding token of ``model.path``'s tokenizer (its end-of-sequence
-token when it has none).
+token when it has none). With ``model.architecture: vlm`` it holds each rollout's images to the
+embedded Qwen2-VL's media rules (its image token and merge size, read from its configuration),
+as the training run does.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from grove.config import EMBEDDED, GroveConfig
 from grove.ledger.leases import Leases
 from grove.ledger.store import EventStore
 from grove.storage import open_blob_store
+from grove.training.media_checks import MediaRules, media_rules
 from grove.training.projector import Projector, ProjectorSettings
 from grove.training.projector_shards import ProjectorShard
 from grove.workspace import Workspace
@@ -39,7 +42,14 @@ from grove.workspace import Workspace
 if TYPE_CHECKING:  # transformers loads only when a pad id is asked for
     from transformers import PreTrainedTokenizerBase
 
-__all__ = ["ShardReport", "holder_name", "pad_token_id", "projector_settings", "run_shard"]
+__all__ = [
+    "ShardReport",
+    "holder_name",
+    "model_media_rules",
+    "pad_token_id",
+    "projector_settings",
+    "run_shard",
+]
 
 
 def pad_token_id(model_path: str) -> int:
@@ -79,7 +89,22 @@ def projector_settings(
         max_row_tokens=policy.max_total_sequence_length,
         min_valid_fraction=config.token_capture.min_valid_fraction_per_group,
         max_policy_lag=config.async_rl.max_policy_lag,
+        media_rules=model_media_rules(config),
     )
+
+
+def model_media_rules(config: GroveConfig) -> MediaRules | None:
+    """The media rules of ``config``'s model: the embedded Qwen2-VL's for
+    ``model.architecture: vlm`` (from its configuration; no weights are built), else None."""
+    if config.model.architecture != "vlm":
+        return None
+    from grove.capture.embedded_vlm import build_vlm_config, build_vlm_tokenizer
+    from grove.engines.models import quiet_transformers
+
+    with quiet_transformers():
+        rules = media_rules(build_vlm_config(build_vlm_tokenizer()))
+    assert rules is not None  # the embedded Qwen2-VL has an image token
+    return rules
 
 
 @dataclass(frozen=True)

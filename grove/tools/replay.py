@@ -13,7 +13,8 @@ reports each difference:
   line registers): a ledger's policy name is never imported, and one the registry lacks is
   reported as skipped, naming it;
 - finalization: ``grove.training.projector.finalization_forest`` (the projector's own code,
-  reading the blobs) on the state the projector saw, turned into its ``rollout.finalized`` event;
+  reading the blobs) on the state the projector saw, under the settings the event recorded
+  (forest mode, row limit, media rules), turned into its ``rollout.finalized`` event;
 - publication: the step that published the rollout (read with :data:`QUERIES`): its number is its
   training stream's version, each of its rollouts was finalized before it and is published once,
   its groups are complete (every rollout of each group finalized by then, and equal sizes), and its
@@ -52,6 +53,7 @@ from grove.ledger.upcasting import decode_as, upcast
 from grove.storage import BlobStore
 from grove.tools.lineage import attempt_events
 from grove.training.errors import TrainingError
+from grove.training.finalization import recorded_media_rules
 from grove.training.projector import captured_calls, finalization_event, finalization_forest
 from grove.training.selection import PolicyRegistry
 
@@ -206,12 +208,14 @@ def verify_finalization(
                 note=f"staging was cleaned ({len(cleaned)} selected blobs removed): no tokens",
             )
         ]
+    media = recorded_media_rules(recorded)
     try:
         forest, _ = finalization_forest(
             state,
             blobs,
             forest_training=recorded.forest_training,
             max_row_tokens=recorded.max_row_tokens,
+            media_rules=media,
         )
     except TrainingError as error:
         refused = f"recorded trainable={recorded.trainable}; today the forest refuses: {error}"
@@ -229,6 +233,7 @@ def verify_finalization(
         forest,
         forest_training=recorded.forest_training,
         max_row_tokens=recorded.max_row_tokens,
+        media_rules=media,
     )
     return [
         DecisionCheck.compared(

@@ -4,10 +4,13 @@ patch grid takes at the model's merge size (``training/media_checks.py``)."""
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 from transformers import Qwen2Config
 
+from grove.ledger.events import RolloutFinalized
 from grove.training.errors import RowError
-from grove.training.forest import CallRecord, build_forest
+from grove.training.finalization import finalization_event, recorded_media_rules
+from grove.training.forest import CallRecord, MaskReason, build_forest
 from grove.training.media_checks import MEDIA_MASK_REASON, MediaRules, check_row_media, media_rules
 from grove.training.rows import CallExtras, MediaItem, RowTensors, rollout_rows
 
@@ -79,3 +82,26 @@ def test_rules_need_a_merge_size_of_at_least_one():
 def test_placeholders_of_a_grid_are_its_patches_over_the_merge_square():
     assert RULES.placeholders(2, 4, 6) == 12
     assert RULES.placeholders(1, 3, 3) is None
+
+
+def test_a_media_invalid_rollout_is_masked_media_invalid():
+    assert MEDIA_MASK_REASON == MaskReason.MEDIA_INVALID == "media_invalid"
+
+
+def test_a_decision_records_the_rules_its_images_were_held_to():
+    event = finalization_event(
+        "r", build_forest([CallRecord("a", None, [5], [1], [-0.5])], ["a"]), media_rules=RULES
+    )
+    assert (event.media_image_token_id, event.media_merge_size) == (IMAGE, 2)
+    assert recorded_media_rules(event) == RULES
+
+
+def test_a_decision_made_without_rules_records_none():
+    event = finalization_event("r", build_forest([CallRecord("a", None, [5], [1], [-0.5])], ["a"]))
+    assert (event.media_image_token_id, event.media_merge_size) == (None, None)
+    assert recorded_media_rules(event) is None
+
+
+def test_a_decision_is_refused_with_half_of_the_rules():
+    with pytest.raises(ValidationError, match="give both or neither, got 9 and None"):
+        RolloutFinalized(rollout_id="r", trainable=True, media_image_token_id=IMAGE)

@@ -77,6 +77,12 @@ PUBLIC = {
         "rollout_rows",
         "row_tensors",
     },
+    "grove.training.media_checks": {
+        "MEDIA_MASK_REASON",
+        "MediaRules",
+        "check_row_media",
+        "media_rules",
+    },
     "grove.training.batch": {"LogicalRollout", "PackedBatch", "TrainingBatch", "assemble_batch"},
     "grove.training.advantages": {
         "AdvantageConfig",
