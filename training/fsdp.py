@@ -95,6 +95,9 @@ def _parameter_count(module: torch.nn.Module) -> int:
 def shard_model(model: torch.nn.Module) -> torch.nn.Module:
     """``model`` sharded in place over the default process group: ``fully_shard`` per decoder
     layer, then the root, with gradients summed over the ranks (divide factor 1). Returns it."""
+    first = next(model.parameters(), None)
+    if first is not None and first.device.type == "cuda":
+        torch.cuda.set_device(first.device)  # FSDP2 communicates on the current CUDA device
     for layer in decoder_layers(model):
         fully_shard(layer)
     fully_shard(model)
