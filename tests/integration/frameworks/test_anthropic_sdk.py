@@ -146,6 +146,23 @@ def test_a_messages_history_that_names_another_response_is_refused(gateway: Gate
     assert gateway.status(key)["selection"] is None
 
 
+def test_a_history_turn_with_a_refused_block_is_no_evidence_and_selects_nothing(
+    gateway: Gateway,
+) -> None:
+    key = open_attempt(gateway, "anthropic-history-refused-block")
+    gateway.engine.say(*SCRIPT, SUMMARY)
+    _, history = conversation(bound(gateway, key), stream=False)
+    redacted = {"type": "redacted_thinking", "data": "x"}
+    history[1] = {**history[1], "content": [redacted, *history[1]["content"]]}
+    answer = gateway.http.post(
+        f"/v1/attempts/{key}/result", json={"reward": 1.0, "output": history}
+    )
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["error"]["code"] == "selection_refused"
+    assert "'contradictory_evidence'" in answer.text  # the turn is not the call's generation
+    assert gateway.status(key)["selection"] is None
+
+
 def test_the_answers_carry_thinking_tool_use_and_text_blocks(
     played: tuple[Played, list[Any]],
 ) -> None:
