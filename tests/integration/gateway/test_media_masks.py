@@ -10,7 +10,8 @@ recorded, nothing of it reaches the batch, and its text sibling trains.
 
 A rollout whose own record breaks the served model's rules (``bad``: call ``bad-1``, written by
 hand, shows A's 1 x 4 x 4 grid over a span of 3 image tokens) is masked alone beside a sibling
-that keeps them; unchecked, its rows would stop the trainer.
+that keeps them; unchecked, its rows would stop the trainer. Its decision records the rules it
+was made under, so ``grove replay --verify`` re-runs it alike.
 """
 
 from __future__ import annotations
@@ -32,9 +33,14 @@ from grove.capture.embedded_vlm import (
     build_vlm_model,
     vision_token_ids,
 )
+from grove.config import load_config
+from grove.ledger.event_replay import CheckOutcome
 from grove.ledger.events import CallCommitted, CallIntended, ReplaySummary
+from grove.services.project import projector_settings
 from grove.storage import CallDelta, chain_digest, describe_media, staging_key
+from grove.tools.replay import replay
 from grove.training.advantages import AdvantageConfig, compute_advantages, group_decisions
+from grove.training.finalization import decide, finalization_event
 from grove.training.media_checks import MEDIA_MASK_REASON, MediaRules, media_rules
 from grove.training.metrics import MASKED_ROLLOUTS, ROWS, step_metrics
 from grove.training.projector import Projector, ProjectorSettings, PublishedBatch
@@ -73,6 +79,25 @@ class Group:
         published = projector.batch_for_step(0)
         assert published is not None
         return published
+
+    def decide(self, capture_key: str, rules: MediaRules | None) -> None:
+        """Record ``capture_key``'s decision as a projector shard holding images to ``rules``
+        records it (``training/projector_shards.py``: decided, then its event with the rules)."""
+        service = self.gateway.service
+        state = self.gateway.state(capture_key)
+        decision = decide(
+            state, service.blobs, forest_training=True, max_row_tokens=None, media_rules=rules
+        )
+        opened = state.recorded_opening()
+        event = finalization_event(opened.rollout_id, decision.forest, media_rules=rules)
+        service.log.finalize(capture_key, event)
+
+    def verified(self, capture_key: str) -> CheckOutcome:
+        """What ``grove replay --verify`` says of ``capture_key``'s recorded decision."""
+        service = self.gateway.service
+        replayed = replay(service.log.store, capture_key, blobs=service.blobs)
+        (check,) = [c for c in replayed.checks if c.decision == "finalization"]
+        return check.outcome
 
     def finalized(self, capture_key: str) -> tuple[bool, str | None]:
         """(trainable, masked reason) as ``rollout.finalized`` recorded them."""
@@ -171,6 +196,12 @@ def test_the_served_models_rules_are_those_of_its_configuration():
     assert media_rules(build_vlm_model(TOKENIZER).config) == SERVED
 
 
+def test_a_vlm_runs_projector_holds_images_to_the_served_models_rules():
+    vlm = load_config({"model": {"architecture": "vlm"}})
+    assert projector_settings(vlm).media_rules == SERVED
+    assert projector_settings(load_config(None)).media_rules is None
+
+
 def test_images_that_fit_the_models_rules_train(group: Group):
     published = group.publish(SERVED)
     assert group.finalized("img") == (True, None)
@@ -240,3 +271,17 @@ def test_unchecked_the_broken_rollouts_rows_stop_the_trainer(broken: Group):
         torch.no_grad(),
     ):
         logprobs_function()(model, batch, slice(0, batch.rows))
+
+
+def test_a_media_masked_decision_records_its_rules_and_replays_alike(broken: Group):
+    broken.decide("bad", SERVED)
+    recorded = broken.gateway.state("bad").recorded_finalization()
+    assert (recorded.trainable, recorded.masked_reason) == (False, "media_invalid")
+    assert (recorded.media_image_token_id, recorded.media_merge_size) == (IMAGE_ID, 2)
+    assert broken.verified("bad") == CheckOutcome.SAME
+
+
+def test_a_decision_recorded_without_rules_replays_without_them(broken: Group):
+    broken.decide("bad", None)
+    assert broken.finalized("bad") == (True, None)
+    assert broken.verified("bad") == CheckOutcome.SAME
