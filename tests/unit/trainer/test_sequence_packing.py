@@ -24,7 +24,7 @@ from grove.training.sequence_packing import (
 )
 from grove.training.trainer import StepBatch, StepReport, Trainer, row_logprobs
 from grove.training.tree_logprobs import tree_row_lengths
-from tests.unit.trainer.tiny_lm import VOCAB, tiny_causal_lm
+from tests.unit.trainer.tiny_lm import VOCAB, sgd_trainer, tiny_causal_lm
 from tests.unit.training.test_tree_logprobs import FAMILY, computed, family_batch
 
 
@@ -119,11 +119,9 @@ def test_eager_attention_takes_the_additive_mask() -> None:
 
 def _train(batch: StepBatch, *, packed: bool, shards: int) -> tuple[Trainer, StepReport]:
     model = tiny_causal_lm(seed=0)
-    trainer = Trainer(
+    trainer = sgd_trainer(
         model,
-        torch.optim.SGD(model.parameters(), lr=0.1),
-        global_batch_rollouts=batch.logical_rollouts,
-        micro_batch_size=2,
+        batch,
         max_grad_norm=None,
         logprobs=packed_logprobs if packed else row_logprobs,
         layout=TokenBudgetBins(tokens=24, shards=shards) if packed else None,
@@ -159,14 +157,7 @@ def test_packed_training_runs_one_pass_per_bin() -> None:
     passes: list[tuple[int, ...]] = []
     model = tiny_causal_lm(seed=0)
     model.register_forward_hook(lambda _m, args, _o: passes.append(tuple(args[0].shape)))
-    trainer = Trainer(
-        model,
-        torch.optim.SGD(model.parameters(), lr=0.1),
-        global_batch_rollouts=batch.logical_rollouts,
-        micro_batch_size=2,
-        logprobs=packed_logprobs,
-        layout=TokenBudgetBins(tokens=24),
-    )
+    trainer = sgd_trainer(model, batch, logprobs=packed_logprobs, layout=TokenBudgetBins(tokens=24))
     trainer.train_step(batch)
 
     bins = first_fit_decreasing(lengths.tolist(), 24)

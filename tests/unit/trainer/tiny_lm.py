@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import cast
+from typing import Any, cast
 
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Qwen2ForCausalLM
@@ -12,7 +12,7 @@ from bench.support.decoders import causal_lm
 from grove.training.batch import LogicalRollout
 from grove.training.forest import CallRecord, build_forest
 from grove.training.rows import rollout_rows
-from grove.training.trainer import StepBatch
+from grove.training.trainer import StepBatch, Trainer
 
 VOCAB = 48
 
@@ -53,6 +53,25 @@ def tiny_absolute_position_lm(*, seed: int) -> GPT2LMHeadModel:
         eos_token_id=0,
     )
     return GPT2LMHeadModel(config)
+
+
+def sgd_trainer(
+    model: torch.nn.Module,
+    batch: StepBatch,
+    *,
+    lr: float = 0.1,
+    micro_batch_size: int = 2,
+    **settings: Any,
+) -> Trainer:
+    """A ``Trainer`` of ``model`` with plain SGD at ``lr`` for ``batch``'s logical rollouts;
+    ``settings`` are further ``Trainer`` keywords."""
+    return Trainer(
+        model,
+        torch.optim.SGD(model.parameters(), lr=lr),
+        global_batch_rollouts=batch.logical_rollouts,
+        micro_batch_size=micro_batch_size,
+        **settings,
+    )
 
 
 def synthetic_step_batch(
