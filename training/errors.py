@@ -11,10 +11,9 @@
     ├── RouteReplayError        (``route_replay.py``) routes that cannot be replayed on the model
     ├── BatchError              rows that cannot be laid out as one training batch
     ├── AdvantageError          advantage inputs or settings outside their rules
-    ├── CheckpointError         (``checkpoint.py``) a checkpoint that cannot be written or resumed:
-    │                           CheckpointExists, CheckpointFileMissing, CheckpointDigestMismatch,
-    │                           CheckpointSchemaError, CheckpointIncompatible
-    └── MegatronUnavailable     (``megatron.py``) megatron-core is not importable; an ImportError
+    └── CheckpointError         (``checkpoint.py``) a checkpoint that cannot be written or resumed:
+                                CheckpointExists, CheckpointFileMissing, CheckpointDigestMismatch,
+                                CheckpointSchemaError, CheckpointIncompatible
 
 The errors defined here are also ``ValueError``: each one reports bad input, and nothing was
 trained or written. Each message states the rule, then the identifiers and got-versus-expected

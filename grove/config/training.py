@@ -173,8 +173,8 @@ class LossConfig(Section):
 
 
 class MegatronConfig(Section):
-    """``policy.megatron_cfg``: a Megatron-core learner, which ``grove train`` does not run
-    (``training/megatron.py`` packs rows for one a user runs)."""
+    """``policy.megatron_cfg``: a Megatron-core learner, which ``grove train`` does not run (its
+    GPTModel needs CUDA even for a forward pass; ``docs/train.md``, "Megatron")."""
 
     enabled: bool = False
     """Train with Megatron-core instead of Grove's torch trainer; refused when true."""
