@@ -10,8 +10,9 @@ recorded, nothing of it reaches the batch, and its text sibling trains.
 
 A rollout whose own record breaks the served model's rules (``bad``: call ``bad-1``, written by
 hand, shows A's 1 x 4 x 4 grid over a span of 3 image tokens) is masked alone beside a sibling
-that keeps them; unchecked, its rows would stop the trainer. Its decision records the rules it
-was made under, so ``grove replay --verify`` re-runs it alike.
+that keeps them; unchecked, its rows would stop the trainer. A ``grove project`` shard (on a
+PostgreSQL copy of the ledger) records the rules with its decision, so ``grove replay --verify``
+re-runs it alike.
 """
 
 from __future__ import annotations
@@ -34,16 +35,20 @@ from grove.capture.embedded_vlm import (
     vision_token_ids,
 )
 from grove.config import load_config
+from grove.ledger import migrate
+from grove.ledger.attempt import AttemptLog
 from grove.ledger.event_replay import CheckOutcome
-from grove.ledger.events import CallCommitted, CallIntended, ReplaySummary
+from grove.ledger.events import CallCommitted, CallIntended, LedgerPosition, ReplaySummary
+from grove.ledger.leases import Leases
+from grove.ledger.store import EventStore, ImportEvent
 from grove.services.project import projector_settings
-from grove.storage import CallDelta, chain_digest, describe_media, staging_key
+from grove.storage import BlobStore, CallDelta, chain_digest, describe_media, staging_key
 from grove.tools.replay import replay
 from grove.training.advantages import AdvantageConfig, compute_advantages, group_decisions
-from grove.training.finalization import decide, finalization_event
 from grove.training.media_checks import MEDIA_MASK_REASON, MediaRules, media_rules
 from grove.training.metrics import MASKED_ROLLOUTS, ROWS, step_metrics
 from grove.training.projector import Projector, ProjectorSettings, PublishedBatch
+from grove.training.projector_shards import ProjectorShard
 
 from .support import Gateway
 from .test_images import (
@@ -80,24 +85,27 @@ class Group:
         assert published is not None
         return published
 
-    def decide(self, capture_key: str, rules: MediaRules | None) -> None:
-        """Record ``capture_key``'s decision as a projector shard holding images to ``rules``
-        records it (``training/projector_shards.py``: decided, then its event with the rules)."""
-        service = self.gateway.service
-        state = self.gateway.state(capture_key)
-        decision = decide(
-            state, service.blobs, forest_training=True, max_row_tokens=None, media_rules=rules
+    def shard(self, database_url: str, rules: MediaRules | None) -> EventStore:
+        """The group's events copied into the PostgreSQL ledger at ``database_url`` and finalized
+        there by a ``grove project`` shard holding images to ``rules``; that ledger."""
+        migrate.upgrade(database_url)
+        store = EventStore.open(database_url)
+        events = self.gateway.service.log.store.read_after(LedgerPosition(position=0), 1000)
+        assert len(events.events) < 1000  # all of them
+        store.import_events(
+            ImportEvent(e.stream_id, e.stream_version, e.event_type, e.schema_version, e.payload)
+            for e in events.events
         )
-        opened = state.recorded_opening()
-        event = finalization_event(opened.rollout_id, decision.forest, media_rules=rules)
-        service.log.finalize(capture_key, event)
-
-    def verified(self, capture_key: str) -> CheckOutcome:
-        """What ``grove replay --verify`` says of ``capture_key``'s recorded decision."""
-        service = self.gateway.service
-        replayed = replay(service.log.store, capture_key, blobs=service.blobs)
-        (check,) = [c for c in replayed.checks if c.decision == "finalization"]
-        return check.outcome
+        settings = ProjectorSettings(rollouts_per_group=2, groups_per_step=1, media_rules=rules)
+        shard = ProjectorShard(
+            store, self.gateway.service.blobs, settings, Leases.open(store.engine, "media shard")
+        )
+        try:
+            store.wait_for_horizon()  # every copied event readable (docs/ledger.md)
+            assert shard.poll() == 2
+        finally:
+            shard.close()
+        return store
 
     def finalized(self, capture_key: str) -> tuple[bool, str | None]:
         """(trainable, masked reason) as ``rollout.finalized`` recorded them."""
@@ -273,15 +281,37 @@ def test_unchecked_the_broken_rollouts_rows_stop_the_trainer(broken: Group):
         logprobs_function()(model, batch, slice(0, batch.rows))
 
 
-def test_a_media_masked_decision_records_its_rules_and_replays_alike(broken: Group):
-    broken.decide("bad", SERVED)
-    recorded = broken.gateway.state("bad").recorded_finalization()
-    assert (recorded.trainable, recorded.masked_reason) == (False, "media_invalid")
-    assert (recorded.media_image_token_id, recorded.media_merge_size) == (IMAGE_ID, 2)
-    assert broken.verified("bad") == CheckOutcome.SAME
+def verified(store: EventStore, blobs: BlobStore, capture_key: str) -> CheckOutcome:
+    """What ``grove replay --verify`` says of ``capture_key``'s recorded decision."""
+    replayed = replay(store, capture_key, blobs=blobs)
+    (check,) = [c for c in replayed.checks if c.decision == "finalization"]
+    return check.outcome
 
 
-def test_a_decision_recorded_without_rules_replays_without_them(broken: Group):
-    broken.decide("bad", None)
-    assert broken.finalized("bad") == (True, None)
-    assert broken.verified("bad") == CheckOutcome.SAME
+@pytest.mark.postgres
+def test_a_shard_masks_the_broken_rollout_records_its_rules_and_replay_holds(
+    broken: Group, postgres_url: str
+):
+    store = broken.shard(postgres_url, SERVED)
+    try:
+        log, blobs = AttemptLog(store), broken.gateway.service.blobs
+        recorded = log.load("bad").recorded_finalization()
+        assert (recorded.trainable, recorded.masked_reason) == (False, "media_invalid")
+        assert (recorded.media_image_token_id, recorded.media_merge_size) == (IMAGE_ID, 2)
+        assert log.load("img").recorded_finalization().trainable
+        assert verified(store, blobs, "bad") == verified(store, blobs, "img") == CheckOutcome.SAME
+    finally:
+        store.close()
+
+
+@pytest.mark.postgres
+def test_a_shard_without_rules_records_none_and_replays_without_them(
+    broken: Group, postgres_url: str
+):
+    store = broken.shard(postgres_url, None)
+    try:
+        recorded = AttemptLog(store).load("bad").recorded_finalization()
+        assert (recorded.trainable, recorded.media_image_token_id) == (True, None)
+        assert verified(store, broken.gateway.service.blobs, "bad") == CheckOutcome.SAME
+    finally:
+        store.close()
