@@ -284,6 +284,7 @@ def test_unchecked_the_broken_rollouts_rows_stop_the_trainer(broken: Group):
 def verified(store: EventStore, blobs: BlobStore, capture_key: str) -> CheckOutcome:
     """What ``grove replay --verify`` says of ``capture_key``'s recorded decision."""
     replayed = replay(store, capture_key, blobs=blobs)
+    assert replayed.checks is not None  # with blobs, every decision is re-run
     (check,) = [c for c in replayed.checks if c.decision == "finalization"]
     return check.outcome
 
