@@ -10,7 +10,6 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from bench.support.decoders import causal_lm
 from grove.training.errors import BatchError
 from grove.training.row_sharding import SingleProcess
 from grove.training.sequence_packing import (
@@ -24,24 +23,13 @@ from grove.training.sequence_packing import (
 )
 from grove.training.trainer import StepBatch, StepReport, Trainer, row_logprobs
 from grove.training.tree_logprobs import tree_row_lengths
-from tests.unit.trainer.tiny_lm import VOCAB, sgd_trainer, tiny_causal_lm
+from tests.unit.trainer.tiny_lm import sgd_trainer, tiny_causal_lm, tiny_decoder
 from tests.unit.training.test_tree_logprobs import FAMILY, computed, family_batch
 
 
 def tiny_llama(*, seed: int) -> LlamaForCausalLM:
-    """Two Llama layers, hidden size 32, sdpa attention."""
-    model = causal_lm(
-        "llama",
-        seed=seed,
-        vocab_size=VOCAB,
-        hidden_size=32,
-        layers=2,
-        heads=4,
-        kv_heads=2,
-        context=64,
-        attn_implementation="sdpa",
-    )
-    return cast(LlamaForCausalLM, model)
+    """The tiny Llama (``tiny_decoder``), sdpa attention."""
+    return cast(LlamaForCausalLM, tiny_decoder("llama", seed=seed, attn_implementation="sdpa"))
 
 
 def test_first_fit_decreasing_puts_each_row_in_the_first_bin_with_room() -> None:

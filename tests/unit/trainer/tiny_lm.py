@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, Qwen2ForCausalLM
+from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedModel, Qwen2ForCausalLM
 
 from bench.support.decoders import causal_lm
 from grove.training.batch import LogicalRollout
@@ -17,22 +17,19 @@ from grove.training.trainer import StepBatch, Trainer
 VOCAB = 48
 
 
+def tiny_decoder(family: str, *, seed: int, **extra: Any) -> PreTrainedModel:
+    """A ``family`` causal LM (``bench.support.decoders.FAMILIES``) of ``VOCAB`` tokens: two
+    layers, hidden size 32, 4 attention heads over 2 key-value heads, 64 positions; ``extra``
+    are further config keys."""
+    shape = {"hidden_size": 32, "layers": 2, "heads": 4, "kv_heads": 2, "context": 64}
+    return causal_lm(family, seed=seed, vocab_size=VOCAB, **shape, **extra)
+
+
 def tiny_causal_lm(
     *, seed: int, dropout: float = 0.0, dtype: torch.dtype = torch.float32
 ) -> Qwen2ForCausalLM:
-    """Two layers, hidden size 32, tied embeddings; ``dropout`` on attention weights."""
-    model = causal_lm(
-        "qwen2",
-        seed=seed,
-        vocab_size=VOCAB,
-        hidden_size=32,
-        layers=2,
-        heads=4,
-        kv_heads=2,
-        context=64,
-        attention_dropout=dropout,
-        tie_word_embeddings=True,
-    )
+    """The tiny Qwen2 (``tiny_decoder``), tied embeddings; ``dropout`` on attention weights."""
+    model = tiny_decoder("qwen2", seed=seed, attention_dropout=dropout, tie_word_embeddings=True)
     return cast(Qwen2ForCausalLM, model.to(dtype))
 
 
