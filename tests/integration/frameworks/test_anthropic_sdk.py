@@ -14,15 +14,18 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import anthropic
 import pytest
 
+from grove.capture.engine import Generation, SamplingParams
 from grove.client import ATTEMPT_TOKEN_HEADER, CAPTURE_KEY_HEADER, GroveClient, anthropic_client
-from tests.integration.gateway.support import MODEL, Gateway
+from tests.integration.gateway.support import MODEL, Gateway, ScriptedEngine, engine, serve
 
 from .attempts import Link, Played, chain, finish, open_attempt
+from .conftest import CONTEXT
 from .weather import SCRIPT, USER, WEATHER_IN
 
 pytestmark = pytest.mark.xdist_group("frameworks-anthropic")
@@ -366,3 +369,39 @@ def test_the_anthropic_client_of_a_bound_openai_client_shares_its_attempt(
         with attempt.openai() as handed, anthropic_client(handed) as client:
             answer = client.messages.create(model=MODEL, max_tokens=8, messages=[USER])
         assert [c["response_id"] for c in attempt.status()["calls"]] == [answer.id]
+
+
+class StoppingEngine(ScriptedEngine):
+    """The scripted engine, ending each answer at its first stop token as a real engine does."""
+
+    def generate(self, prompt_token_ids: Sequence[int], sampling: SamplingParams) -> Generation:
+        scripted = super().generate(prompt_token_ids, sampling)
+        stops = set(sampling.stop_token_ids)
+        ends = [n + 1 for n, token in enumerate(scripted.token_ids) if token in stops]
+        if not ends:
+            return scripted
+        return Generation(scripted.token_ids[: ends[0]], scripted.logprobs[: ends[0]], "stop")
+
+
+@pytest.fixture(scope="module")
+def stopping(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """A gateway whose scripted engine stops at the call's stop sequences."""
+    root = tmp_path_factory.mktemp("stopping")
+    with serve(
+        f"sqlite:///{root / 'ledger.db'}",
+        str(root / "blobs"),
+        StoppingEngine(engine()),
+        max_context=CONTEXT,
+    ) as running:
+        yield running
+
+
+def test_an_answer_ended_by_a_stop_sequence_names_it(stopping: Gateway) -> None:
+    key = open_attempt(stopping, "anthropic-stop-sequence")
+    stopping.engine.say("It is warmer in Rome. Paris is cooler.")
+    answer = bound(stopping, key).messages.create(
+        model=MODEL, max_tokens=32, messages=[USER], stop_sequences=["."]
+    )
+    assert (answer.stop_reason, answer.stop_sequence) == ("stop_sequence", ".")
+    assert [block.type for block in answer.content] == ["text"]
+    assert answer.content[0].text == "It is warmer in Rome"  # type: ignore[union-attr]
