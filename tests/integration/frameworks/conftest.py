@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
+from grove.capture.engine import Engine
 from tests.integration.gateway.support import Gateway, ScriptedEngine, engine, serve
 
 for name, value in {
@@ -34,15 +37,18 @@ CONTEXT = 2048
 schemas and instructions into every prompt."""
 
 
+@contextmanager
+def served(root: Path, serving: Engine) -> Iterator[Gateway]:
+    """A gateway on SQLite and local blobs under ``root``, with ``serving`` as its engine."""
+    with serve(
+        f"sqlite:///{root / 'ledger.db'}", str(root / "blobs"), serving, max_context=CONTEXT
+    ) as running:
+        yield running
+
+
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     """A scripted gateway on SQLite and local blobs, shared by one module's tests (each test plays
     its own attempt)."""
-    root = tmp_path_factory.mktemp("gateway")
-    with serve(
-        f"sqlite:///{root / 'ledger.db'}",
-        str(root / "blobs"),
-        ScriptedEngine(engine()),
-        max_context=CONTEXT,
-    ) as running:
+    with served(tmp_path_factory.mktemp("gateway"), ScriptedEngine(engine())) as running:
         yield running

@@ -22,10 +22,10 @@ import pytest
 
 from grove.capture.engine import Generation, SamplingParams
 from grove.client import ATTEMPT_TOKEN_HEADER, CAPTURE_KEY_HEADER, GroveClient, anthropic_client
-from tests.integration.gateway.support import MODEL, Gateway, ScriptedEngine, engine, serve
+from tests.integration.gateway.support import MODEL, Gateway, ScriptedEngine, engine
 
 from .attempts import Link, Played, chain, finish, open_attempt
-from .conftest import CONTEXT
+from .conftest import served
 from .weather import SCRIPT, USER, WEATHER_IN
 
 pytestmark = pytest.mark.xdist_group("frameworks-anthropic")
@@ -386,13 +386,7 @@ class StoppingEngine(ScriptedEngine):
 @pytest.fixture(scope="module")
 def stopping(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     """A gateway whose scripted engine stops at the call's stop sequences."""
-    root = tmp_path_factory.mktemp("stopping")
-    with serve(
-        f"sqlite:///{root / 'ledger.db'}",
-        str(root / "blobs"),
-        StoppingEngine(engine()),
-        max_context=CONTEXT,
-    ) as running:
+    with served(tmp_path_factory.mktemp("stopping"), StoppingEngine(engine())) as running:
         yield running
 
 
