@@ -4,8 +4,8 @@ like the demo, through ``POST /v1/messages``, and ``grove replay --verify`` hold
 The shipped configuration runs with a few keys overridden so that two steps take well under a
 minute and a half on two cores: no warm start (the demo's test fits it; a random model answers
 with noise, which the agent still returns, is scored on and compacts after), two prompt groups of
-two rollouts, and compaction from 150 tokens of context, which the random model's first context
-always passes, so every rollout compacts once and starts a new root.
+two rollouts, and compaction after every question but the last (``compact_at_tokens: 1``), so
+every rollout (two questions) compacts once and starts a new root whatever the model writes.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def fast_config(directory: Path) -> Path:
     config = yaml.safe_load((EXAMPLES / "anthropic.yaml").read_text())
     config["model"]["warm_start"] = False
     config["data"]["path"] = str((EXAMPLES / config["data"]["path"]).resolve())
-    config["harness"]["options"]["compact_at_tokens"] = 150
+    config["harness"]["options"]["compact_at_tokens"] = 1
     config["grpo"].update(num_prompts_per_step=GROUPS, num_generations_per_prompt=ROLLOUTS)
     config["policy"].update(
         train_global_batch_size=GROUPS * ROLLOUTS,
