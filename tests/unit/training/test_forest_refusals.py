@@ -55,7 +55,10 @@ RECORD = {
             "token: got 2 logprobs for 1 generated tokens",
         ),
         (
-            {"generated_tokens": [2, 3, 4, 5], "logprobs": [math.nan, -0.1, math.inf, math.nan]},
+            {
+                "generated_tokens": [2, 3, 4, 5, 6],
+                "logprobs": [math.nan, -0.1, math.inf, math.nan, math.inf],
+            },
             "Forest rule 'nan_logprob' violated by call 'a': generation logprobs must not be NaN "
             "or +inf, got [nan, inf, nan]",
         ),
@@ -67,7 +70,7 @@ RECORD = {
         "parent_not_str",
         "status",
         "length",
-        "nan_and_inf",
+        "first_three_of_four_bad_values",
     ],
 )
 def test_a_malformed_record_is_refused_naming_the_call_and_what_is_wrong(
