@@ -113,7 +113,7 @@ def whole_messages(
     returned it (the Message's ``id`` names the call)."""
     messages = iter(answers)
     return [
-        next(messages).model_dump(exclude_none=True) if turn["role"] == "assistant" else turn
+        next(messages).model_dump(mode="json") if turn["role"] == "assistant" else turn
         for turn in history
     ]
 
