@@ -9,7 +9,8 @@ Usage: ``python -m bench.learner [--quick] [--json] [--smoke]``
   float32, CPU), ``model(ids).logits``, float32 log-softmax, the same clipped policy-gradient
   loss divided by the step's tokens, ``clip_grad_norm_`` and one ``torch.optim.AdamW`` step. The
   two sides alternate, the first round of each warms up and is not counted, and torch runs on one
-  thread. Aim: >= 0.9.
+  thread. Times are the process's CPU time, which other processes on a shared machine inflate far
+  less than wall time. Aim: >= 0.9.
 - ``packed_over_padded``: tokens/s with ``policy.sequence_packing.enabled`` over padded micro
   batches of 4 rows, on 8 rows whose lengths vary 8x, bins of at most the longest row
   (``train_mb_tokens = max_total_sequence_length``). Aim: >= 1.5.
@@ -110,16 +111,16 @@ class PlainLoop:
 def alternating_step_s(
     sides: dict[str, Callable[[StepBatch], object]], batch: StepBatch, rounds: int
 ) -> dict[str, float]:
-    """Median step time of each side over ``rounds`` rounds that alternate the sides' order; the
-    first round warms up and is not counted."""
+    """Median step time of each side, in this process's CPU time, over ``rounds`` rounds that
+    alternate the sides' order; the first round warms up and is not counted."""
     times: dict[str, list[float]] = {name: [] for name in sides}
     order = list(sides.items())
     for index in range(rounds + 1):
         for name, step in order if index % 2 else order[::-1]:
-            start = time.perf_counter()
+            start = time.process_time()
             step(batch)
             if index:
-                times[name].append(time.perf_counter() - start)
+                times[name].append(time.process_time() - start)
     return {name: statistics.median(values) for name, values in times.items()}
 
 
