@@ -47,6 +47,7 @@ __all__ = [
     "MASKED_ROLLOUTS",
     "MASKED_ROWS",
     "MAX_GEN_TOKENS_PER_TURN",
+    "MEDIA_INVALID_ROLLOUTS",
     "NUM_MASK_SAMPLE_FILTERED",
     "OPTIMIZER_STEPS",
     "PADDING_ROWS",
@@ -66,6 +67,8 @@ MAX_GEN_TOKENS_PER_TURN: Final = "max_gen_tokens_per_turn"
 TOTAL_TOKENS_PER_SAMPLE: Final = "total_tokens_per_sample"
 SELECTION_NOT_CLOSED_ROLLOUTS: Final = "finalize/selection_not_closed_rollouts"
 MASKED_ROLLOUTS: Final = "finalize/masked_rollouts"
+MEDIA_INVALID_ROLLOUTS: Final = "finalize/media_invalid_rollouts"
+"""Rollouts masked because an image broke the trained model's media rules (``media_invalid``)."""
 DROPPED_PROMPT_GROUPS: Final = "dropped_prompt_groups"
 _DROPPED_BY_REASON: Final = "dropped_prompt_groups/{reason}"
 NUM_MASK_SAMPLE_FILTERED: Final = "num_mask_sample_filtered"
@@ -149,6 +152,9 @@ def step_metrics(
             sum(o.masked_reason == MaskReason.SELECTION_NOT_CLOSED for o in outcomes)
         ),
         MASKED_ROLLOUTS: float(sum(o.masked_reason is not None for o in outcomes)),
+        MEDIA_INVALID_ROLLOUTS: float(
+            sum(o.masked_reason == MaskReason.MEDIA_INVALID for o in outcomes)
+        ),
         DROPPED_PROMPT_GROUPS: float(sum(not decision.kept for decision in decisions)),
         **by_reason,
         NUM_MASK_SAMPLE_FILTERED: float(

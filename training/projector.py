@@ -348,6 +348,7 @@ class Projector:
             forest,
             forest_training=self.settings.forest_training,
             max_row_tokens=self.settings.max_row_tokens,
+            media_rules=self.settings.media_rules,
         )
         self.log.finalize(state.capture_key, event)
 

@@ -38,6 +38,7 @@ from grove.storage import BlobStore
 from grove.tools.lineage import AttemptLineage, CallLineage, attempt_events, attempt_lineages
 from grove.tools.tree_view import tree_section
 from grove.training.errors import TrainingError
+from grove.training.finalization import recorded_media_rules
 from grove.training.forest import Forest, ForestRow
 from grove.training.projector import finalization_forest
 from grove.training.rows import MediaItem
@@ -450,8 +451,9 @@ def _decision_settings(finalized: list[StoredEvent], opened: AttemptOpened) -> d
         return {
             "forest_training": decision.forest_training,
             "max_row_tokens": decision.max_row_tokens,
+            "media_rules": recorded_media_rules(decision),
         }
-    return {"forest_training": opened.forest_mode, "max_row_tokens": None}
+    return {"forest_training": opened.forest_mode, "max_row_tokens": None, "media_rules": None}
 
 
 def write_attempt_page(store: EventStore, blobs: BlobStore, key: str, path: Path) -> AttemptPage:

@@ -49,6 +49,7 @@ from grove.training.data_parallel import ShardedRanks
 from grove.training.errors import BatchError
 from grove.training.fsdp import UnshardedCopy, shard_model
 from grove.training.loss import ClipRange, RowSequenceErrors, row_sequence_errors
+from grove.training.media_checks import media_rules
 from grove.training.media_logprobs import MediaLogprobs
 from grove.training.metrics import length_metrics, rollout_lengths, step_metrics
 from grove.training.placement import Placement, resolve_device
@@ -256,6 +257,9 @@ class TrainingRun:
                 max_row_tokens=policy.max_total_sequence_length,
                 min_valid_fraction=config.token_capture.min_valid_fraction_per_group,
                 max_policy_lag=config.async_rl.max_policy_lag,
+                media_rules=media_rules(model.config)
+                if config.model.architecture == "vlm"
+                else None,
             ),
         )
         self.trainer = build_trainer(config, model, ranks=ranks)

@@ -46,7 +46,7 @@ from grove.storage import BlobStore, CallDelta, chain_digest, describe_media, st
 from grove.tools.replay import replay
 from grove.training.advantages import AdvantageConfig, compute_advantages, group_decisions
 from grove.training.media_checks import MEDIA_MASK_REASON, MediaRules, media_rules
-from grove.training.metrics import MASKED_ROLLOUTS, ROWS, step_metrics
+from grove.training.metrics import MASKED_ROLLOUTS, MEDIA_INVALID_ROLLOUTS, ROWS, step_metrics
 from grove.training.projector import Projector, ProjectorSettings, PublishedBatch
 from grove.training.projector_shards import ProjectorShard
 
@@ -245,7 +245,11 @@ def test_images_that_break_the_models_rules_mask_only_their_rollout(
         advantages=compute_advantages(outcomes, AdvantageConfig()),
         batch=published.batch,
     )
-    assert (metrics[MASKED_ROLLOUTS], metrics[ROWS]) == (1.0, 1.0)
+    assert (metrics[MASKED_ROLLOUTS], metrics[MEDIA_INVALID_ROLLOUTS], metrics[ROWS]) == (
+        1.0,
+        1.0,
+        1.0,
+    )
 
 
 def test_a_projector_rebuilt_from_the_ledger_keeps_the_media_mask(group: Group):

@@ -21,6 +21,7 @@ from grove.training.metrics import (
     MASKED_ROLLOUTS,
     MASKED_ROWS,
     MAX_GEN_TOKENS_PER_TURN,
+    MEDIA_INVALID_ROLLOUTS,
     NUM_MASK_SAMPLE_FILTERED,
     OPTIMIZER_STEPS,
     PADDING_ROWS,
@@ -114,6 +115,7 @@ def test_step_metrics_count_logical_rollouts_rows_and_decisions() -> None:
     assert metrics == {
         SELECTION_NOT_CLOSED_ROLLOUTS: 2.0,
         MASKED_ROLLOUTS: 2.0,
+        MEDIA_INVALID_ROLLOUTS: 0.0,
         DROPPED_PROMPT_GROUPS: 1.0,
         "dropped_prompt_groups/no_valid_layout": 1.0,  # the same group, by its reason
         NUM_MASK_SAMPLE_FILTERED: 1.0,
