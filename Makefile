@@ -14,8 +14,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
+# The demo trains, writes its run's report, and ends with the reward curve and the report's path.
+DEMO_REPORT := .grove/demo-report.html
 demo: $(STAMP)
 	$(BIN)/grove demo
+	$(BIN)/grove report latest --html $(DEMO_REPORT)
+	$(BIN)/python -m grove.demo.curve $(DEMO_REPORT)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)

@@ -12,8 +12,13 @@ context of a *lookup agent*, the agent ``grove/demo/tool_agent.py`` plays:
    </tool_call>``.
 3. The tool answers the colour; the assistant answers ``The ITEM is COLOUR.``
 4. One to three such rounds; then, in some conversations, the user asks ``Summarize your
-   notes.`` and the assistant writes ``ITEM is COLOUR; ...`` for every fact of the context (its
+   notes.`` and the assistant writes ``The ITEM is COLOUR.`` for every fact of the context (its
    notes first, then its rounds), which the agent keeps when it compacts.
+
+A habit can be mixed in, so that the fitted agent is right only part of the time and GRPO has
+something to improve (``CorpusSpec.noted_give_up_fraction``, 0 by default;
+``grove/demo/warm_start.py`` ``WARM_START_CORPUS`` sets it): in a context restarted from notes,
+the assistant may answer ``I do not know.`` instead of looking the item up.
 
 Items and colours are drawn afresh for each conversation, so the only way to answer is to copy
 the item from the question and the colour from the tool's result. The conversations are rendered
@@ -37,6 +42,7 @@ from grove.capture.render import Renderer, RenderOptions, normalize_messages
 
 __all__ = [
     "COLOURS",
+    "GIVE_UP",
     "ITEMS",
     "LOOKUP_TOOL",
     "SUMMARY_REQUEST",
@@ -76,6 +82,9 @@ LOOKUP_TOOL: Final[Mapping[str, Any]] = {
 
 SUMMARY_REQUEST: Final = "Summarize your notes."
 """The user message that asks the assistant for a summary before a compaction."""
+
+GIVE_UP: Final = "I do not know."
+"""The answer of an assistant that does not look the item up."""
 
 _MODEL: Final = "warm-start"  # the render options' model name; it renders nothing
 
@@ -141,6 +150,10 @@ class CorpusSpec:
     summary_fraction: float = 0.5
     """Share of conversations that end with a summary request and its summary."""
 
+    noted_give_up_fraction: float = 0.0
+    """Share of the rounds of a context started from notes in which the assistant answers
+    ``GIVE_UP`` at once instead of looking the item up."""
+
 
 @dataclass(frozen=True)
 class TrainingExample:
@@ -167,20 +180,25 @@ def _conversation(draw: random.Random, spec: CorpusSpec) -> list[dict[str, Any]]
     facts = [(item, draw.choice(COLOURS)) for item in items]
     notes, asked = (facts[rounds:], facts[:rounds]) if noted else ([], facts)
     messages: list[dict[str, Any]] = []
+    answered = []  # the facts the assistant looked up and answered
     for index, (item, colour) in enumerate(asked):
         first = index == 0 and notes
         text = notes_prompt(summary(notes), item) if first else question(item)
+        messages.append({"role": "user", "content": text})
+        if noted and draw.random() < spec.noted_give_up_fraction:
+            messages.append({"role": "assistant", "content": GIVE_UP})
+            continue
         call_id = f"call_{index}"
         messages += [
-            {"role": "user", "content": text},
             lookup_call(item, call_id),
             {"role": "tool", "tool_call_id": call_id, "content": lookup_result(item, colour)},
             {"role": "assistant", "content": answer(item, colour)},
         ]
+        answered.append((item, colour))
     if draw.random() < spec.summary_fraction:
         messages += [
             {"role": "user", "content": SUMMARY_REQUEST},
-            {"role": "assistant", "content": summary([*notes, *asked])},
+            {"role": "assistant", "content": summary([*notes, *answered])},
         ]
     return messages
 

@@ -20,7 +20,9 @@ The reward is verifiable from the task alone: the mean, over the agent's checks,
 question whose item the model looked up, 1 for each answer that names the item's colour, and for
 each summary the share of its context's facts (``ITEM is COLOUR``) it keeps. The warm-started
 embedded model (``model.warm_start``, fitted on conversations of this very agent by
-``grove/demo/agent_corpus.py``) earns most of it from the first step; GRPO does the rest.
+``grove/demo/agent_corpus.py``) looks up and answers in a fresh context from the first step, but
+after a compaction it mostly answers ``I do not know.`` without the tool, and it often writes
+summaries that keep nothing; GRPO teaches it to look up and to keep its notes.
 """
 
 from __future__ import annotations
@@ -176,13 +178,14 @@ def play(
     max_tokens: int = 48,
     compact_at_tokens: int = 200,
     max_lookups: int = 2,
+    max_compactions: int | None = None,
     reject_fraction: float = 0.15,
     max_response_retries: int = 1,
 ) -> dict[str, Any]:
     """One rollout of ``task``: each question looked up and answered, compacting when the context
-    passes ``compact_at_tokens``; returns the harness result (``output``: the accepted history,
-    ``reward``). Rejections derive from ``seed``, so the same seed under the same weights replays
-    the same rollout."""
+    passes ``compact_at_tokens`` (at most ``max_compactions`` times; None: no limit); returns the
+    harness result (``output``: the accepted history, ``reward``). Rejections derive from
+    ``seed``, so the same seed under the same weights replays the same rollout."""
     rollout = _Rollout(
         client,
         client.models.list().data[0].id,
@@ -197,11 +200,14 @@ def play(
     table: dict[str, str] = dict(task["facts"])
     questions: list[str] = list(task["questions"])
     notes: str | None = None
+    compactions = 0
     for index, item in enumerate(questions):
         rollout.ask(item, notes, table)
         notes = None
-        if index + 1 < len(questions) and rollout.total_tokens >= compact_at_tokens:
+        room = max_compactions is None or compactions < max_compactions
+        if room and index + 1 < len(questions) and rollout.total_tokens >= compact_at_tokens:
             notes = rollout.compact()
+            compactions += 1
             rollout.facts = _noted(notes, rollout.facts)
     reward = sum(rollout.scores) / len(rollout.scores)
     return {"output": rollout.history, "reward": reward}

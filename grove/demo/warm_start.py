@@ -3,8 +3,8 @@
 The embedded model's weights are random, so an agent that offers it a tool gets noise, never a
 tool call, and GRPO has nothing to reinforce. The warm start fits it first, on the synthetic
 conversations of ``grove/demo/agent_corpus.py`` (reasoning, a ``lookup`` tool call, its result,
-the answer, sometimes a summary), so a tool-using agent works from step 0 (``docs/train.md``,
-"The warm start").
+the answer, sometimes a summary; ``WARM_START_CORPUS``), so a tool-using agent works from step 0
+(``docs/train.md``, "The warm start"), yet only part of the time, which leaves GRPO room.
 
 The fit is ordinary supervised fine-tuning, made deterministic and small:
 
@@ -55,6 +55,7 @@ from grove.errors import JobError
 
 __all__ = [
     "CACHE_DIRECTORY",
+    "WARM_START_CORPUS",
     "FitSettings",
     "WarmStart",
     "WarmStartError",
@@ -65,6 +66,11 @@ __all__ = [
 
 CACHE_DIRECTORY: Final = "warm_start"
 """The directory under the workdir that holds the cached fits, one subdirectory per key."""
+
+WARM_START_CORPUS: Final = CorpusSpec(noted_give_up_fraction=0.85)
+"""The corpus ``model.warm_start`` fits on: a lookup agent that uses its tool and answers from
+it in a fresh context, but in a context restarted from notes mostly answers ``I do not know.``
+without the tool, so that GRPO has behaviour to improve."""
 
 _WEIGHTS: Final = "model.safetensors"
 _MANIFEST: Final = "manifest.json"
@@ -87,7 +93,7 @@ class WarmStartError(JobError):
 class FitSettings:
     """How the warm start fits; every field is part of the cache key."""
 
-    steps: int = 480
+    steps: int = 640
     """Optimizer steps."""
 
     batch_size: int = 4
@@ -298,7 +304,7 @@ def warm_start(
     """Give ``model`` (the embedded model built from ``base_seed``, float32) its warm-started
     weights: loaded from ``cache_root/warm_start/KEY`` when a verified entry is there, fitted and
     cached otherwise. ``model`` is left in eval mode."""
-    corpus = corpus or CorpusSpec()
+    corpus = corpus or WARM_START_CORPUS
     settings = settings or FitSettings()
     key = warm_start_key(model, tokenizer, base_seed=base_seed, corpus=corpus, settings=settings)
     root = Path(cache_root) / CACHE_DIRECTORY
