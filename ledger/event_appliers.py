@@ -12,18 +12,21 @@ step of its trainable rollouts. The applier answers whether the rows allowed the
 means nothing changed, and the inline fold (``ledger/inline_fold.py``) then records the
 contradiction in the fold's own words.
 
-The statements run on every call of the capture path, so those of intents and commits are built
-once per dialect, with bound parameters, rather than per event.
+Every statement is built once (per dialect where the dialect's ``insert`` differs), with bound
+parameters, and executed with each event's values: building a statement and its cache key costs
+more CPU than running it (``docs/benchmarks.md``, "ledger appends").
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Connection,
+    Float,
     Integer,
     String,
     Table,
@@ -38,7 +41,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import insert as postgres_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.sql.dml import Insert, Update
-from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.elements import BindParameter
 
 from grove.ledger.errors import InvalidEventPayload
 from grove.ledger.events import (
@@ -99,70 +102,88 @@ def dialect_insert(conn: Connection) -> DialectInsert:
     return postgres_insert if conn.dialect.name == "postgresql" else sqlite_insert
 
 
-def _inserted(conn: Connection, statement: Insert) -> bool:
-    """Whether an ``INSERT … ON CONFLICT DO NOTHING`` wrote its row (PostgreSQL's driver gives
-    no row count for it, so the row is returned)."""
-    table = statement.table
-    return conn.execute(statement.returning(*table.primary_key)).first() is not None
-
-
 # -- attempts ------------------------------------------------------------------------------------
 
 
-def _opened(conn: Connection, item: Folded, event: AttemptOpened) -> bool:
-    statement = (
-        dialect_insert(conn)(PROJ_ATTEMPTS)
+_OPEN_COLUMNS = (
+    "rollout_id",
+    "prompt_group",
+    "rollout_index",
+    "policy_version",
+    "forest_mode",
+    "selection_policy",
+)
+
+
+def _open_statement(dialect_insert: DialectInsert) -> Insert:
+    values = {
+        name: bindparam(f"p_{name}", type_=PROJ_ATTEMPTS.c[name].type) for name in _OPEN_COLUMNS
+    }
+    return (
+        dialect_insert(PROJ_ATTEMPTS)
         .values(
-            capture_key=item.stream_id,
-            rollout_id=event.rollout_id,
-            prompt_group=event.prompt_group,
-            rollout_index=event.rollout_index,
-            policy_version=event.policy_version,
-            forest_mode=event.forest_mode,
-            selection_policy=event.selection_policy,
+            capture_key=bindparam("p_key", type_=String),
+            **values,
             admissions_closed=False,
             settled=False,
             settle_timed_out=False,
             cleaned=False,
-            opened_position=item.position,
+            opened_position=bindparam("p_position", type_=BigInteger),
         )
         .on_conflict_do_nothing()
+        .returning(*PROJ_ATTEMPTS.primary_key)
     )
-    return _inserted(conn, statement)
 
 
-def _attempt_update(values: Callable[[Event], dict[str, object]]) -> Applier:
-    def apply(conn: Connection, item: Folded) -> bool:
-        statement = (
-            update(PROJ_ATTEMPTS)
-            .where(PROJ_ATTEMPTS.c.capture_key == item.stream_id)
-            .values(**values(item.event))
-        )
-        return conn.execute(statement).rowcount == 1
+_OPEN = {
+    "postgresql": _open_statement(postgres_insert),
+    "sqlite": _open_statement(sqlite_insert),
+}
 
-    return apply
+
+def _open_parameters(item: Folded) -> dict[str, object]:
+    """The opening statement's parameters for the ``attempt.opened`` of ``item``."""
+    parameters = {f"p_{name}": getattr(item.event, name) for name in _OPEN_COLUMNS}
+    parameters.update(p_key=item.stream_id, p_position=item.position)
+    return parameters
+
+
+def _opened(conn: Connection, item: Folded, event: AttemptOpened) -> bool:
+    return conn.execute(_OPEN[conn.dialect.name], _open_parameters(item)).first() is not None
+
+
+def _attempt_update(**values: object) -> Update:
+    """The update of attempt ``:p_key``'s row to ``values``."""
+    return (
+        update(PROJ_ATTEMPTS)
+        .where(PROJ_ATTEMPTS.c.capture_key == bindparam("p_key", type_=String))
+        .values(**values)
+    )
+
+
+_CLOSE = _attempt_update(admissions_closed=True)
+_SETTLE = _attempt_update(
+    settled=True, admissions_closed=True, settle_timed_out=bindparam("p_timed_out", type_=Boolean)
+)
+_CLEAN = _attempt_update(cleaned=True)
+
+
+def _closed(conn: Connection, item: Folded) -> bool:
+    return conn.execute(_CLOSE, {"p_key": item.stream_id}).rowcount == 1
 
 
 def _settled(conn: Connection, item: Folded, event: AttemptSettled) -> bool:
-    values: dict[str, object] = {
-        "settled": True,
-        "admissions_closed": True,
-        "settle_timed_out": event.timed_out,
-    }
-    return _attempt_update(lambda _: values)(conn, item)
+    parameters = {"p_key": item.stream_id, "p_timed_out": event.timed_out}
+    return conn.execute(_SETTLE, parameters).rowcount == 1
 
 
 def _cleaned(conn: Connection, item: Folded) -> bool:
     # Keys of an attempt never opened may be cleaned too: nothing to show, nothing contradicted.
-    _attempt_update(lambda _: {"cleaned": True})(conn, item)
+    conn.execute(_CLEAN, {"p_key": item.stream_id})
     return True
 
 
 # -- calls ---------------------------------------------------------------------------------------
-
-
-def _call_key(item: Folded, call_id: str) -> ColumnElement[bool]:
-    return (PROJ_CALLS.c.capture_key == item.stream_id) & (PROJ_CALLS.c.call_id == call_id)
 
 
 _INTENT_COLUMNS = (
@@ -228,7 +249,7 @@ _COMMIT_COLUMNS = (
 def _commit_statement() -> Update:
     settled = (
         select(PROJ_ATTEMPTS.c.settled)
-        .where(PROJ_ATTEMPTS.c.capture_key == bindparam("p_key"))
+        .where(PROJ_ATTEMPTS.c.capture_key == bindparam("p_key", type_=String))
         .scalar_subquery()
     )
     # The generation's policy version replaces the one intended; a commit that does not say
@@ -272,104 +293,170 @@ def _committed(conn: Connection, item: Folded, event: CallCommitted) -> bool:
     return conn.execute(_COMMIT, parameters).rowcount == 1
 
 
-def _failed(conn: Connection, item: Folded, event: CallFailed) -> bool:
+def _fail_statement() -> Update:
     # A failure recorded after a commit (the request ended after the blob was acknowledged, say)
     # keeps the call committed; the reason is still shown.
     pending = PROJ_CALLS.c.status == "pending"
-    statement = (
+    position = bindparam("p_position", type_=BigInteger)
+    return (
         update(PROJ_CALLS)
-        .where(_call_key(item, event.call_id), PROJ_CALLS.c.failure_reason.is_(None))
+        .where(
+            PROJ_CALLS.c.capture_key == bindparam("p_key", type_=String),
+            PROJ_CALLS.c.call_id == bindparam("p_call_id", type_=String),
+            PROJ_CALLS.c.failure_reason.is_(None),
+        )
         .values(
-            failure_reason=event.reason,
-            failure_detail=event.detail,
+            failure_reason=bindparam("p_reason", type_=String),
+            failure_detail=bindparam("p_detail", type_=String),
             status=case((pending, "failed"), else_=PROJ_CALLS.c.status),
-            resolved_position=case((pending, item.position), else_=PROJ_CALLS.c.resolved_position),
+            resolved_position=case((pending, position), else_=PROJ_CALLS.c.resolved_position),
         )
     )
-    return conn.execute(statement).rowcount == 1
+
+
+_FAIL = _fail_statement()
+
+
+def _failed(conn: Connection, item: Folded, event: CallFailed) -> bool:
+    parameters = {
+        "p_key": item.stream_id,
+        "p_call_id": event.call_id,
+        "p_reason": event.reason,
+        "p_detail": event.detail,
+        "p_position": item.position,
+    }
+    return conn.execute(_FAIL, parameters).rowcount == 1
 
 
 # -- rollouts ------------------------------------------------------------------------------------
 
 
-def _selected(conn: Connection, item: Folded, event: RolloutSelected) -> bool:
+_SELECTION_VALUES = {
+    "policy": String,
+    "reward": Float,
+    "terminal_response_id": String,
+    "selected_calls": Integer,
+    "status": String,
+    "selected_position": BigInteger,
+}
+
+
+def _select_statement(dialect_insert: DialectInsert) -> Insert:
+    # Only when every call it names is intended: as many intended calls among ``:p_calls`` as
+    # it names distinct ones (none named, none counted).
+    intended = (
+        select(func.count())
+        .select_from(PROJ_CALLS)
+        .where(
+            PROJ_CALLS.c.capture_key == bindparam("p_key", type_=String),
+            PROJ_CALLS.c.call_id.in_(bindparam("p_calls", expanding=True, type_=String)),
+        )
+        .scalar_subquery()
+    )
+    values: list[BindParameter[Any]] = [
+        bindparam(f"p_{name}", type_=kind) for name, kind in _SELECTION_VALUES.items()
+    ]
     source = select(
         PROJ_ATTEMPTS.c.capture_key,
         PROJ_ATTEMPTS.c.rollout_id,
         PROJ_ATTEMPTS.c.prompt_group,
-        literal(event.policy),
-        literal(event.reward),
-        literal(event.terminal_response_id),
-        literal(len(event.call_ids)),
-        literal("selected"),
-        literal(item.position),
-    ).where(PROJ_ATTEMPTS.c.capture_key == item.stream_id)
-    wanted = set(event.call_ids)
-    if wanted:  # every call it names is intended
-        intended = (
-            select(func.count())
-            .select_from(PROJ_CALLS)
-            .where(PROJ_CALLS.c.capture_key == item.stream_id, PROJ_CALLS.c.call_id.in_(wanted))
-            .scalar_subquery()
-        )
-        source = source.where(intended == len(wanted))
-    columns = [
-        "capture_key",
-        "rollout_id",
-        "prompt_group",
-        "policy",
-        "reward",
-        "terminal_response_id",
-        "selected_calls",
-        "status",
-        "selected_position",
-    ]
-    statement = (
-        dialect_insert(conn)(PROJ_ROLLOUTS).from_select(columns, source).on_conflict_do_nothing()
+        *values,
+    ).where(
+        PROJ_ATTEMPTS.c.capture_key == bindparam("p_key", type_=String),
+        intended == bindparam("p_distinct", type_=Integer),
     )
-    if not _inserted(conn, statement):
+    columns = ["capture_key", "rollout_id", "prompt_group", *_SELECTION_VALUES]
+    return (
+        dialect_insert(PROJ_ROLLOUTS)
+        .from_select(columns, source)
+        .on_conflict_do_nothing()
+        .returning(*PROJ_ROLLOUTS.primary_key)
+    )
+
+
+_SELECT = {
+    "postgresql": _select_statement(postgres_insert),
+    "sqlite": _select_statement(sqlite_insert),
+}
+
+# One row per call named, executed as one batch; a call named twice keeps its last index.
+_INDEX = (
+    update(PROJ_CALLS)
+    .where(
+        PROJ_CALLS.c.capture_key == bindparam("p_key", type_=String),
+        PROJ_CALLS.c.call_id == bindparam("p_call_id", type_=String),
+    )
+    .values(selection_index=bindparam("p_index", type_=Integer))
+)
+
+
+def _selected(conn: Connection, item: Folded, event: RolloutSelected) -> bool:
+    wanted = set(event.call_ids)
+    parameters = {
+        "p_key": item.stream_id,
+        "p_calls": sorted(wanted),
+        "p_distinct": len(wanted),
+        "p_policy": event.policy,
+        "p_reward": event.reward,
+        "p_terminal_response_id": event.terminal_response_id,
+        "p_selected_calls": len(event.call_ids),
+        "p_status": "selected",
+        "p_selected_position": item.position,
+    }
+    if conn.execute(_SELECT[conn.dialect.name], parameters).first() is None:
         return False
     indexes = {call_id: index for index, call_id in enumerate(event.call_ids)}
     if indexes:
-        conn.execute(
-            update(PROJ_CALLS)
-            .where(
-                PROJ_CALLS.c.capture_key == item.stream_id,
-                PROJ_CALLS.c.call_id.in_(list(indexes)),
-            )
-            .values(selection_index=case(indexes, value=PROJ_CALLS.c.call_id))
-        )
+        rows = [
+            {"p_key": item.stream_id, "p_call_id": call_id, "p_index": index}
+            for call_id, index in indexes.items()
+        ]
+        conn.execute(_INDEX, rows)
     return True
 
 
-def _finalized(conn: Connection, item: Folded, event: RolloutFinalized) -> bool:
-    statement = (
-        update(PROJ_ROLLOUTS)
-        .where(PROJ_ROLLOUTS.c.capture_key == item.stream_id, PROJ_ROLLOUTS.c.status == "selected")
-        .values(
-            status="trainable" if event.trainable else "masked",
-            masked_reason=event.masked_reason,
-            rows=len(event.paths),
-        )
+_FINALIZE = (
+    update(PROJ_ROLLOUTS)
+    .where(
+        PROJ_ROLLOUTS.c.capture_key == bindparam("p_key", type_=String),
+        PROJ_ROLLOUTS.c.status == "selected",
     )
-    return conn.execute(statement).rowcount == 1
+    .values(
+        status=bindparam("p_status", type_=String),
+        masked_reason=bindparam("p_masked_reason", type_=String),
+        rows=bindparam("p_rows", type_=Integer),
+    )
+)
+
+
+def _finalized(conn: Connection, item: Folded, event: RolloutFinalized) -> bool:
+    parameters = {
+        "p_key": item.stream_id,
+        "p_status": "trainable" if event.trainable else "masked",
+        "p_masked_reason": event.masked_reason,
+        "p_rows": len(event.paths),
+    }
+    return conn.execute(_FINALIZE, parameters).rowcount == 1
+
+
+_PUBLISH = (
+    update(PROJ_ROLLOUTS)
+    .where(
+        PROJ_ROLLOUTS.c.rollout_id.in_(bindparam("p_rollouts", expanding=True, type_=String)),
+        PROJ_ROLLOUTS.c.status == "trainable",
+    )
+    .values(step=bindparam("p_step", type_=Integer))
+)
 
 
 def _published(conn: Connection, item: Folded, event: BatchPublished) -> bool:
-    conn.execute(
-        update(PROJ_ROLLOUTS)
-        .where(
-            PROJ_ROLLOUTS.c.rollout_id.in_(event.rollout_ids),
-            PROJ_ROLLOUTS.c.status == "trainable",
-        )
-        .values(step=event.step)
-    )
+    conn.execute(_PUBLISH, {"p_rollouts": list(event.rollout_ids), "p_step": event.step})
     return True
 
 
 APPLIERS: dict[str, Applier] = {
     AttemptOpened.type: _typed(AttemptOpened, _opened),
-    AdmissionsClosed.type: _attempt_update(lambda _: {"admissions_closed": True}),
+    AdmissionsClosed.type: _closed,
     AttemptSettled.type: _typed(AttemptSettled, _settled),
     AttemptCleaned.type: _cleaned,
     CallIntended.type: _typed(CallIntended, _intended),
