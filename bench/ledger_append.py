@@ -23,6 +23,12 @@ Per database (PostgreSQL at ``GROVE_BENCH_DATABASE_URL`` or 127.0.0.1:5432, and 
 - ``capture_call_us_plain`` / ``capture_call_us_inline``: one captured call's two appends
   (``call.intended``, ``call.committed`` on an open attempt), median microseconds, without and
   with the inline fold into the projection tables, alternating in the same process;
+- ``applier_cpu_ms_per_append``: this thread's CPU milliseconds per one-event append of an
+  ``attempt.opened`` (folded inline: the applier inserts the attempt's row), the fold's statement
+  built once; ``applier_cpu_ms_per_append_uncached`` the same appends with that statement built
+  anew for every event (as the fold did before), alternating round by round in the same process;
+  ``applier_cpu_over_uncached`` the first over the second (CPU time, not wall: the machine's
+  other work does not count);
 Then 8 writer processes append while two readers tail the ledger: one keeps only the last
 position (``missed_events_position_only``), one is Grove's (``missed_events_grove``, must be 0).
 """
@@ -38,14 +44,16 @@ import statistics
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 
 import psycopg
-from sqlalchemy import select
+from sqlalchemy import Connection, select
 from sqlalchemy.engine import make_url
 
-from grove.ledger import migrate
+from grove.ledger import event_appliers, migrate
 from grove.ledger.database import open_engine
-from grove.ledger.events import CallFailed, LedgerPosition
+from grove.ledger.events import AttemptOpened, CallFailed, LedgerPosition
 from grove.ledger.lifecycle import NEVER_OPENED, contradiction_entry
 from grove.ledger.postgres import COPY_COLUMNS
 from grove.ledger.schema import EVENTS, PROJ_CONTRADICTIONS
@@ -151,6 +159,49 @@ def _capture_costs(url: str, calls: int) -> dict[str, float]:
             statistics.median(times) * 1e6, 1
         )
         for inline, times in samples.items()
+    }
+
+
+def _opened_built_per_event(conn: Connection, item: event_appliers.Folded) -> bool:
+    """The opening's applier as it was: its statement built (and its cache key generated) for
+    every event, then executed with the event's values."""
+    statement = event_appliers._open_statement(event_appliers.dialect_insert(conn))
+    return conn.execute(statement, event_appliers._open_parameters(item)).first() is not None
+
+
+@contextmanager
+def _openings_built_per_event() -> Iterator[None]:
+    """The inline fold applies ``attempt.opened`` with ``_opened_built_per_event`` meanwhile."""
+    appliers = event_appliers.APPLIERS
+    built_once = appliers[AttemptOpened.type]
+    appliers[AttemptOpened.type] = _opened_built_per_event
+    try:
+        yield
+    finally:
+        appliers[AttemptOpened.type] = built_once
+
+
+def _applier_cpu(url: str, rounds: int, per_round: int = 100) -> dict[str, float]:
+    """This thread's CPU per one-event ``attempt.opened`` append, the fold's statement built once
+    beside built per event, alternating ``rounds`` rounds of ``per_round`` appends each."""
+    store = EventStore(open_engine(url), project_inline=True)
+    cpu = {"once": 0.0, "per_event": 0.0}
+    store.append("applier-warm", [opened("applier-warm")], expected_version=0)
+    for r in range(rounds):
+        for how in cpu:
+            keys = [f"applier-{how}-{r}-{i}" for i in range(per_round)]
+            events = [opened(key) for key in keys]
+            with _openings_built_per_event() if how == "per_event" else nullcontext():
+                start = time.thread_time()
+                for key, event in zip(keys, events, strict=True):
+                    store.append(key, [event], expected_version=0)
+                cpu[how] += time.thread_time() - start
+    store.close()
+    once, per_event = (cpu[how] * 1e3 / (rounds * per_round) for how in ("once", "per_event"))
+    return {
+        "applier_cpu_ms_per_append": round(once, 3),
+        "applier_cpu_ms_per_append_uncached": round(per_event, 3),
+        "applier_cpu_over_uncached": round(once / per_event, 3),
     }
 
 
@@ -305,6 +356,7 @@ def bench_postgres(quick: bool) -> dict[str, object]:
         result: dict[str, object] = _append_rates(url, singles, batched, _raw_copy_round(dsn))
         _ratios(result, "copy")
         result.update(_capture_costs(url, singles))
+        result.update(_applier_cpu(url, 3 if quick else 10))
         result.update(_missed_events(url, 8, 500 if quick else 5_000))
         return result
     finally:
@@ -321,6 +373,7 @@ def bench_sqlite(quick: bool) -> dict[str, object]:
         result: dict[str, object] = _append_rates(url, singles, batched, _raw_sqlite_round(path))
         _ratios(result, "executemany")
         result.update(_capture_costs(url, singles))
+        result.update(_applier_cpu(url, 3 if quick else 10))
         return result
 
 
@@ -333,6 +386,8 @@ def main() -> None:
     report = {"postgresql": bench_postgres(args.quick), "sqlite": bench_sqlite(args.quick)}
     report["batched_over_copy"] = report["postgresql"]["batched_over_copy"]
     for key in ("batched_over_copy_no_fold", "batched_over_events_copy"):
+        report[key] = report["postgresql"][key]
+    for key in ("applier_cpu_ms_per_append", "applier_cpu_over_uncached"):
         report[key] = report["postgresql"][key]
     report["missed_events_position_only"] = report["postgresql"]["missed_events_position_only"]
     report["missed_events_grove"] = report["postgresql"]["missed_events_grove"]

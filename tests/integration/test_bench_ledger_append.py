@@ -21,6 +21,9 @@ FIGURES = (
     "batched_over_events_copy",
     "capture_call_us_plain",
     "capture_call_us_inline",
+    "applier_cpu_ms_per_append",
+    "applier_cpu_ms_per_append_uncached",
+    "applier_cpu_over_uncached",
 )
 
 
