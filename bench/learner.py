@@ -25,7 +25,8 @@ Usage: ``python -m bench.learner [--quick] [--json] [--smoke]``
   a fresh process (``bench/support/learner_peak.py``) whose freed memory goes back to the kernel,
   so its resident memory follows the live tensors. Aim: <= 0.6.
 - ``bf16_tmpe_max``: the largest TMPE of ``grove demo``'s configuration with
-  ``policy.precision: bfloat16``. Reported.
+  ``policy.precision: bfloat16``; ``float32_tmpe_max`` beside it, the same steps in float32.
+  Reported.
 
 The full run (and ``--smoke`` alone) adds the larger-model smoke
 (``bench/support/learner_smoke.py``): a 63M-parameter Llama directory built offline, 2 steps on 2
@@ -223,13 +224,14 @@ def checkpointed_peak_over_plain(rows: int, length: int) -> dict[str, float]:
     }
 
 
-def bf16_tmpe_max(steps: int) -> dict[str, float]:
-    """The largest TMPE of ``steps`` steps of the demo's configuration in bfloat16."""
+def demo_max_tmpe(precision: str, steps: int) -> float:
+    """The largest TMPE of ``steps`` steps of ``grove train`` on the demo's configuration with
+    ``policy.precision: precision``."""
     config = yaml.safe_load(DEMO.read_text())
     config["data"]["path"] = str(DEMO.parent / config["data"]["path"])
-    config["policy"]["precision"] = "bfloat16"
+    config["policy"]["precision"] = precision
     with tempfile.TemporaryDirectory() as work:
-        path = Path(work) / "demo-bf16.yaml"
+        path = Path(work) / f"demo-{precision}.yaml"
         path.write_text(yaml.safe_dump(config))
         grove = str(Path(sys.executable).parent / "grove")
         command = [grove, "train", str(path), "--json", "--steps", str(steps), "--workdir", work]
@@ -241,9 +243,17 @@ def bf16_tmpe_max(steps: int) -> dict[str, float]:
             env={**os.environ, "PYTHONHASHSEED": "0"},
         )
     if run.returncode != 0:
-        raise RuntimeError(f"the bfloat16 demo failed: {run.stderr[-2000:]}")
-    summary = json.loads(run.stdout.strip().splitlines()[-1])
-    return {"bf16_tmpe_max": summary["max_tmpe"], "bf16_demo_steps": steps}
+        raise RuntimeError(f"the {precision} demo failed: {run.stderr[-2000:]}")
+    return float(json.loads(run.stdout.strip().splitlines()[-1])["max_tmpe"])
+
+
+def bf16_tmpe_max(steps: int) -> dict[str, float]:
+    """The largest TMPE of ``steps`` steps of the demo in bfloat16, and in float32 beside it."""
+    return {
+        "bf16_tmpe_max": demo_max_tmpe("bfloat16", steps),
+        "float32_tmpe_max": demo_max_tmpe("float32", steps),
+        "bf16_demo_steps": steps,
+    }
 
 
 def larger_model_smoke() -> dict[str, Any]:
