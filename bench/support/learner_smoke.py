@@ -7,10 +7,11 @@ key-value heads, MLP 2048, tied embeddings, 2048 positions) and the embedded byt
 tokenizer (``grove.capture.embedded.build_tokenizer``), saved with ``save_pretrained``; each rank
 loads it as ``model.path`` names a directory (``grove.engines.models.load_model``).
 
-``grove train`` does not yet take ``policy.dtensor_cfg.enabled``, so each rank builds the
-sharded learner from its parts (``bench.support.learner_workload.sharded_trainer``: FSDP2 per
-decoder layer and the root, ``ShardedRanks``) under the configuration of ``SMOKE_POLICY``, and
-trains 2 steps of the same 8 rows, 32 to 256 tokens long, packed into bins of at most 512 tokens.
+Each rank builds the learner ``grove train`` builds under ``policy.dtensor_cfg.enabled``
+(``bench.support.learner_workload.sharded_trainer``: FSDP2 per decoder layer and the root,
+``ShardedRanks``; rank 0 keeps its engine's whole copy) under the configuration of
+``SMOKE_POLICY``, and trains 2 steps of the same 8 rows, 32 to 256 tokens long, packed into bins
+of at most 512 tokens.
 Usage (on torchrun ranks): ``python -m bench.support.learner_smoke OUT MODEL_DIR``; each rank
 writes its steps' wall time, its peak resident memory over the whole process (the full model is
 loaded on every rank before it is sharded) and over the two steps alone.
@@ -42,10 +43,10 @@ SMOKE_POLICY: dict[str, Any] = {
     "train_micro_batch_size": 2,
     "max_total_sequence_length": LONGEST,
     "precision": "bfloat16",
-    "dtensor_cfg": {"activation_checkpointing": True},
+    "dtensor_cfg": {"enabled": True, "activation_checkpointing": True},
     "sequence_packing": {"enabled": True, "train_mb_tokens": 512, "logprob_mb_tokens": 512},
 }
-"""The smoke's policy keys; FSDP2 itself is ``sharded_trainer``'s."""
+"""The smoke's policy keys."""
 
 
 def build_model_directory(directory: Path) -> int:

@@ -11,11 +11,8 @@ import torch
 
 from grove.capture.embedded import build_model, build_tokenizer
 from grove.config import GroveConfig, load_config
-from grove.train.training_run import build_trainer, placement, trainer_logprobs
-from grove.training.activation_checkpointing import enable_activation_checkpointing
+from grove.train.training_run import build_trainer
 from grove.training.data_parallel import ShardedRanks
-from grove.training.fsdp import shard_model
-from grove.training.sequence_packing import TokenBudgetBins
 from grove.training.trainer import StepBatch, Trainer
 
 __all__ = [
@@ -85,31 +82,7 @@ def grove_trainer(batch: StepBatch, policy: dict[str, Any] | None = None) -> Tra
 
 
 def sharded_trainer(config: GroveConfig, model: torch.nn.Module) -> Trainer:
-    """The trainer of ``model`` sharded with FSDP2 over the initialized default process group
-    (``grove.training.fsdp.shard_model``, ``ShardedRanks``), with ``config``'s device,
-    precision, activation checkpointing, sequence packing, AdamW and batch sizes: the sharded
-    learner built from its own parts, since ``grove train`` does not yet take
-    ``policy.dtensor_cfg.enabled``."""
-    policy = config.policy
-    placed = placement(config)
-    model.to(placed.device)
-    if policy.dtensor_cfg.activation_checkpointing:
-        enable_activation_checkpointing(model)
-    shard_model(model)
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=policy.learning_rate, weight_decay=policy.weight_decay
-    )
-    packing = policy.sequence_packing
-    return Trainer(
-        model,
-        optimizer,
-        global_batch_rollouts=policy.train_global_batch_size,
-        micro_batch_size=policy.train_micro_batch_size,
-        max_grad_norm=policy.max_grad_norm,
-        ranks=ShardedRanks(),
-        logprobs=trainer_logprobs(config, model),
-        layout=TokenBudgetBins(packing.train_mb_tokens, policy.data_parallel_size)
-        if packing.enabled
-        else None,
-        placement=placed,
-    )
+    """The trainer ``grove train`` builds for ``model`` under ``policy.dtensor_cfg.enabled``: FSDP2
+    shards over the initialized default process group (``ShardedRanks``), rank 0 keeping its
+    engine's whole copy beside its shards (``build_trainer``)."""
+    return build_trainer(config, model, ranks=ShardedRanks())
