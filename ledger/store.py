@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final, cast
 
-from sqlalchemy import Engine, Row, Select, bindparam, exc, func, select
+from sqlalchemy import Engine, Row, bindparam, exc, func, select
 
 from grove.ledger.append_batch import AppendBatch, AppendedRow, Landed, new_event_id
 from grove.ledger.database import autocommit, dialect_of, open_engine, translate_errors
@@ -148,10 +148,10 @@ def _stored(row: Row) -> StoredEvent:
     )
 
 
-def _version_query(stream_id: str) -> Select[int]:
-    return select(func.coalesce(func.max(EVENTS.c.stream_version), 0)).where(
-        EVENTS.c.stream_id == stream_id
-    )
+# A stream's version, ``:p_stream`` bound at each execution (built once, as the read below).
+_STREAM_VERSION: Final = select(func.coalesce(func.max(EVENTS.c.stream_version), 0)).where(
+    EVENTS.c.stream_id == bindparam("p_stream", type_=EVENTS.c.stream_id.type)
+)
 
 
 # Built once: a statement built per call costs more CPU than the read (its cache key is
@@ -250,7 +250,7 @@ class EventStore:
             existing = self.backend.recorded(conn, batch.event_ids)
             if existing:
                 return self._idempotent(stream_id, prepared, existing)
-            actual = conn.execute(_version_query(stream_id)).scalar_one()
+            actual = conn.execute(_STREAM_VERSION, {"p_stream": stream_id}).scalar_one()
         if expected_version != ANY_VERSION and actual != expected_version:
             raise WrongExpectedVersion(stream_id, expected_version, actual)
         return None
@@ -310,9 +310,9 @@ class EventStore:
 
     def stream_version(self, stream_id: str) -> int:
         """The stream's current version (0 when it has no events)."""
-        query = _version_query(validate_stream_id(stream_id))
+        parameters = {"p_stream": validate_stream_id(stream_id)}
         with translate_errors(self.url), autocommit(self.engine.connect()) as conn:
-            return conn.execute(query).scalar_one()
+            return conn.execute(_STREAM_VERSION, parameters).scalar_one()
 
     def read_stream(self, stream_id: str, after_version: int = 0) -> list[StoredEvent]:
         """The stream's events after ``after_version``, in version order."""
