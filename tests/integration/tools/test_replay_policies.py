@@ -49,7 +49,7 @@ def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[st
         database,
         blobs,
         selector=LedgerSelector(registry),
-        attempts=AttemptSettings(registry.names, name),
+        attempts=AttemptSettings(registry.names, name, forest_mode=True),
     ) as gateway:
         gateway.open()
         completion, _ = ask(gateway.client(), [USER])
