@@ -3,10 +3,13 @@ still accepts (``training/advantages.py``)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from grove.training.advantages import AdvantageConfig, MaskedRewardPolicy
+from grove.training.advantages import AdvantageConfig, MaskedRewardPolicy, compute_advantages
 from grove.training.errors import AdvantageError
+from tests.unit.training.test_advantages import PLAIN, outcome
 
 
 @pytest.mark.parametrize(
@@ -70,3 +73,21 @@ def test_the_boundary_value_of_each_advantage_rule_is_accepted(fields: dict[str,
     config = AdvantageConfig(**fields)  # type: ignore[arg-type]
 
     assert {name: getattr(config, name) for name in fields} == fields
+
+
+def test_a_rollout_given_twice_is_refused_saying_each_appears_once() -> None:
+    with pytest.raises(AdvantageError) as raised:
+        compute_advantages([outcome("a", 1), outcome("a", 0)], PLAIN)
+
+    assert str(raised.value) == (
+        "Advantage rule 'duplicate_rollout' violated: each logical rollout must appear once"
+    )
+
+
+def test_a_non_finite_reward_is_refused_quoting_the_rewards() -> None:
+    with pytest.raises(AdvantageError) as raised:
+        compute_advantages([outcome("a", 1.0), outcome("b", math.inf)], PLAIN)
+
+    assert str(raised.value) == (
+        "Advantage rule 'reward' violated: rewards must be finite, got [1.0, inf]"
+    )
