@@ -1,12 +1,22 @@
 """An admission decision survives its ``call.intended`` record field for field: the root reason,
-the equivalences used and a tie broken by an echoed id (``ledger/admission.py``)."""
+the equivalences used, a tie broken by an echoed id, and the boundary of a request with no
+output (``ledger/admission.py``)."""
 
 from __future__ import annotations
 
-from grove.ledger.admission import AdmissionDecision, AdmissionIndex, Equivalence, RootReason
+from grove.capture.render import admission_items, normalize_messages
+from grove.ledger.admission import (
+    AdmissionDecision,
+    AdmissionIndex,
+    Equivalence,
+    RequestBoundary,
+    RootReason,
+    locate_boundary,
+)
 from tests.unit.capture.test_admission import (
     ANSWER,
     FOLLOW_UP,
+    SYSTEM,
     TASK,
     TOOL_CALL,
     TOOL_RESULT,
@@ -51,3 +61,25 @@ def test_a_tie_broken_by_an_echoed_id_stays_broken_through_the_record() -> None:
 
     assert decision.tie_broken_by_echoed_id is True
     assert round_trip(decision) == decision
+
+
+def boundary_of(*messages: dict[str, object]) -> RequestBoundary:
+    return locate_boundary(admission_items(normalize_messages(messages)))
+
+
+def test_a_request_of_observations_alone_records_no_prefix_and_only_observations() -> None:
+    items = admission_items(normalize_messages([TASK, {**FOLLOW_UP, "id": "u2"}]))
+    boundary = locate_boundary(items)
+
+    assert items[-1].echoed_ids == ("u2",)
+
+    assert (boundary.prefix_item_count, boundary.echoed_ids) == (0, ())
+    assert (boundary.prefix_digest, boundary.canonical_prefix_digest) == (None, None)
+    assert boundary.suffix_only_observations is True
+
+
+def test_a_request_with_a_system_message_and_no_output_records_more_than_observations() -> None:
+    boundary = boundary_of(SYSTEM, TASK)
+
+    assert (boundary.prefix_item_count, boundary.prefix_digest) == (0, None)
+    assert boundary.suffix_only_observations is False
