@@ -14,15 +14,18 @@ padded micro batches of fixed row counts compute every row to the longest one. P
    until every shard has the same number of bins, so every rank runs the same number of forward
    and backward passes;
 4. runs each bin as ONE sequence ``(1, N)``: position ids restart at 0 in every row and a
-   block-diagonal causal mask keeps each row's attention inside the row, so every row keeps its
-   own attention context (no prefix computation is shared between rows). Token ``t`` of a row is
-   read from the logits at the row's own ``t - 1``, then gathered back to row coordinates
+   block-diagonal causal mask keeps each row's attention inside the row (under flash attention no
+   mask is passed: it reads each row's span from the restarting position ids, variable-length),
+   so every row keeps its own attention context (no prefix computation is shared between rows).
+   Token ``t`` of a row is read from the logits at the row's own ``t - 1``, then gathered back to
+   row coordinates
    ``(r, T)``: the loss, the diagnostics and every owned token counting once are unchanged.
 
 The trainer sees the rows reordered (shard by shard, bin by bin: ``TokenBudgetBins`` is its
 ``RowLayout``), so each bin is a slice and each shard a contiguous range of equal row count, as
 ``grove.training.row_sharding.shard_rows`` cuts it. The model is a Hugging Face causal LM that
-takes a 4-D attention mask (``sdpa`` or ``eager`` attention: Llama, Qwen2 and the embedded model).
+takes a 4-D attention mask (``sdpa`` or ``eager`` attention: Llama, Qwen2 and the embedded model)
+or runs flash attention, which finds packed rows from the position ids alone.
 """
 
 from __future__ import annotations
@@ -226,27 +229,23 @@ def bin_logprobs(
     (``(r, T)``), computed as one packed sequence (the module's step 4), differentiable, in at
     least float32; position 0 and positions from a row's length on hold 0.0."""
     attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    if attention is not None and str(attention).startswith("flash"):
-        raise BatchError(
-            "packing_attention",
-            f"sequence packing passes a 4-D block-diagonal attention mask, which "
-            f"{attention} attention does not take: load the model with sdpa or eager attention",
-        )
     layout = pack_rows(lengths)
     inside = torch.arange(token_ids.shape[1])[None, :] < layout.lengths[:, None]  # (r, T)
     flat = token_ids[inside.to(token_ids.device)]  # (N,), row by row: the packed order
     param = next(model.parameters())
-    allowed = layout.attention_mask()[None, None]  # (1, 1, N, N)
-    if attention == "sdpa":
-        mask = allowed
-    else:  # eager adds the mask to the scores
-        dtype = param.dtype if param.dtype.is_floating_point else torch.float32
-        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(
-            ~allowed, torch.finfo(dtype).min
-        )
+    mask: torch.Tensor | None = None  # flash attention: variable-length, from the position ids
+    if attention is None or not str(attention).startswith("flash"):
+        allowed = layout.attention_mask()[None, None]  # (1, 1, N, N)
+        if attention == "sdpa":
+            mask = allowed
+        else:  # eager adds the mask to the scores
+            dtype = param.dtype if param.dtype.is_floating_point else torch.float32
+            mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(
+                ~allowed, torch.finfo(dtype).min
+            )
     output = model(
         flat[None].to(param.device),
-        attention_mask=mask.to(param.device),
+        attention_mask=None if mask is None else mask.to(param.device),
         position_ids=layout.position_ids[None].to(param.device),
         use_cache=False,
     )
