@@ -151,12 +151,13 @@ def play(
     max_tokens: int = 48,
     compact_at_tokens: int = 200,
     max_lookups: int = 2,
+    max_compactions: int | None = None,
     reject_fraction: float = 0.15,
     max_response_retries: int = 1,
     stream: bool = True,
 ) -> dict[str, Any]:
     """One rollout of ``task``: each question looked up and answered, compacting when the context
-    passes ``compact_at_tokens``; returns the harness result (``output``: the accepted history in
+    passes ``compact_at_tokens`` (at most ``max_compactions`` times; None: no limit); returns the harness result (``output``: the accepted history in
     the Messages form, ``reward``). Rejections derive from ``seed``, so the same seed under the
     same weights replays the same rollout."""
     options = {
@@ -170,11 +171,14 @@ def play(
     try:
         questions: list[str] = list(task["questions"])
         notes: str | None = None
+        compactions = 0
         for index, item in enumerate(questions):
             agent.ask(item, notes)
             notes = None
-            if index + 1 < len(questions) and agent.tokens >= compact_at_tokens:
+            room = max_compactions is None or compactions < max_compactions
+            if room and index + 1 < len(questions) and agent.tokens >= compact_at_tokens:
                 notes = agent.compact()
+                compactions += 1
     finally:
         agent.messages.close()
     return {"output": agent.history, "reward": sum(agent.scores) / len(agent.scores)}
