@@ -157,9 +157,10 @@ def play(
     stream: bool = True,
 ) -> dict[str, Any]:
     """One rollout of ``task``: each question looked up and answered, compacting when the context
-    passes ``compact_at_tokens`` (at most ``max_compactions`` times; None: no limit); returns the harness result (``output``: the accepted history in
-    the Messages form, ``reward``). Rejections derive from ``seed``, so the same seed under the
-    same weights replays the same rollout."""
+    passes ``compact_at_tokens`` (at most ``max_compactions`` times; None: no limit); returns the
+    harness result (``output``: the accepted history in the Messages form, ``reward``).
+    Rejections derive from ``seed``, so the same seed under the same weights replays the same
+    rollout."""
     options = {
         "max_tokens": max_tokens,
         "max_lookups": max_lookups,
