@@ -71,5 +71,11 @@ format: $(STAMP)
 bench: $(STAMP)
 	for b in bench/*.py; do $(BIN)/python -m bench.$$(basename $$b .py) --quick || exit 1; done
 
+# The mutation check of docs/reliability.md, "Mutation check" (over an hour on 2 cores).
+.PHONY: mutation
+mutation: $(STAMP)
+	$(BIN)/pip install -q 'mutmut==3.8.1'
+	bash tools/mutation/run.sh
+
 clean-venv:
 	rm -rf $(VENV)

@@ -107,7 +107,7 @@ def narrowed(served: JSON, model: str) -> JSON:
             rollout_index={"type": "integer", "minimum": 0, "maximum": 7},
             policy_version={"type": "integer", "minimum": 0, "maximum": 3},
             forest_mode=_nullable({"type": "boolean"}),
-            selection_policy={"enum": ["returned_history", "all_captured", None]},
+            selection_policy={"enum": ["returned_history", None]},  # all_captured needs forest mode
             seed=_nullable({"type": "integer", "minimum": 0, "maximum": 2**31}),
         ),
         HarnessResult=_object(["reward"], reward={"type": "number", "minimum": -1, "maximum": 1}),

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Mutation testing of training/forest.py, training/advantages.py, training/loss.py and
-# ledger/admission.py with mutmut (docs/reliability.md, "Mutation testing").
+# ledger/admission.py with mutmut (docs/reliability.md, "Mutation check").
 #
 # mutmut names a mutant by its file's path, and the tests import these modules as
 # grove.training.forest and grove.ledger.admission (the package-dir mapping of pyproject.toml), so
