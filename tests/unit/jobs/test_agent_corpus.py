@@ -11,6 +11,7 @@ from grove.capture.embedded import build_tokenizer
 from grove.capture.toolcalls import parse_output
 from grove.demo.agent_corpus import (
     COLOURS,
+    GIVE_UP,
     SUMMARY_REQUEST,
     CorpusSpec,
     answer,
@@ -70,6 +71,20 @@ def test_some_contexts_start_from_notes_as_a_compacted_context_does() -> None:
         assert messages[0]["content"] == notes_prompt(notes, item)
         assert notes.startswith("The ") and notes.endswith(".")
         assert item not in notes.split()  # the notes hold facts of earlier rounds
+
+
+def test_a_context_from_notes_gives_up_on_every_round_when_its_fraction_is_one() -> None:
+    spec = CorpusSpec(conversations=64, noted_give_up_fraction=1.0)
+    drawn = conversations(spec)
+    noted = [m for m in drawn if m[0]["content"].startswith("Notes: ")]
+    assert 0 < len(noted) < spec.conversations
+    for messages in noted:
+        rounds = messages[:-2] if messages[-2]["content"] == SUMMARY_REQUEST else messages
+        assert [m["role"] for m in rounds] == ["user", "assistant"] * (len(rounds) // 2)
+        assert all(m == {"role": "assistant", "content": GIVE_UP} for m in rounds[1::2])
+    fresh = [i for i, m in enumerate(drawn) if not m[0]["content"].startswith("Notes: ")]
+    default = conversations(CorpusSpec(conversations=64))
+    assert fresh and all(drawn[i] == default[i] for i in fresh)  # fresh contexts are unchanged
 
 
 def test_a_summary_is_the_answers_again() -> None:
