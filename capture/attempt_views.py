@@ -106,11 +106,40 @@ class AttemptViews:
         stored = self.log.store.read_stream(capture_key, after_version=view.state.version)
         with view.lock:
             fresh = [s.decode() for s in stored if s.stream_version > view.state.version]
+            opening = view.state.opened is None
             view.state = fold_attempt(capture_key, fresh, view.state)
+            if opening:
+                self._index_fork_source(view)
             for event in fresh:
                 index_call_event(view.index, view.state, event)
             self.log.keep(view.state)  # the log's next append expects this version, unread
         return view
+
+    def _index_fork_source(self, view: AttemptView) -> None:
+        """Index a fork's source call as a parent candidate of the fork's calls (its commit's
+        replay summary), once the view first holds the opening: a request that extends the
+        source conversation then continues it. Nothing for an attempt that forks nothing."""
+        opened = view.state.opened
+        fork = None if opened is None else opened.fork_from
+        if fork is None:
+            return
+        source = self.view(fork.source_capture_key).state
+        committed = committed_parent(source, fork.source_call_id)
+        view.index.add(
+            committed.replay_summary.candidate(
+                fork.source_call_id, CallStatus.COMMITTED, frozenset({committed.response_id})
+            )
+        )
+
+    def owner(self, view: AttemptView, call_id: str) -> AttemptView:
+        """The view of the attempt that owns ``call_id`` as a parent of ``view``'s calls: the
+        fork source's attempt for the call the attempt forks, ``view`` itself otherwise."""
+        if call_id in view.state.calls or view.state.opened is None:
+            return view
+        fork = view.state.opened.fork_from
+        if fork is None or fork.source_call_id != call_id:
+            return view
+        return self.view(fork.source_capture_key)
 
     def adopt(self, capture_key: str) -> None:
         """Take the log's state after the service's own attempt-level append (opened, closed,
@@ -125,7 +154,10 @@ class AttemptViews:
             return
         with view.lock:
             if held.version > view.state.version and held.calls == view.state.calls:
+                opening = view.state.opened is None
                 view.state = held
+                if opening:
+                    self._index_fork_source(view)
 
     @staticmethod
     def fold_own(view: AttemptView, version: int, event: CallIntended | CallCommitted) -> None:
@@ -154,11 +186,12 @@ class AttemptViews:
         with view.lock:
             view.chains[call_id] = tokens
             view.outputs[call_id] = (*parent_outputs, output)
-            if media or parent_call_id in view.media:
+            if media or parent_media:
                 view.media[call_id] = chain_media(parent_media, list(media), prev_len)
 
     def chain_tokens(self, view: AttemptView, call_id: str) -> tuple[int, ...]:
         """The exact tokens of ``call_id``'s chain: every ancestor's delta and generation."""
+        view = self.owner(view, call_id)
         cached = view.chains.get(call_id)
         if cached is None:
             self._load_chain(view, call_id)
@@ -169,6 +202,7 @@ class AttemptViews:
         """The exact output texts of ``call_id``'s chain, root first (none for no call)."""
         if call_id is None:
             return ()
+        view = self.owner(view, call_id)
         cached = view.outputs.get(call_id)
         if cached is None:
             self._load_chain(view, call_id)
@@ -179,32 +213,42 @@ class AttemptViews:
         """The media of ``call_id``'s chain in chain coordinates, root first (none for none)."""
         if call_id is None:
             return ()
+        view = self.owner(view, call_id)
         if call_id not in view.chains:
             self._load_chain(view, call_id)
         return view.media.get(call_id, ())
 
-    @staticmethod
-    def parent_chain_digest(view: AttemptView, parent_call_id: str | None) -> str | None:
+    def parent_chain_digest(self, view: AttemptView, parent_call_id: str | None) -> str | None:
         """The chain digest recorded by the parent's commit (None for a root)."""
         if parent_call_id is None:
             return None
-        return committed_parent(view.state, parent_call_id).chain_digest
+        return committed_parent(self.owner(view, parent_call_id).state, parent_call_id).chain_digest
+
+    def source_capture_key(self, view: AttemptView, parent_call_id: str | None) -> str | None:
+        """The attempt that owns ``parent_call_id`` when it is not ``view``'s (a fork's source),
+        None otherwise."""
+        if parent_call_id is None:
+            return None
+        owner = self.owner(view, parent_call_id)
+        return None if owner is view else owner.state.capture_key
 
     def _load_chain(self, view: AttemptView, call_id: str) -> None:
         """Read ``call_id``'s chain from its blobs (digests verified) into the view's caches."""
         committed = committed_parent(view.state, call_id)
         parent = view.state.calls[call_id].parent_call_id
+        source = view.state.calls[call_id].intended.source_capture_key
+        parent_view = view if source is None else self.view(source)
         delta = self.blobs.get_delta(
             BlobRef(committed.blob_key, committed.blob_sha256, committed.blob_bytes)
         )
         generated = delta.generated.tolist()
         content = generated if committed.finish_reason == "length" else generated[:-1]
         output = RawOutput(committed.replay_summary.item_count - 1, self.renderer.decode(content))
-        parent_tokens = () if parent is None else self.chain_tokens(view, parent)
+        parent_tokens = () if parent is None else self.chain_tokens(parent_view, parent)
         view.chains[call_id] = (*parent_tokens, *delta.prompt_delta.tolist(), *generated)
-        view.outputs[call_id] = (*self.parent_outputs(view, parent), output)
+        view.outputs[call_id] = (*self.parent_outputs(parent_view, parent), output)
         own_media = [item.descriptor for item in delta.media]
-        if own_media or parent in view.media:
+        if own_media or parent in parent_view.media:
             view.media[call_id] = chain_media(
-                self.chain_media(view, parent), own_media, committed.prev_len
+                self.chain_media(parent_view, parent), own_media, committed.prev_len
             )

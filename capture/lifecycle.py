@@ -67,8 +67,20 @@ from grove.capture.media import MediaPlan, plan_media, request_images
 from grove.capture.render import NormalizedRequest, Renderer, RenderOptions, normalize_messages
 from grove.capture.splice import PromptPlan, RawOutput, plan_call
 from grove.ledger.admission import AdmissionDecision
-from grove.ledger.attempt import DEFAULT_SETTLE_TIMEOUT_S, AttemptError, AttemptLog, AttemptState
-from grove.ledger.events import AttemptOpened, CallFailed, CallIntended, RolloutSelected
+from grove.ledger.attempt import (
+    DEFAULT_SETTLE_TIMEOUT_S,
+    AttemptError,
+    AttemptLog,
+    AttemptState,
+    CallState,
+)
+from grove.ledger.events import (
+    AttemptOpened,
+    CallFailed,
+    CallIntended,
+    ForkSource,
+    RolloutSelected,
+)
 from grove.storage import BlobRef, BlobStore, CallDelta, staging_key
 
 __all__ = [
@@ -161,6 +173,7 @@ class _PreparedCall:
     sampling: SamplingParams
     images: tuple[Any, ...]
     tools: bool
+    source_capture_key: str | None = None  # the owner of the parent when not this attempt
 
 
 @dataclass(frozen=True)
@@ -215,15 +228,19 @@ class CaptureService:
         template_fingerprint: str | None = None,
         seed: int | None = None,
         attempt_token_digest: str | None = None,
+        fork_from: tuple[str, str] | None = None,
     ) -> int | None:
         """Start an attempt (idempotent for the same fields); returns the stream's version after
         this call appended the opening, None when it was already recorded.
         ``attempt_token_digest``: the digest of the attempt's token (``capture/capabilities.py``),
-        None for an attempt that is driven in process only."""
+        None for an attempt that is driven in process only. ``fork_from``: (capture key, call
+        id) of a committed call of another attempt that this attempt forks (``docs/fork.md``);
+        ``AttemptError``, nothing written, when there is no such call."""
         template = (
             template_fingerprint
             or hashlib.sha256(str(self.renderer.tokenizer.chat_template).encode()).hexdigest()
         )
+        fork = None if fork_from is None else self.fork_source(capture_key, *fork_from)
         appended = self.log.open(
             AttemptOpened(
                 capture_key=capture_key,
@@ -237,10 +254,57 @@ class CaptureService:
                 selection_policy=selection_policy,
                 seed=seed,
                 attempt_token_digest=attempt_token_digest,
+                fork_from=fork,
             )
         )
         self.views.adopt(capture_key)
         return appended
+
+    def fork_source(self, capture_key: str, source_key: str, source_call_id: str) -> ForkSource:
+        """The fork source of attempt ``capture_key`` at call ``source_call_id`` of
+        ``source_key``: ``AttemptError`` unless that is a committed call (not late) of another
+        attempt that was opened."""
+        if source_key == capture_key:
+            raise AttemptError(
+                capture_key,
+                "an attempt cannot fork itself: fork_from must name a call of another attempt",
+                source_call_id,
+            )
+        source = self.views.view(source_key).state
+        if source.opened is None:
+            raise AttemptError(
+                capture_key, f"the fork source {source_key!r} is not an opened attempt", None
+            )
+        call = source.calls.get(source_call_id)
+        if (
+            call is None
+            or call.failure is not None  # a rejected response is never a parent
+            or source_call_id not in source.parentable_call_ids
+        ):
+            status = "unknown" if call is None else _fork_refusal_status(call)
+            raise AttemptError(
+                capture_key,
+                f"a fork continues a committed call, but call {source_call_id!r} of attempt "
+                f"{source_key!r} is {status}",
+                source_call_id,
+            )
+        committed = call.committed
+        assert committed is not None  # parentable calls are committed
+        return ForkSource(
+            source_capture_key=source_key,
+            source_call_id=source_call_id,
+            source_chain_digest=committed.chain_digest,
+            source_cum_len=committed.cum_len,
+        )
+
+    def source_answer(self, capture_key: str) -> str | None:
+        """The exact generated text of the call attempt ``capture_key`` forks (stop token
+        excluded), None when it forks nothing."""
+        view = self.views.view(capture_key, read=False)
+        opened = view.state.opened
+        if opened is None or opened.fork_from is None:
+            return None
+        return self.views.parent_outputs(view, opened.fork_from.source_call_id)[-1].text
 
     def close(self, capture_key: str) -> None:
         """The harness returned: refuse later calls of this attempt."""
@@ -366,6 +430,7 @@ class CaptureService:
             sampling=sampling,
             images=images,
             tools=call.options.tools is not None,
+            source_capture_key=self.views.source_capture_key(view, plan.decision.parent_call_id),
         )
 
     @contextlib.contextmanager
@@ -394,6 +459,10 @@ class CaptureService:
             prepared.sampling,
             getattr(self.engine, "policy_version", None),
         )
+        if prepared.source_capture_key is not None:
+            intended = intended.model_copy(
+                update={"source_capture_key": prepared.source_capture_key}
+            )
         at = None if refresh else prepared.state
 
         def append() -> tuple[bool, CallIntended]:
@@ -488,6 +557,11 @@ class CaptureService:
                 view, prepared.plan.decision.parent_call_id
             ),
         )
+        if prepared.source_capture_key is not None:
+            event = output.event.model_copy(
+                update={"source_capture_key": prepared.source_capture_key}
+            )
+            output = replace(output, event=event)
         version = self.log.commit(prepared.capture_key, output.event)
         if version is not None:
             self.views.fold_own(view, version, output.event)
@@ -573,6 +647,15 @@ class CaptureService:
             capture_key=view.state.capture_key,
             model=model,
         )
+
+
+def _fork_refusal_status(call: CallState) -> str:
+    """What a call that cannot be forked is: late, failed for a reason, or still pending."""
+    if call.late:
+        return "late"
+    if call.failure is not None:
+        return f"failed ({call.failure.reason})"
+    return call.status.value
 
 
 def _intended_elsewhere(prepared: _PreparedCall) -> AttemptError:

@@ -33,11 +33,13 @@ __all__ = [
     "ERROR_STATUS",
     "ERROR_TYPES",
     "AttemptCall",
+    "AttemptFork",
     "AttemptSelection",
     "AttemptStatus",
     "ErrorBody",
     "ErrorDetail",
     "ErrorStatus",
+    "ForkFrom",
     "HarnessResult",
     "HealthStatus",
     "JSONObject",
@@ -229,6 +231,13 @@ class TokenLogprob(WireReply):
 # -- attempts --------------------------------------------------------------------------------
 
 
+class ForkFrom(WireRequest):
+    """``fork_from`` of ``POST /v1/attempts``: the committed call of another attempt to fork."""
+
+    capture_key: Name
+    call_id: Name
+
+
 class OpenAttemptRequest(WireRequest):
     """``POST /v1/attempts``: start one execution of the harness for one logical rollout."""
 
@@ -253,6 +262,11 @@ class OpenAttemptRequest(WireRequest):
     seed: Seed | None = Field(
         default=None,
         description="seeds the calls that send no seed (default: derived from the rollout id)",
+    )
+    fork_from: ForkFrom | None = Field(
+        default=None,
+        description="the committed call of another attempt this attempt continues "
+        "(docs/fork.md); None: a fresh rollout",
     )
 
 
@@ -321,6 +335,17 @@ class AttemptCall(WireReply):
     generated_tokens: int | None = None
     failure_reason: str | None = None
     late: bool = False
+    source_capture_key: str | None = None  # the parent's attempt when not this one (a fork)
+
+
+class AttemptFork(WireReply):
+    """The call an attempt forks: its attempt and id, the length of its chain, and its answer
+    (the exact generated text; filled where the gateway reads the source's blobs)."""
+
+    source_capture_key: str
+    source_call_id: str
+    source_cum_len: int
+    answer: str | None = None
 
 
 class AttemptSelection(WireReply):
@@ -348,6 +373,7 @@ class AttemptStatus(WireReply):
     settled: bool
     timed_out: bool
     selection: AttemptSelection | None
+    fork_from: AttemptFork | None = None
 
 
 class Measurement(WireReply):
@@ -410,6 +436,7 @@ def attempt_status(state: AttemptState) -> AttemptStatus:
                 generated_tokens=None if committed is None else committed.generated_len,
                 failure_reason=None if failure is None else failure.reason,
                 late=call.late,
+                source_capture_key=call.intended.source_capture_key,
             )
         )
     selection = state.selection
@@ -433,5 +460,12 @@ def attempt_status(state: AttemptState) -> AttemptStatus:
             call_ids=list(selection.call_ids),
             terminal_response_id=selection.terminal_response_id,
             reward=selection.reward,
+        ),
+        fork_from=None
+        if opened.fork_from is None
+        else AttemptFork(
+            source_capture_key=opened.fork_from.source_capture_key,
+            source_call_id=opened.fork_from.source_call_id,
+            source_cum_len=opened.fork_from.source_cum_len,
         ),
     )

@@ -222,7 +222,10 @@ class AttemptLog:
                 raise AttemptError(
                     capture_key, "admissions are closed: the harness already returned", call_id
                 )
+            _check_fork_call(capture_key, state, intended)
             parent = intended.parent_call_id
+            if intended.source_capture_key is not None:
+                return None  # the fork's source, checked above
             if parent is not None and parent not in state.parentable_call_ids:
                 raise AttemptError(
                     capture_key,
@@ -260,11 +263,16 @@ class AttemptLog:
                 raise AttemptError(
                     capture_key, "the call already failed; its late write stays an orphan", call_id
                 )
-            if committed.parent_call_id != call.parent_call_id:
+            source = call.intended.source_capture_key
+            if (committed.parent_call_id, committed.source_capture_key) != (
+                call.parent_call_id,
+                source,
+            ):
                 raise AttemptError(
                     capture_key,
-                    f"commit names parent {committed.parent_call_id}, the intent "
-                    f"{call.parent_call_id}",
+                    f"commit names parent {committed.parent_call_id} of "
+                    f"{committed.source_capture_key or 'this attempt'}, the intent "
+                    f"{call.parent_call_id} of {source or 'this attempt'}",
                     call_id,
                 )
             return None
@@ -400,3 +408,31 @@ class AttemptLog:
     def cleaned(self, capture_key: str, cleaned: AttemptCleaned) -> None:
         """Record that exactly these staging keys were removed."""
         self.store.append(capture_key, [cleaned])
+
+
+def _check_fork_call(capture_key: str, state: AttemptState, intended: CallIntended) -> None:
+    """Refuse a call that names a parent in another attempt other than the attempt's fork
+    source, or that reuses the source call's id in a fork (``docs/fork.md``)."""
+    assert state.opened is not None  # checked by the caller
+    fork, call_id = state.opened.fork_from, intended.call_id
+    if fork is not None and call_id == fork.source_call_id:
+        raise AttemptError(
+            capture_key,
+            f"a fork's call ids must differ from its source call's: {call_id!r} is the call "
+            f"of {fork.source_capture_key!r} this attempt forks; send another call id",
+            call_id,
+        )
+    source = intended.source_capture_key
+    if source is None:
+        return
+    if fork is None or (source, intended.parent_call_id) != (
+        fork.source_capture_key,
+        fork.source_call_id,
+    ):
+        forked = "none" if fork is None else f"{fork.source_call_id} of {fork.source_capture_key}"
+        raise AttemptError(
+            capture_key,
+            f"a parent in another attempt must be the attempt's fork source: got "
+            f"{intended.parent_call_id} of {source}, the fork source is {forked}",
+            call_id,
+        )

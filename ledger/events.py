@@ -31,6 +31,7 @@ __all__ = [
     "CallFailed",
     "CallIntended",
     "Event",
+    "ForkSource",
     "LedgerPosition",
     "ReplaySummary",
     "RolloutFinalized",
@@ -141,6 +142,22 @@ class LedgerPosition(_Record):
     position: int = Field(ge=0)
 
 
+class ForkSource(_Record):
+    """The committed call a fork continues: ``source_call_id`` of attempt ``source_capture_key``
+    (another attempt), with the chain digest and length its commit recorded, so the fork's first
+    continuation is checked against the exact chain it was opened from (``docs/fork.md``).
+
+    Producer: ``CaptureService.open_attempt`` (``attempt.opened.fork_from``); consumers: the
+    capture views (the source call as a parent candidate), the ledger's intent check, and the
+    projector (the source chain as context of the fork's rows).
+    """
+
+    source_capture_key: Name
+    source_call_id: Name
+    source_chain_digest: Digest
+    source_cum_len: Count = Field(description="tokens of the source call's whole chain")
+
+
 @_register
 class AttemptOpened(Event):
     """An attempt (one execution of a harness for one logical rollout) starts.
@@ -171,6 +188,9 @@ class AttemptOpened(Event):
         pattern=r"^[0-9a-f]{64}$",  # pydantic: Rust regex, where $ is the end of text
         description="sha256 of the attempt's secret, bound to its capture key (None: it has none)",
     )
+    fork_from: ForkSource | None = Field(
+        default=None, description="the committed call of another attempt it forks (None: none)"
+    )
 
 
 @_register
@@ -188,6 +208,11 @@ class CallIntended(Event):
     call_id: Name
     decision: Literal["root", "continuation"]
     parent_call_id: Name | None = None
+    source_capture_key: Name | None = Field(
+        default=None,
+        description="the attempt that owns parent_call_id when it is not this one: the source "
+        "of a fork (None: the parent is this attempt's own call, or there is none)",
+    )
     root_reason: Code | None = Field(
         default=None, description="why the call is a root (initial request, rewrite, failed check)"
     )
@@ -218,6 +243,9 @@ class CallCommitted(Event):
     type: ClassVar[str] = "call.committed"
     call_id: Name
     parent_call_id: Name | None = None
+    source_capture_key: Name | None = Field(
+        default=None, description="the attempt that owns parent_call_id (None: this one)"
+    )
     prev_len: Count = Field(description="tokens inherited from the parent chain")
     delta_len: Count = Field(description="new tokens: prompt delta plus generated")
     cum_len: Count

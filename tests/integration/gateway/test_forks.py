@@ -1,0 +1,175 @@
+"""Forks through the gateway: an attempt opened from a committed call of another attempt.
+
+The source attempt plays two calls and commits them; a fork opened from its first call continues
+that call's conversation, exactly (docs/fork.md). Capture runs on every ledger database and blob
+backend; the refusals, which write nothing, on SQLite and local blobs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from grove.capture.gateway import CALL_ID_HEADER, CAPTURE_KEY_HEADER
+
+from .conftest import MODEL, Gateway
+from .test_completions import USER, ask, observe, reply
+
+
+def _source(gateway: Gateway) -> tuple[list[dict[str, Any]], str, str]:
+    """Open ``src`` and play two calls: (the conversation up to call 1's answer, call 1, 2)."""
+    gateway.open("src")
+    client = gateway.client("src")
+    first, first_headers = ask(client, [USER], extra_headers={CALL_ID_HEADER: "c1"})
+    history = [USER, reply(first)]
+    ask(client, [*history, observe("apples=3")], extra_headers={CALL_ID_HEADER: "c2"})
+    return history, first_headers["x-grove-call-id"], "c2"
+
+
+def _fork(gateway: Gateway, key: str, source: str, call_id: str) -> Any:
+    body = {
+        "capture_key": key,
+        "rollout_id": f"r-{key}",
+        "prompt_group": "g-fork",
+        "rollout_index": 0,
+        "fork_from": {"capture_key": source, "call_id": call_id},
+    }
+    return gateway.http.post("/v1/attempts", json=body)
+
+
+def _chain(gateway: Gateway, capture_key: str, call_id: str) -> tuple[int, ...]:
+    views = gateway.service.views
+    return views.chain_tokens(views.view(capture_key), call_id)
+
+
+def test_opening_a_fork_records_its_source_call_and_answers_its_answer(gateway: Gateway):
+    history, c1, _ = _source(gateway)
+    answer = _fork(gateway, "fork-1", "src", c1)
+    assert answer.status_code == 200, answer.text
+    source = gateway.state("src").calls[c1].committed
+    opened = gateway.state("fork-1").opened
+    assert opened is not None and opened.fork_from is not None
+    assert (opened.fork_from.source_capture_key, opened.fork_from.source_call_id) == ("src", c1)
+    assert opened.fork_from.source_chain_digest == source.chain_digest
+    assert opened.fork_from.source_cum_len == source.cum_len
+    assert answer.json()["fork_from"] == {
+        "source_capture_key": "src",
+        "source_call_id": c1,
+        "source_cum_len": source.cum_len,
+        "answer": history[1]["content"],
+    }
+    assert gateway.status("fork-1")["fork_from"] == answer.json()["fork_from"]
+
+
+def test_a_forks_call_that_extends_the_source_continues_it_on_the_source_chain(gateway: Gateway):
+    history, c1, _ = _source(gateway)
+    _fork(gateway, "fork-1", "src", c1)
+    _, headers = ask(gateway.client("fork-1"), [*history, observe("apples=4")])
+    call = gateway.state("fork-1").calls[headers["x-grove-call-id"]]
+    source = gateway.state("src").calls[c1].committed
+    assert (headers["x-grove-decision"], headers["x-grove-parent-call-id"]) == (
+        "continuation",
+        c1,
+    )
+    assert (call.intended.source_capture_key, call.committed.source_capture_key) == ("src", "src")
+    assert call.committed.prev_len == source.cum_len
+    # the fork's chain is the source chain's stored tokens, then its own delta
+    fork_chain = _chain(gateway, "fork-1", call.call_id)
+    assert fork_chain[: source.cum_len] == _chain(gateway, "src", c1)
+    assert len(fork_chain) == call.committed.cum_len
+    fork_status = gateway.status("fork-1")["calls"][0]
+    assert (fork_status["parent_call_id"], fork_status["source_capture_key"]) == (c1, "src")
+
+
+def test_a_forks_call_that_does_not_extend_the_source_is_a_new_root(local_gateway: Gateway):
+    gateway = local_gateway
+    _, c1, _ = _source(gateway)
+    _fork(gateway, "fork-1", "src", c1)
+    other = {"role": "user", "content": "Name a colour."}
+    _, headers = ask(gateway.client("fork-1"), [other])
+    call = gateway.state("fork-1").calls[headers["x-grove-call-id"]]
+    assert (headers["x-grove-decision"], headers["x-grove-root-reason"]) == (
+        "root",
+        "history_rewritten",
+    )
+    assert (call.parent_call_id, call.intended.source_capture_key) == (None, None)
+
+
+def test_a_fork_of_a_fork_continues_the_chain_through_both_sources(local_gateway: Gateway):
+    gateway = local_gateway
+    history, c1, _ = _source(gateway)
+    _fork(gateway, "fork-1", "src", c1)
+    forked, headers = ask(
+        gateway.client("fork-1"),
+        [*history, observe("apples=4")],
+        extra_headers={CALL_ID_HEADER: "f1"},
+    )
+    history_2 = [*history, observe("apples=4"), reply(forked)]
+    assert _fork(gateway, "fork-2", "fork-1", "f1").status_code == 200
+    _, headers = ask(gateway.client("fork-2"), [*history_2, observe("apples=5")])
+    call = gateway.state("fork-2").calls[headers["x-grove-call-id"]]
+    assert (call.parent_call_id, call.intended.source_capture_key) == ("f1", "fork-1")
+    f1 = gateway.state("fork-1").calls["f1"].committed
+    assert call.committed.prev_len == f1.cum_len
+    chain = _chain(gateway, "fork-2", call.call_id)
+    assert chain[: f1.cum_len] == _chain(gateway, "fork-1", "f1")
+    assert chain[: len(_chain(gateway, "src", c1))] == _chain(gateway, "src", c1)
+
+
+def test_a_fork_of_an_unknown_call_is_refused_and_writes_nothing(local_gateway: Gateway):
+    gateway = local_gateway
+    _source(gateway)
+    before = gateway.written()
+    answer = _fork(gateway, "fork-1", "src", "no-such-call")
+    assert answer.status_code == 409
+    assert "call 'no-such-call' of attempt 'src' is unknown" in answer.json()["error"]["message"]
+    assert gateway.written() == before
+
+
+def test_a_fork_of_an_unopened_attempt_is_refused_and_writes_nothing(local_gateway: Gateway):
+    gateway = local_gateway
+    before = gateway.written()
+    answer = _fork(gateway, "fork-1", "nowhere", "c1")
+    assert answer.status_code == 409
+    assert "'nowhere' is not an opened attempt" in answer.json()["error"]["message"]
+    assert gateway.written() == before
+
+
+def test_a_fork_of_a_rejected_call_is_refused_and_writes_nothing(local_gateway: Gateway):
+    gateway = local_gateway
+    _, c1, _ = _source(gateway)
+    assert gateway.http.post(f"/v1/attempts/src/calls/{c1}/reject").status_code == 200
+    before = gateway.written()
+    answer = _fork(gateway, "fork-1", "src", c1)
+    assert answer.status_code == 409
+    assert (
+        f"call {c1!r} of attempt 'src' is failed (rejected_by_harness)"
+        in answer.json()["error"]["message"]
+    )
+    assert gateway.written() == before
+
+
+def test_an_attempt_forking_itself_is_refused_and_writes_nothing(local_gateway: Gateway):
+    gateway = local_gateway
+    _, c1, _ = _source(gateway)
+    before = gateway.written()
+    answer = _fork(gateway, "src", "src", c1)
+    assert answer.status_code == 409
+    assert "an attempt cannot fork itself" in answer.json()["error"]["message"]
+    assert gateway.written() == before
+
+
+def test_a_forks_call_reusing_the_source_call_id_is_refused_and_writes_nothing(
+    local_gateway: Gateway,
+):
+    gateway = local_gateway
+    history, c1, _ = _source(gateway)
+    _fork(gateway, "fork-1", "src", c1)
+    before = gateway.written()
+    answer = gateway.http.post(
+        "/v1/chat/completions",
+        json={"model": MODEL, "messages": [*history, observe("apples=4")], "max_tokens": 4},
+        headers={CAPTURE_KEY_HEADER: "fork-1", CALL_ID_HEADER: c1},
+    )
+    assert answer.status_code == 409, answer.text
+    assert "must differ from its source call's" in answer.json()["error"]["message"]
+    assert gateway.written() == before
