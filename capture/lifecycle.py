@@ -80,6 +80,7 @@ from grove.ledger.events import (
     CallIntended,
     ForkSource,
     RolloutSelected,
+    SourceCall,
 )
 from grove.storage import BlobRef, BlobStore, CallDelta, staging_key
 
@@ -295,6 +296,7 @@ class CaptureService:
             source_call_id=source_call_id,
             source_chain_digest=committed.chain_digest,
             source_cum_len=committed.cum_len,
+            chain=_source_chain(source, source_call_id),
         )
 
     def source_answer(self, capture_key: str) -> str | None:
@@ -647,6 +649,35 @@ class CaptureService:
             capture_key=view.state.capture_key,
             model=model,
         )
+
+
+def _source_chain(source: AttemptState, call_id: str) -> tuple[SourceCall, ...]:
+    """The chain of committed call ``call_id`` of ``source``, root first: its own calls, after
+    the chain of ``source``'s fork source when the chain starts there."""
+    own: list[SourceCall] = []
+    inherited: tuple[SourceCall, ...] = ()
+    current: str | None = call_id
+    while current is not None:
+        call = source.calls[current]
+        committed = call.committed
+        assert committed is not None  # a committed call's ancestors are committed
+        own.append(
+            SourceCall(
+                capture_key=source.capture_key,
+                call_id=current,
+                blob_key=committed.blob_key,
+                blob_sha256=committed.blob_sha256,
+                blob_bytes=committed.blob_bytes,
+                chain_digest=committed.chain_digest,
+                finish_reason=committed.finish_reason,
+            )
+        )
+        if call.intended.source_capture_key is not None:
+            assert source.opened is not None and source.opened.fork_from is not None
+            inherited = source.opened.fork_from.chain
+            break
+        current = call.parent_call_id
+    return (*inherited, *reversed(own))
 
 
 def _fork_refusal_status(call: CallState) -> str:

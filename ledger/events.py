@@ -36,6 +36,7 @@ __all__ = [
     "ReplaySummary",
     "RolloutFinalized",
     "RolloutSelected",
+    "SourceCall",
     "event_class",
     "validate_payload",
 ]
@@ -142,6 +143,19 @@ class LedgerPosition(_Record):
     position: int = Field(ge=0)
 
 
+class SourceCall(_Record):
+    """One committed call of a fork's source chain, with what a reader needs to rebuild and
+    verify its tokens without reading its attempt: its blob and recorded chain digest."""
+
+    capture_key: Name
+    call_id: Name
+    blob_key: str = Field(max_length=512)
+    blob_sha256: Digest
+    blob_bytes: Size
+    chain_digest: Digest
+    finish_reason: str = Field(max_length=32)
+
+
 class ForkSource(_Record):
     """The committed call a fork continues: ``source_call_id`` of attempt ``source_capture_key``
     (another attempt), with the chain digest and length its commit recorded, so the fork's first
@@ -156,6 +170,11 @@ class ForkSource(_Record):
     source_call_id: Name
     source_chain_digest: Digest
     source_cum_len: Count = Field(description="tokens of the source call's whole chain")
+    chain: tuple[SourceCall, ...] = Field(
+        default=(),
+        description="the source call's chain, root first, ending with the source call; it "
+        "crosses into the source's own source when the source is a fork",
+    )
 
 
 @_register

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from grove.ledger.attempt import AttemptState, CallStatus
-from grove.ledger.events import RolloutFinalized
+from grove.ledger.events import CallCommitted, RolloutFinalized, SourceCall
 from grove.storage import BlobRef, BlobStore, MediaTensor, UnusableBlobError, row_chain_digests
 from grove.training.errors import RowError
 from grove.training.forest import CallRecord, Forest, ForestRow, MaskReason, build_forest
@@ -41,6 +41,7 @@ __all__ = [
     "masked_forest",
     "recorded_media_rules",
     "setting_mask_reason",
+    "source_id",
 ]
 
 
@@ -76,7 +77,10 @@ def call_policy_versions(state: AttemptState, call_ids: Sequence[str]) -> tuple[
     a call that records neither adds nothing."""
     versions = set()
     for call_id in call_ids:
-        call = state.calls[call_id]
+        call = state.calls.get(call_id)
+        if call is None:
+            continue  # a fork's source call (``source_id``): context, its own attempt's
+
         committed = call.committed.policy_version if call.committed else None
         version = committed if committed is not None else call.intended.policy_version
         if version is not None:
@@ -163,8 +167,21 @@ def decide(
         None,
     )
     records, extras, blob_mask = _records(state, selected, blobs)
-    forest = build_forest(records, selected, terminal=terminal)
-    mask = mask or blob_mask or forest.masked_reason or _chain_mismatch(state, forest, extras)
+    chain = _forked_chain(state, selected)
+    source_records, source_extras, source_mask = _source_records(chain, blobs)
+    extras.update(source_extras)
+    context = [source_id(c.capture_key, c.call_id) for c in chain]
+    forest = build_forest(
+        [*records, *source_records], [*context, *selected], terminal=terminal, context=context
+    )
+    digests = {source_id(c.capture_key, c.call_id): c.chain_digest for c in chain}
+    mask = (
+        mask
+        or blob_mask
+        or source_mask
+        or forest.masked_reason
+        or _chain_mismatch(state, forest, extras, digests)
+    )
     rows: tuple[RowTensors, ...] = ()
     if mask is None:
         try:
@@ -243,34 +260,89 @@ def _records(
         status = call.status.value
         if call.late:
             status = CallStatus.PENDING.value  # acknowledged after settling: never trains
+        source = call.intended.source_capture_key
+        parent = call.parent_call_id
+        if source is not None and parent is not None:
+            parent = source_id(source, parent)
         if committed is None or call.call_id not in wanted or call.late:
-            records.append(CallRecord(call.call_id, call.parent_call_id, [], [], [], status))
+            records.append(CallRecord(call.call_id, parent, [], [], [], status))
             continue
-        ref = BlobRef(committed.blob_key, committed.blob_sha256, committed.blob_bytes)
         try:
-            delta = blobs.get_delta(ref)
+            record, extra = _blob_record(call.call_id, parent, blobs, committed, status)
         except UnusableBlobError:
             return [], {}, MaskReason.BLOB_INVALID
-        records.append(  # over the tensors: the forest reads lengths, never Python lists
-            CallRecord.from_arrays(
-                call.call_id,
-                call.parent_call_id,
-                delta.prompt_delta,
-                delta.generated,
-                delta.logprobs,
-                status,
-                committed.finish_reason,
-            )
-        )
-        extras[call.call_id] = CallExtras(
-            routes=delta.routes,
-            media=_media_items(delta.media),
-            # The same tokens as tensors: rows are concatenated from them (training/rows.py).
-            prompt_tokens=delta.prompt_delta,
-            generated_tokens=delta.generated,
-            logprobs=delta.logprobs,
-        )
+        records.append(record)
+        extras[call.call_id] = extra
     return records, extras, None
+
+
+def source_id(capture_key: str, call_id: str) -> str:
+    """The id a fork's rows give call ``call_id`` of its source attempt ``capture_key``: it
+    cannot be one of the fork's own call ids (``/`` is no call id's character)."""
+    return f"{capture_key}/{call_id}"
+
+
+def _forked_chain(state: AttemptState, selected: Sequence[str]) -> tuple[SourceCall, ...]:
+    """The source chain a fork's selected calls continue (none when no selected call has a
+    parent in the fork source, or the attempt forks nothing)."""
+    opened = state.opened
+    if opened is None or opened.fork_from is None:
+        return ()
+    continues = any(
+        call_id in state.calls and state.calls[call_id].intended.source_capture_key is not None
+        for call_id in selected
+    )
+    return opened.fork_from.chain if continues else ()
+
+
+def _source_records(
+    chain: Sequence[SourceCall], blobs: BlobStore
+) -> tuple[list[CallRecord], dict[str, CallExtras], MaskReason | None]:
+    """Call records of a fork's source chain, from the blobs its opening recorded."""
+    records, extras = [], {}
+    parent: str | None = None
+    for call in chain:
+        call_id = source_id(call.capture_key, call.call_id)
+        try:
+            record, extra = _blob_record(call_id, parent, blobs, call)
+        except UnusableBlobError:
+            return [], {}, MaskReason.BLOB_INVALID
+        records.append(record)
+        extras[call_id] = extra
+        parent = call_id
+    return records, extras, None
+
+
+def _blob_record(
+    call_id: str,
+    parent: str | None,
+    blobs: BlobStore,
+    committed: CallCommitted | SourceCall,
+    status: str = CallStatus.COMMITTED.value,
+) -> tuple[CallRecord, CallExtras]:
+    """A committed call's record and extras from its delta blob (``UnusableBlobError``: missing
+    or corrupt)."""
+    delta = blobs.get_delta(
+        BlobRef(committed.blob_key, committed.blob_sha256, committed.blob_bytes)
+    )
+    record = CallRecord.from_arrays(  # over the tensors: the forest reads lengths, never lists
+        call_id,
+        parent,
+        delta.prompt_delta,
+        delta.generated,
+        delta.logprobs,
+        status,
+        committed.finish_reason,
+    )
+    extra = CallExtras(
+        routes=delta.routes,
+        media=_media_items(delta.media),
+        # The same tokens as tensors: rows are concatenated from them (training/rows.py).
+        prompt_tokens=delta.prompt_delta,
+        generated_tokens=delta.generated,
+        logprobs=delta.logprobs,
+    )
+    return record, extra
 
 
 def _media_items(media: Sequence[MediaTensor]) -> tuple[MediaItem, ...]:
@@ -298,13 +370,20 @@ def _owns_tokens(row: ForestRow) -> bool:
 
 
 def _chain_mismatch(
-    state: AttemptState, forest: Forest, extras: dict[str, CallExtras]
+    state: AttemptState,
+    forest: Forest,
+    extras: dict[str, CallExtras],
+    source_digests: dict[str, str],
 ) -> MaskReason | None:
-    """``blob_invalid`` when a row's tokens do not hash to its calls' recorded chain."""
+    """``blob_invalid`` when a row's tokens do not hash to its calls' recorded chain (a fork's
+    source calls: the digests its opening recorded, ``source_digests``)."""
     for row in forest.rows:
         lengths = [(s.generated_start - s.start, s.end - s.generated_start) for s in row.segments]
         recorded = []
         for call_id in row.call_ids:
+            if call_id in source_digests:
+                recorded.append(source_digests[call_id])
+                continue
             committed = state.calls[call_id].committed
             assert committed is not None  # a trainable forest's rows: selected, committed calls
             recorded.append(committed.chain_digest)

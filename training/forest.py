@@ -26,7 +26,7 @@ once, whatever the number of rows.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
@@ -242,6 +242,7 @@ def build_forest(
     selected: Sequence[str],
     terminal: str | None = None,
     strict: bool = False,
+    context: Collection[str] = (),
 ) -> Forest:
     """Rows of the selected calls: one per endpoint, each generated span owned by its first row.
 
@@ -250,6 +251,8 @@ def build_forest(
     endpoints, hence rows and ownership. ``terminal`` is the scored call's id, which must be
     selected. A broken rollout rule masks the rollout (``Forest.masked_reason``), or raises
     ``ForestError`` when ``strict``; malformed records (``RecordRule``) raise in every mode.
+    ``context`` names selected calls that rows carry as context only, never owned: a fork's
+    source chain, whose generated tokens belong to the source attempt (``docs/fork.md``).
     """
     if isinstance(selected, str):
         raise ForestError(
@@ -292,7 +295,7 @@ def build_forest(
     _check_acyclic(by_id, order)
     has_selected_child = {by_id[call_id].parent_id for call_id in order}
     endpoints = [call_id for call_id in order if call_id not in has_selected_child]
-    owned: set[str] = set()
+    owned: set[str] = set(context)  # never owned here: counted as owned already
     rows = [_build_row(_path_to(endpoint, by_id), owned) for endpoint in endpoints]
     return Forest(rows, endpoints, None, order, terminal, truncated)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from grove.capture.gateway import CALL_ID_HEADER, CAPTURE_KEY_HEADER
+from grove.training.finalization import decide
 
 from .conftest import MODEL, Gateway
 from .test_completions import USER, ask, observe, reply
@@ -173,3 +174,46 @@ def test_a_forks_call_reusing_the_source_call_id_is_refused_and_writes_nothing(
     assert answer.status_code == 409, answer.text
     assert "must differ from its source call's" in answer.json()["error"]["message"]
     assert gateway.written() == before
+
+
+def _rows(gateway: Gateway, capture_key: str) -> Any:
+    return decide(
+        gateway.state(capture_key),
+        gateway.service.blobs,
+        forest_training=True,
+        max_row_tokens=None,
+    )
+
+
+def test_a_forks_row_carries_the_source_chain_as_context_and_trains_its_own_tokens(
+    gateway: Gateway,
+):
+    history, c1, _ = _source(gateway)
+    _fork(gateway, "fork-1", "src", c1)
+    asked = [*history, observe("apples=4")]
+    forked, _ = ask(gateway.client("fork-1"), asked, extra_headers={CALL_ID_HEADER: "f1"})
+    answer = gateway.http.post(
+        "/v1/attempts/fork-1/result",
+        json={"reward": 1.0, "model_calls": ["f1"], "terminal_response_id": forked.id},
+    )
+    assert answer.status_code == 200, answer.text
+    decision = _rows(gateway, "fork-1")
+    assert decision.forest.masked_reason is None
+    (row,) = decision.rows
+    source = _chain(gateway, "src", c1)
+    f1 = gateway.state("fork-1").calls["f1"].committed
+    generated, logprobs = gateway.generated("fork-1", "f1")
+    own = len(_chain(gateway, "fork-1", "f1")) - len(source)
+    # worked out: the row is the source chain (context), the observation, then f1's generation
+    assert row.token_ids.tolist() == list(_chain(gateway, "fork-1", "f1"))
+    assert row.token_ids.tolist()[: len(source)] == list(source)
+    assert row.loss_mask.tolist() == [False] * (len(source) + own - len(generated)) + [True] * len(
+        generated
+    )
+    assert row.generation_logprobs.tolist()[-len(generated) :] == logprobs
+    assert row.generation_logprobs.tolist()[: -len(generated)] == [0.0] * (
+        len(source) + own - len(generated)
+    )
+    assert row.call_ids == ("src/c1", "f1")
+    assert row.owned_call_ids == ("f1",)
+    assert f1.prev_len == len(source)
