@@ -670,6 +670,8 @@ def _source_chain(source: AttemptState, call_id: str) -> tuple[SourceCall, ...]:
                 blob_bytes=committed.blob_bytes,
                 chain_digest=committed.chain_digest,
                 finish_reason=committed.finish_reason,
+                response_id=committed.response_id,
+                output_fingerprint=committed.output_fingerprint,
             )
         )
         if call.intended.source_capture_key is not None:

@@ -145,7 +145,8 @@ class LedgerPosition(_Record):
 
 class SourceCall(_Record):
     """One committed call of a fork's source chain, with what a reader needs to rebuild and
-    verify its tokens without reading its attempt: its blob and recorded chain digest."""
+    verify its tokens without reading its attempt (its blob and recorded chain digest) and to
+    match its answer in the fork's returned history (its response id and output fingerprint)."""
 
     capture_key: Name
     call_id: Name
@@ -154,6 +155,8 @@ class SourceCall(_Record):
     blob_bytes: Size
     chain_digest: Digest
     finish_reason: str = Field(max_length=32)
+    response_id: Name
+    output_fingerprint: Digest
 
 
 class ForkSource(_Record):

@@ -22,14 +22,14 @@ from dataclasses import dataclass
 
 import torch
 
-from grove.ledger.attempt import AttemptState, CallStatus
+from grove.ledger.attempt import AttemptState, CallState, CallStatus
 from grove.ledger.events import CallCommitted, RolloutFinalized, SourceCall
 from grove.storage import BlobRef, BlobStore, MediaTensor, UnusableBlobError, row_chain_digests
 from grove.training.errors import RowError
 from grove.training.forest import CallRecord, Forest, ForestRow, MaskReason, build_forest
 from grove.training.media_checks import MediaRules, check_row_media
 from grove.training.rows import CallExtras, MediaItem, RowTensors, rollout_rows
-from grove.training.selection import CapturedCall, completion_mask_reason
+from grove.training.selection import CapturedCall, completion_mask_reason, source_id
 
 __all__ = [
     "Decision",
@@ -48,19 +48,21 @@ __all__ = [
 def captured_calls(state: AttemptState) -> list[CapturedCall]:
     """The attempt's calls as selection policies see them, in intent order.
 
+    A fork's source chain comes first, as committed calls named ``source_id`` (their answers
+    open a fork's returned history; their tokens are context only, ``docs/fork.md``).
     A commit recorded after the attempt settled (late) counts as pending: it never trains. A
     committed call the harness rejected stays committed with ``failure_reason``
     ``rejected_by_harness`` (``CapturedCall.rejected``): a rejection is not a failure, so
     ``all_captured`` keeps it as an abandoned retry, while ``returned_history`` never matches it.
     """
-    records = []
+    records = _source_captured_calls(_fork_chain(state))
     for call in state.calls.values():
         committed = call.committed
         status = CallStatus.PENDING.value if call.late else call.status.value
         records.append(
             CapturedCall(
                 call_id=call.call_id,
-                parent_id=call.parent_call_id,
+                parent_id=_parent_id(call),
                 status=status,
                 response_id=committed.response_id if committed else None,
                 output_fingerprint=committed.output_fingerprint if committed else None,
@@ -166,11 +168,12 @@ def decide(
         ),
         None,
     )
-    records, extras, blob_mask = _records(state, selected, blobs)
     chain = _forked_chain(state, selected)
+    context = [source_id(c.capture_key, c.call_id) for c in chain]
+    selected = [c for c in selected if c not in context]  # source calls a history returned
+    records, extras, blob_mask = _records(state, selected, blobs)
     source_records, source_extras, source_mask = _source_records(chain, blobs)
     extras.update(source_extras)
-    context = [source_id(c.capture_key, c.call_id) for c in chain]
     forest = build_forest(
         [*records, *source_records], [*context, *selected], terminal=terminal, context=context
     )
@@ -260,10 +263,7 @@ def _records(
         status = call.status.value
         if call.late:
             status = CallStatus.PENDING.value  # acknowledged after settling: never trains
-        source = call.intended.source_capture_key
-        parent = call.parent_call_id
-        if source is not None and parent is not None:
-            parent = source_id(source, parent)
+        parent = _parent_id(call)
         if committed is None or call.call_id not in wanted or call.late:
             records.append(CallRecord(call.call_id, parent, [], [], [], status))
             continue
@@ -276,23 +276,45 @@ def _records(
     return records, extras, None
 
 
-def source_id(capture_key: str, call_id: str) -> str:
-    """The id a fork's rows give call ``call_id`` of its source attempt ``capture_key``: it
-    cannot be one of the fork's own call ids (``/`` is no call id's character)."""
-    return f"{capture_key}/{call_id}"
+def _source_captured_calls(chain: Sequence[SourceCall]) -> list[CapturedCall]:
+    """A fork's source chain as committed calls named ``source_id``, each the parent of the
+    next."""
+    records: list[CapturedCall] = []
+    for source in chain:
+        records.append(
+            CapturedCall(
+                call_id=source_id(source.capture_key, source.call_id),
+                parent_id=records[-1].call_id if records else None,
+                status=CallStatus.COMMITTED.value,
+                response_id=source.response_id,
+                output_fingerprint=source.output_fingerprint,
+                finish_reason=source.finish_reason,
+            )
+        )
+    return records
+
+
+def _parent_id(call: CallState) -> str | None:
+    """The id of ``call``'s parent as a fork's rows name it: ``source_id`` for a parent in the
+    fork source, the parent's own call id otherwise."""
+    source, parent = call.intended.source_capture_key, call.parent_call_id
+    return parent if source is None or parent is None else source_id(source, parent)
+
+
+def _fork_chain(state: AttemptState) -> tuple[SourceCall, ...]:
+    """The source chain of a fork (none for an attempt that forks nothing)."""
+    opened = state.opened
+    return () if opened is None or opened.fork_from is None else opened.fork_from.chain
 
 
 def _forked_chain(state: AttemptState, selected: Sequence[str]) -> tuple[SourceCall, ...]:
     """The source chain a fork's selected calls continue (none when no selected call has a
     parent in the fork source, or the attempt forks nothing)."""
-    opened = state.opened
-    if opened is None or opened.fork_from is None:
-        return ()
     continues = any(
         call_id in state.calls and state.calls[call_id].intended.source_capture_key is not None
         for call_id in selected
     )
-    return opened.fork_from.chain if continues else ()
+    return _fork_chain(state) if continues else ()
 
 
 def _source_records(

@@ -112,6 +112,21 @@ __all__ = [
 ]
 
 
+SOURCE_SEPARATOR: Final = "/"
+"""Joins a fork's source attempt and call in the id the fork's records give a source call; no
+call id holds it (a call id is part of its blob key, ``docs/storage.md``)."""
+
+
+def source_id(capture_key: str, call_id: str) -> str:
+    """The id a fork's records and rows give call ``call_id`` of its source attempt
+    ``capture_key`` (re-exported by ``grove.training.finalization``)."""
+    return f"{capture_key}{SOURCE_SEPARATOR}{call_id}"
+
+
+def _is_source_id(call_id: str) -> bool:
+    return SOURCE_SEPARATOR in call_id
+
+
 class SelectionPolicyFailed(TrainingError):
     """A selection policy raised something other than ``SelectionError``: a fault of the
     server's policy code, not of the harness's result (never a ``ValueError``, so never a 4xx);
@@ -386,7 +401,8 @@ def _checked_selection(
             )
         if record.call_id in call_ids:
             raise _policy_error(name, f"call {record.call_id!r} is selected twice")
-        call_ids.append(record.call_id)
+        if not _is_source_id(record.call_id):  # a fork's source: context, never selected
+            call_ids.append(record.call_id)
     if terminal is None:
         raise _policy_error(
             name, "it returned no terminal_response_id; the scored response must be identified"

@@ -217,3 +217,39 @@ def test_a_forks_row_carries_the_source_chain_as_context_and_trains_its_own_toke
     assert row.call_ids == ("src/c1", "f1")
     assert row.owned_call_ids == ("f1",)
     assert f1.prev_len == len(source)
+
+
+def test_a_forks_returned_history_selects_its_own_calls_after_the_source_answers(
+    local_gateway: Gateway,
+):
+    gateway = local_gateway
+    history, c1, _ = _source(gateway)
+    _fork(gateway, "fork-1", "src", c1)
+    asked = [*history, observe("apples=4")]
+    forked, _ = ask(gateway.client("fork-1"), asked, extra_headers={CALL_ID_HEADER: "f1"})
+    answer = gateway.http.post(
+        "/v1/attempts/fork-1/result", json={"reward": 0.5, "output": [*asked, reply(forked)]}
+    )
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["selection"]["call_ids"] == ["f1"]  # the source answers are context
+    (row,) = _rows(gateway, "fork-1").rows
+    assert row.call_ids == (f"src/{c1}", "f1")
+    assert row.owned_call_ids == ("f1",)
+    assert row.token_ids.tolist() == list(_chain(gateway, "fork-1", "f1"))
+
+
+def test_a_call_id_with_a_slash_is_refused_so_no_call_takes_a_source_calls_name(
+    local_gateway: Gateway,
+):
+    gateway = local_gateway
+    history, c1, _ = _source(gateway)
+    _fork(gateway, "fork-1", "src", c1)
+    before = gateway.written()
+    answer = gateway.http.post(
+        "/v1/chat/completions",
+        json={"model": MODEL, "messages": [*history, observe("apples=4")], "max_tokens": 4},
+        headers={CAPTURE_KEY_HEADER: "fork-1", CALL_ID_HEADER: "src/c9"},
+    )
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["code"] == "invalid_key"
+    assert gateway.written() == before
