@@ -120,16 +120,8 @@ class AttemptViews:
         replay summary), once the view first holds the opening: a request that extends the
         source conversation then continues it. Nothing for an attempt that forks nothing."""
         opened = view.state.opened
-        fork = None if opened is None else opened.fork_from
-        if fork is None:
-            return
-        source = self.view(fork.source_capture_key).state
-        committed = committed_parent(source, fork.source_call_id)
-        view.index.add(
-            committed.replay_summary.candidate(
-                fork.source_call_id, CallStatus.COMMITTED, frozenset({committed.response_id})
-            )
-        )
+        if opened is not None and opened.fork_from is not None:
+            view.index.add(opened.fork_from.candidate())
 
     def owner(self, view: AttemptView, call_id: str) -> AttemptView:
         """The view of the attempt that owns ``call_id`` as a parent of ``view``'s calls: the

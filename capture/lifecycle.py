@@ -296,6 +296,7 @@ class CaptureService:
             source_call_id=source_call_id,
             source_chain_digest=committed.chain_digest,
             source_cum_len=committed.cum_len,
+            source_replay_summary=committed.replay_summary,
             chain=_source_chain(source, source_call_id),
         )
 

@@ -173,11 +173,21 @@ class ForkSource(_Record):
     source_call_id: Name
     source_chain_digest: Digest
     source_cum_len: Count = Field(description="tokens of the source call's whole chain")
+    source_replay_summary: ReplaySummary = Field(
+        description="the source call's commit's replay summary: what admission matches"
+    )
     chain: tuple[SourceCall, ...] = Field(
-        default=(),
+        min_length=1,
         description="the source call's chain, root first, ending with the source call; it "
         "crosses into the source's own source when the source is a fork",
     )
+
+    def candidate(self) -> CandidateCall:
+        """The source call as a parent candidate of the fork's calls (the capture views and
+        replay index it before the fork's own calls)."""
+        return self.source_replay_summary.candidate(
+            self.source_call_id, CallStatus.COMMITTED, frozenset({self.chain[-1].response_id})
+        )
 
 
 @_register
