@@ -253,3 +253,27 @@ def test_a_call_id_with_a_slash_is_refused_so_no_call_takes_a_source_calls_name(
     assert answer.status_code == 400, answer.text
     assert answer.json()["error"]["code"] == "invalid_key"
     assert gateway.written() == before
+
+
+def test_a_fork_of_a_forks_row_carries_both_sources_as_context(local_gateway: Gateway):
+    gateway = local_gateway
+    history, c1, _ = _source(gateway)
+    _fork(gateway, "fork-1", "src", c1)
+    asked = [*history, observe("apples=4")]
+    forked, _ = ask(gateway.client("fork-1"), asked, extra_headers={CALL_ID_HEADER: "f1"})
+    _fork(gateway, "fork-2", "fork-1", "f1")
+    asked_2 = [*asked, reply(forked), observe("apples=5")]
+    last, _ = ask(gateway.client("fork-2"), asked_2, extra_headers={CALL_ID_HEADER: "f2"})
+    answer = gateway.http.post(
+        "/v1/attempts/fork-2/result", json={"reward": 1.0, "output": [*asked_2, reply(last)]}
+    )
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["selection"]["call_ids"] == ["f2"]
+    (row,) = _rows(gateway, "fork-2").rows
+    assert row.call_ids == (f"src/{c1}", "fork-1/f1", "f2")
+    assert row.owned_call_ids == ("f2",)
+    assert row.token_ids.tolist() == list(_chain(gateway, "fork-2", "f2"))
+    generated, logprobs = gateway.generated("fork-2", "f2")
+    context = len(_chain(gateway, "fork-2", "f2")) - len(generated)
+    assert row.loss_mask.tolist() == [False] * context + [True] * len(generated)
+    assert row.generation_logprobs.tolist()[context:] == logprobs
