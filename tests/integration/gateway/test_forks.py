@@ -9,7 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from grove.capture.gateway import CALL_ID_HEADER, CAPTURE_KEY_HEADER
+from grove.ledger.attempt import AttemptError
+from grove.ledger.events import CallIntended
 from grove.training.finalization import decide
 
 from .conftest import MODEL, Gateway
@@ -277,3 +281,47 @@ def test_a_fork_of_a_forks_row_carries_both_sources_as_context(local_gateway: Ga
     context = len(_chain(gateway, "fork-2", "f2")) - len(generated)
     assert row.loss_mask.tolist() == [False] * context + [True] * len(generated)
     assert row.generation_logprobs.tolist()[context:] == logprobs
+
+
+def _intent_with_parent(gateway: Gateway, source: str | None, parent: str) -> CallIntended:
+    """An intent of call ``x1`` of ``fork-1`` continuing ``parent`` of ``source``, built from
+    the fork source's recorded summary."""
+    opened = gateway.state("fork-1").opened
+    assert opened is not None and opened.fork_from is not None
+    return CallIntended(
+        call_id="x1",
+        decision="continuation",
+        parent_call_id=parent,
+        source_capture_key=source,
+        replay_summary=opened.fork_from.source_replay_summary,
+        prompt_tokens=opened.fork_from.source_cum_len + 1,
+    )
+
+
+def test_the_ledger_refuses_a_parent_in_an_attempt_that_is_not_the_fork_source(
+    local_gateway: Gateway,
+):
+    gateway = local_gateway
+    _, c1, _ = _source(gateway)
+    gateway.open("other")
+    _fork(gateway, "fork-1", "src", c1)
+    before = gateway.written()
+    with pytest.raises(AttemptError, match="must be the attempt's fork source: got c1 of other"):
+        gateway.service.log.intend("fork-1", _intent_with_parent(gateway, "other", c1))
+    with pytest.raises(AttemptError, match="got c2 of src, the fork source is c1 of src"):
+        gateway.service.log.intend("fork-1", _intent_with_parent(gateway, "src", "c2"))
+    assert gateway.written() == before
+
+
+def test_the_ledger_refuses_a_parent_in_another_attempt_of_an_attempt_that_forks_nothing(
+    local_gateway: Gateway,
+):
+    gateway = local_gateway
+    _, c1, _ = _source(gateway)
+    _fork(gateway, "fork-1", "src", c1)
+    gateway.open("plain")
+    intended = _intent_with_parent(gateway, "src", c1)
+    before = gateway.written()
+    with pytest.raises(AttemptError, match="the fork source is none"):
+        gateway.service.log.intend("plain", intended)
+    assert gateway.written() == before
