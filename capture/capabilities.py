@@ -178,6 +178,9 @@ def open_with_token(
             selection_policy=request.selection_policy,
             seed=request.seed,
             attempt_token_digest=attempt_token_digest(key, token),
+            fork_from=None
+            if request.fork_from is None
+            else (request.fork_from.capture_key, request.fork_from.call_id),
         )
     except EventIdConflict:
         state = service.state(key)

@@ -28,12 +28,21 @@ event lacks are not compared)."""
 
 
 def opened_differences(recorded: AttemptOpened, fields: Mapping[str, Any]) -> str:
-    """The opening ``fields`` that differ from the recorded ``attempt.opened`` ("" if none)."""
-    return _describe(
+    """The opening ``fields`` that differ from the recorded ``attempt.opened`` ("" if none);
+    ``fork_from`` (``{"capture_key", "call_id"}`` or None) is compared with the recorded source."""
+    found = [
         (name, fields[name], getattr(recorded, name, None))
         for name in OPENED_FIELDS
         if name in fields and fields[name] != getattr(recorded, name, None)
-    )
+    ]
+    if "fork_from" in fields:
+        asked = fields["fork_from"]
+        got = None if asked is None else f"{asked['capture_key']}/{asked['call_id']}"
+        source = recorded.fork_from
+        had = None if source is None else f"{source.source_capture_key}/{source.source_call_id}"
+        if got != had:
+            found.append(("fork_from", got, had))
+    return _describe(found)
 
 
 def selection_differences(recorded: RolloutSelected, candidate: RolloutSelected) -> str:

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Annotated, Any, Final, TypeVar, cast
+from typing import Annotated, Any, Final, TypeVar
 
 from fastapi import APIRouter, Depends, FastAPI, Header, Request, Response
 
@@ -46,7 +46,6 @@ from grove.capture.capabilities import (
     AttemptToken,
     OpenedAttempt,
     gateway_token_check,
-    open_with_token,
 )
 from grove.capture.chat_api import ChatCompletion, ChatCompletionRequest, chat_completion
 from grove.capture.gateway_service import GatewayService, Selector
@@ -84,7 +83,6 @@ from grove.capture.wire import (
     attempt_status,
 )
 from grove.ledger.attempt import DEFAULT_SETTLE_TIMEOUT_S
-from grove.ledger.store import validate_stream_id
 
 __all__ = [
     "CALL_ID_HEADER",
@@ -279,13 +277,7 @@ def create_app(
     def open_attempt(request: OpenAttemptRequest, token: AttemptToken = None) -> OpenedAttempt:
         """Open an attempt: one execution of the harness for one logical rollout. Answers its
         token (``token``: the caller's proposal, or the token of a repeated opening)."""
-        if request.fork_from is None:
-            return gateway.open(request, token)
-        validate_stream_id(request.capture_key)
-        fork = (request.fork_from.capture_key, request.fork_from.call_id)
-        forking = cast(CaptureService, _ForkOpener(gateway.service, fork))
-        opened = open_with_token(forking, gateway.attempts.resolve(request), token)
-        return _with_source_answer(gateway.service, opened)
+        return _with_source_answer(gateway.service, gateway.open(request, token))
 
     @api.get("/attempts/{capture_key}", response_model=AttemptStatus, dependencies=on_attempt)
     def get_attempt(capture_key: str) -> AttemptStatus:
@@ -329,22 +321,6 @@ def create_app(
 
     app.include_router(api)
     return app
-
-
-class _ForkOpener:
-    """The capture service as ``open_with_token`` drives it, opening a fork of ``fork``
-    (capture key, call id): its openings carry ``fork_from``, everything else is the service's."""
-
-    def __init__(self, service: CaptureService, fork: tuple[str, str]) -> None:
-        self.service = service
-        self.fork = fork
-
-    def open_attempt(self, capture_key: str, **fields: Any) -> int | None:
-        """Open ``capture_key`` as a fork of ``fork`` (``CaptureService.open_attempt``)."""
-        return self.service.open_attempt(capture_key, fork_from=self.fork, **fields)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.service, name)
 
 
 S = TypeVar("S", bound=AttemptStatus)

@@ -374,5 +374,7 @@ def verify_admissions(
             continue
         if isinstance(event, CallIntended):
             checks.append(_rerun_admission(stored.position, event, index))
+        if isinstance(event, AttemptOpened) and event.fork_from is not None:
+            index.add(event.fork_from.candidate())  # a fork's calls may continue its source
         index_call_event(index, state, event)
     return tuple(checks)

@@ -13,6 +13,7 @@ import pytest
 
 from grove.capture.gateway import CALL_ID_HEADER, CAPTURE_KEY_HEADER
 from grove.ledger.attempt import AttemptError
+from grove.ledger.event_replay import CheckOutcome, verify_admissions
 from grove.ledger.events import CallIntended
 from grove.training.finalization import decide
 
@@ -325,3 +326,48 @@ def test_the_ledger_refuses_a_parent_in_another_attempt_of_an_attempt_that_forks
     with pytest.raises(AttemptError, match="the fork source is none"):
         gateway.service.log.intend("plain", intended)
     assert gateway.written() == before
+
+
+def test_replay_re_runs_a_forks_continuation_of_its_source_alike(local_gateway: Gateway):
+    gateway = local_gateway
+    history, c1, _ = _source(gateway)
+    _fork(gateway, "fork-1", "src", c1)
+    _, headers = ask(gateway.client("fork-1"), [*history, observe("apples=4")])
+    assert headers["x-grove-decision"] == "continuation"
+
+    events = gateway.service.log.store.read_stream("fork-1")
+    checks = verify_admissions("fork-1", events)
+
+    assert [(c.subject, c.outcome) for c in checks] == [
+        (headers["x-grove-call-id"], CheckOutcome.SAME)
+    ]
+
+
+def test_opening_a_fork_again_from_the_same_call_is_idempotent(local_gateway: Gateway):
+    gateway = local_gateway
+    _, c1, _ = _source(gateway)
+    first = _fork(gateway, "fork-1", "src", c1)
+    events = gateway.written()
+
+    again = _fork(gateway, "fork-1", "src", c1)
+
+    assert again.status_code == 200, again.text
+    assert again.json() == first.json()
+    assert gateway.written() == events
+
+
+def test_opening_a_fork_again_from_another_call_is_a_conflict_naming_fork_from(
+    local_gateway: Gateway,
+):
+    gateway = local_gateway
+    _, c1, c2 = _source(gateway)
+    _fork(gateway, "fork-1", "src", c1)
+    events = gateway.written()
+
+    again = _fork(gateway, "fork-1", "src", c2)
+
+    assert again.status_code == 409
+    error = again.json()["error"]
+    assert error["code"] == "conflicting_event"
+    assert f"fork_from: got 'src/{c2}', recorded 'src/{c1}'" in error["message"]
+    assert gateway.written() == events
