@@ -38,6 +38,20 @@ def run_chromium(binary: str, profile: Path, *args: str) -> subprocess.Completed
     return result
 
 
+def screenshot(binary: str, page: Path, directory: Path, name: str) -> Path:
+    """A 1400 x 1000 screenshot of ``page`` by ``binary``, written as ``directory/name``."""
+    shot = directory / name
+    run_chromium(
+        binary,
+        directory / "profile",
+        "--hide-scrollbars",
+        "--window-size=1400,1000",
+        f"--screenshot={shot}",
+        page.as_uri(),
+    )
+    return shot
+
+
 def console_messages(result: subprocess.CompletedProcess[bytes]) -> list[str]:
     """What the page wrote to its console (script errors included), from a run with
     ``--enable-logging=stderr``."""

@@ -14,7 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser.chromium import PNG_SIGNATURE, console_messages, pixel_colors, run_chromium
+from tests.browser.chromium import (
+    PNG_SIGNATURE,
+    console_messages,
+    pixel_colors,
+    run_chromium,
+    screenshot,
+)
 from tests.browser.test_report_in_chromium import REWARD
 from tests.integration.tools.test_report import ReportDom
 from tests.unit.jobs.warm_cache import seed_workdir
@@ -65,15 +71,7 @@ def test_chromium_keeps_the_demo_reward_chart_with_a_point_per_step(
 
 
 def test_chromium_paints_the_demo_reward_in_its_colour(chromium: str, page: Path, tmp_path: Path):
-    shot = tmp_path / "demo-report.png"
-    run_chromium(
-        chromium,
-        tmp_path / "profile",
-        "--hide-scrollbars",
-        "--window-size=1400,1000",
-        f"--screenshot={shot}",
-        page.as_uri(),
-    )
+    shot = screenshot(chromium, page, tmp_path, "demo-report.png")
 
     assert shot.read_bytes()[:8] == PNG_SIGNATURE
     # two points of radius 3 and the line between them, beyond a legend swatch's 100 pixels

@@ -12,7 +12,13 @@ from pathlib import Path
 import pytest
 
 from grove.tools.report import write_report
-from tests.browser.chromium import PNG_SIGNATURE, console_messages, pixel_colors, run_chromium
+from tests.browser.chromium import (
+    PNG_SIGNATURE,
+    console_messages,
+    pixel_colors,
+    run_chromium,
+    screenshot,
+)
 from tests.integration.tools.test_report import SAMPLE_SERIES, ReportDom, write_sample_run
 
 # the headline series' colours (grove/tools/report.py), which no other chart uses, as RGB
@@ -49,15 +55,7 @@ def test_chromium_keeps_every_chart_and_point_in_the_dom(chromium: str, page: Pa
 def test_chromium_paints_each_headline_series_in_its_colour(
     chromium: str, page: Path, tmp_path: Path
 ):
-    shot = tmp_path / "report.png"
-    run_chromium(
-        chromium,
-        tmp_path / "profile",
-        "--hide-scrollbars",
-        "--window-size=1400,1000",
-        f"--screenshot={shot}",
-        page.as_uri(),
-    )
+    shot = screenshot(chromium, page, tmp_path, "report.png")
     assert shot.read_bytes()[:8] == PNG_SIGNATURE
     colors = pixel_colors(shot)
     headline = {"reward": REWARD, "tmpe": TMPE, "rows": ROWS, "dropped": DROPPED, "masked": MASKED}

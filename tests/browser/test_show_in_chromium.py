@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser.chromium import PNG_SIGNATURE, run_chromium
+from tests.browser.chromium import PNG_SIGNATURE, run_chromium, screenshot
 from tests.integration.tools.ledgers import DemoLedger, demo_ledger, written_page
 from tests.integration.tools.page_dom import PageDom
 
@@ -45,15 +45,7 @@ def test_chromium_renders_the_graph_nodes_and_rows_into_the_dom(
 
 
 def test_chromium_screenshots_the_page(chromium: str, page: Path, tmp_path: Path):
-    shot = tmp_path / "attempt.png"
-    run_chromium(
-        chromium,
-        tmp_path / "profile",
-        "--hide-scrollbars",
-        "--window-size=1400,1000",
-        f"--screenshot={shot}",
-        page.as_uri(),
-    )
+    shot = screenshot(chromium, page, tmp_path, "attempt.png")
     data = shot.read_bytes()
     assert data[:8] == PNG_SIGNATURE
     width, height = struct.unpack(">II", data[16:24])  # the IHDR chunk
