@@ -63,6 +63,7 @@ from grove.capture.failure_reasons import (
     STORAGE_ERROR,
     failure_detail,
 )
+from grove.capture.forks import fork_source
 from grove.capture.media import MediaPlan, plan_media, request_images
 from grove.capture.render import NormalizedRequest, Renderer, RenderOptions, normalize_messages
 from grove.capture.splice import PromptPlan, RawOutput, plan_call
@@ -72,7 +73,6 @@ from grove.ledger.attempt import (
     AttemptError,
     AttemptLog,
     AttemptState,
-    CallState,
 )
 from grove.ledger.events import (
     AttemptOpened,
@@ -80,7 +80,6 @@ from grove.ledger.events import (
     CallIntended,
     ForkSource,
     RolloutSelected,
-    SourceCall,
 )
 from grove.storage import BlobRef, BlobStore, CallDelta, staging_key
 
@@ -263,42 +262,14 @@ class CaptureService:
 
     def fork_source(self, capture_key: str, source_key: str, source_call_id: str) -> ForkSource:
         """The fork source of attempt ``capture_key`` at call ``source_call_id`` of
-        ``source_key``: ``AttemptError`` unless that is a committed call (not late) of another
-        attempt that was opened."""
+        ``source_key`` (``grove.capture.forks.fork_source``)."""
         if source_key == capture_key:
             raise AttemptError(
                 capture_key,
                 "an attempt cannot fork itself: fork_from must name a call of another attempt",
                 source_call_id,
             )
-        source = self.views.view(source_key).state
-        if source.opened is None:
-            raise AttemptError(
-                capture_key, f"the fork source {source_key!r} is not an opened attempt", None
-            )
-        call = source.calls.get(source_call_id)
-        if (
-            call is None
-            or call.failure is not None  # a rejected response is never a parent
-            or source_call_id not in source.parentable_call_ids
-        ):
-            status = "unknown" if call is None else _fork_refusal_status(call)
-            raise AttemptError(
-                capture_key,
-                f"a fork continues a committed call, but call {source_call_id!r} of attempt "
-                f"{source_key!r} is {status}",
-                source_call_id,
-            )
-        committed = call.committed
-        assert committed is not None  # parentable calls are committed
-        return ForkSource(
-            source_capture_key=source_key,
-            source_call_id=source_call_id,
-            source_chain_digest=committed.chain_digest,
-            source_cum_len=committed.cum_len,
-            source_replay_summary=committed.replay_summary,
-            chain=_source_chain(source, source_call_id),
-        )
+        return fork_source(capture_key, self.views.view(source_key).state, source_call_id)
 
     def source_answer(self, capture_key: str) -> str | None:
         """The exact generated text of the call attempt ``capture_key`` forks (stop token
@@ -650,46 +621,6 @@ class CaptureService:
             capture_key=view.state.capture_key,
             model=model,
         )
-
-
-def _source_chain(source: AttemptState, call_id: str) -> tuple[SourceCall, ...]:
-    """The chain of committed call ``call_id`` of ``source``, root first: its own calls, after
-    the chain of ``source``'s fork source when the chain starts there."""
-    own: list[SourceCall] = []
-    inherited: tuple[SourceCall, ...] = ()
-    current: str | None = call_id
-    while current is not None:
-        call = source.calls[current]
-        committed = call.committed
-        assert committed is not None  # a committed call's ancestors are committed
-        own.append(
-            SourceCall(
-                capture_key=source.capture_key,
-                call_id=current,
-                blob_key=committed.blob_key,
-                blob_sha256=committed.blob_sha256,
-                blob_bytes=committed.blob_bytes,
-                chain_digest=committed.chain_digest,
-                finish_reason=committed.finish_reason,
-                response_id=committed.response_id,
-                output_fingerprint=committed.output_fingerprint,
-            )
-        )
-        if call.intended.source_capture_key is not None:
-            assert source.opened is not None and source.opened.fork_from is not None
-            inherited = source.opened.fork_from.chain
-            break
-        current = call.parent_call_id
-    return (*inherited, *reversed(own))
-
-
-def _fork_refusal_status(call: CallState) -> str:
-    """What a call that cannot be forked is: late, failed for a reason, or still pending."""
-    if call.late:
-        return "late"
-    if call.failure is not None:
-        return f"failed ({call.failure.reason})"
-    return call.status.value
 
 
 def _intended_elsewhere(prepared: _PreparedCall) -> AttemptError:

@@ -1,0 +1,85 @@
+"""Fork sources: the committed call of another attempt that a fork continues (``docs/fork.md``).
+
+``fork_source`` checks that the named call can be continued (a committed call, not late, of an
+opened attempt) and records its chain, root first, crossing into the source's own fork source, so
+the fork's rows read the source tokens from the blobs the chain names.
+"""
+
+from __future__ import annotations
+
+from grove.ledger.attempt import AttemptError, AttemptState, CallState
+from grove.ledger.events import ForkSource, SourceCall
+
+__all__ = ["fork_source"]
+
+
+def fork_source(capture_key: str, source: AttemptState, source_call_id: str) -> ForkSource:
+    """The fork source of attempt ``capture_key`` at call ``source_call_id`` of ``source``:
+    ``AttemptError`` unless that is a committed call (not late) of an opened attempt."""
+    if source.opened is None:
+        raise AttemptError(
+            capture_key, f"the fork source {source.capture_key!r} is not an opened attempt", None
+        )
+    call = source.calls.get(source_call_id)
+    if (
+        call is None
+        or call.failure is not None  # a rejected response is never a parent
+        or source_call_id not in source.parentable_call_ids
+    ):
+        status = "unknown" if call is None else _fork_refusal_status(call)
+        raise AttemptError(
+            capture_key,
+            f"a fork continues a committed call, but call {source_call_id!r} of attempt "
+            f"{source.capture_key!r} is {status}",
+            source_call_id,
+        )
+    committed = call.committed
+    assert committed is not None  # parentable calls are committed
+    return ForkSource(
+        source_capture_key=source.capture_key,
+        source_call_id=source_call_id,
+        source_chain_digest=committed.chain_digest,
+        source_cum_len=committed.cum_len,
+        source_replay_summary=committed.replay_summary,
+        chain=_source_chain(source, source_call_id),
+    )
+
+
+def _source_chain(source: AttemptState, call_id: str) -> tuple[SourceCall, ...]:
+    """The chain of committed call ``call_id`` of ``source``, root first: its own calls, after
+    the chain of ``source``'s fork source when the chain starts there."""
+    own: list[SourceCall] = []
+    inherited: tuple[SourceCall, ...] = ()
+    current: str | None = call_id
+    while current is not None:
+        call = source.calls[current]
+        committed = call.committed
+        assert committed is not None  # a committed call's ancestors are committed
+        own.append(
+            SourceCall(
+                capture_key=source.capture_key,
+                call_id=current,
+                blob_key=committed.blob_key,
+                blob_sha256=committed.blob_sha256,
+                blob_bytes=committed.blob_bytes,
+                chain_digest=committed.chain_digest,
+                finish_reason=committed.finish_reason,
+                response_id=committed.response_id,
+                output_fingerprint=committed.output_fingerprint,
+            )
+        )
+        if call.intended.source_capture_key is not None:
+            assert source.opened is not None and source.opened.fork_from is not None
+            inherited = source.opened.fork_from.chain
+            break
+        current = call.parent_call_id
+    return (*inherited, *reversed(own))
+
+
+def _fork_refusal_status(call: CallState) -> str:
+    """What a call that cannot be forked is: late, failed for a reason, or still pending."""
+    if call.late:
+        return "late"
+    if call.failure is not None:
+        return f"failed ({call.failure.reason})"
+    return call.status.value
