@@ -154,8 +154,8 @@ def test_verify_reports_a_changed_forest_and_exits_non_zero(
 ):
     build_forest = finalization.build_forest
 
-    def reversed_paths(records, selected, terminal=None):
-        return build_forest(records, list(reversed(selected)), terminal=terminal)
+    def reversed_paths(records, selected, terminal=None, **options):
+        return build_forest(records, list(reversed(selected)), terminal=terminal, **options)
 
     monkeypatch.setattr(finalization, "build_forest", reversed_paths)
     outcome = _replay(demo, demo.showcase_key, "--verify")
