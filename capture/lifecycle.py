@@ -47,7 +47,7 @@ import contextvars
 import hashlib
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, Final
@@ -55,6 +55,7 @@ from typing import Any, Final
 from grove.capture.attempt_settings import DEFAULT_FOREST_MODE
 from grove.capture.attempt_views import DEFAULT_CACHED_VIEWS, AttemptView, AttemptViews
 from grove.capture.call_events import CommittedOutput, commit_event, intent_event
+from grove.capture.calls import CallOutcome, MeasuredCall, ModelCall
 from grove.capture.engine import Engine, Generation, SamplingParams
 from grove.capture.failure_reasons import (
     ENGINE_ERROR,
@@ -65,72 +66,18 @@ from grove.capture.failure_reasons import (
 )
 from grove.capture.forks import fork_source
 from grove.capture.media import MediaPlan, plan_media, request_images
-from grove.capture.render import NormalizedRequest, Renderer, RenderOptions, normalize_messages
+from grove.capture.render import NormalizedRequest, Renderer, normalize_messages
 from grove.capture.splice import PromptPlan, RawOutput, plan_call
-from grove.ledger.admission import AdmissionDecision
 from grove.ledger.attempt import (
     DEFAULT_SETTLE_TIMEOUT_S,
     AttemptError,
     AttemptLog,
     AttemptState,
 )
-from grove.ledger.events import (
-    AttemptOpened,
-    CallFailed,
-    CallIntended,
-    ForkSource,
-    RolloutSelected,
-)
+from grove.ledger.events import AttemptOpened, CallFailed, CallIntended, ForkSource, RolloutSelected
 from grove.storage import BlobRef, BlobStore, CallDelta, staging_key
 
-__all__ = [
-    "CallOutcome",
-    "CaptureService",
-    "MeasuredCall",
-    "ModelCall",
-    "derived_seed",
-]
-
-
-@dataclass(frozen=True)
-class ModelCall:
-    """One model call as a harness asks for it: its items (Chat messages or Responses input
-    items), the render options, sampling, and optionally the call id to record it under."""
-
-    items: Sequence[Mapping[str, Any]]
-    options: RenderOptions
-    sampling: SamplingParams
-    call_id: str | None = None
-
-
-@dataclass(frozen=True)
-class MeasuredCall:
-    """What ``measure`` found: the prompt length the call would have, and the decision."""
-
-    prompt_tokens: int
-    decision: AdmissionDecision
-
-
-@dataclass(frozen=True)
-class CallOutcome:
-    """A committed call, as the gateway answers the harness.
-
-    ``message`` is the Chat Completions assistant message (``grove.capture.toolcalls``); ``text``
-    the exact generated text it was parsed from (stop token excluded); ``finish_reason`` the one
-    recorded and answered: ``tool_calls`` when the generation stopped after tool calls, else the
-    engine's ``stop`` or ``length``.
-    """
-
-    capture_key: str
-    call_id: str
-    response_id: str
-    message: dict[str, Any]
-    generation: Generation
-    decision: AdmissionDecision
-    prompt_tokens: int
-    blob: BlobRef
-    text: str = ""
-    finish_reason: str = "stop"
+__all__ = ["CallOutcome", "CaptureService", "MeasuredCall", "ModelCall", "derived_seed"]
 
 
 INTENT_THREADS: Final = 40
