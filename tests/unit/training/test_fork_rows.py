@@ -12,7 +12,6 @@ Each fork is its own logical rollout: its own reward and advantage, broadcast to
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 
 import pytest
 import torch
@@ -26,6 +25,7 @@ from grove.training.advantages import (
     compute_advantages,
 )
 from grove.training.forest import CallRecord, Forest, build_forest
+from tests.fixtures.fork_reference import ForkCase, reference_row_tokens
 
 SOURCE_BASE = 100  # source call k has token index SOURCE_BASE + k
 
@@ -40,13 +40,6 @@ def _record(
         generated_tokens=[1000 * index + 500 + j for j in range(generated)],
         logprobs=[-(1000 * index + j) / 7 for j in range(generated)],
     )
-
-
-@dataclass(frozen=True)
-class ForkCase:
-    source: list[CallRecord]  # the source chain, root first
-    own: list[CallRecord]  # the fork's calls
-    selected: list[str]  # the fork's selection (its own calls)
 
 
 @st.composite
@@ -86,18 +79,6 @@ def _continues_source(case: ForkCase) -> bool:
 
 def _context(case: ForkCase) -> list[str]:
     return [call.call_id for call in case.source] if _continues_source(case) else []
-
-
-def reference_row_tokens(case: ForkCase, endpoint: str) -> list[int]:
-    """The tokens of the row ending at ``endpoint``: walk up to the root by hand (through the
-    source chain where a fork call continues it) and lay each call's prompt then generation."""
-    by_id = {call.call_id: call for call in [*case.source, *case.own]}
-    chain = []
-    call_id: str | None = endpoint
-    while call_id is not None:
-        chain.append(by_id[call_id])
-        call_id = by_id[call_id].parent_id
-    return [t for call in reversed(chain) for t in (*call.prompt_tokens, *call.generated_tokens)]
 
 
 def _forest(case: ForkCase) -> Forest:
