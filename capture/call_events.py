@@ -22,14 +22,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from grove.capture.engine import Generation, SamplingParams
-from grove.capture.render import admission_items, normalize_messages
+from grove.capture.render import NormalizedRequest, admission_items, normalize_messages
 from grove.capture.splice import PromptPlan
 from grove.capture.toolcalls import assistant_message, parse_output
 from grove.ledger.events import CallCommitted, CallIntended
 from grove.ledger.fingerprint import fingerprint_output
 from grove.storage import BlobRef, CallDelta, chain_digest
 
-__all__ = ["CommittedOutput", "commit_event", "intent_event", "output_message"]
+__all__ = [
+    "Answer",
+    "CommittedOutput",
+    "answer_of",
+    "commit_event",
+    "intent_event",
+    "output_message",
+]
 
 
 def output_message(text: str, *, tools: bool = False) -> dict[str, Any]:
@@ -37,6 +44,25 @@ def output_message(text: str, *, tools: bool = False) -> dict[str, Any]:
     when the request offered ``tools``, tool calls parsed (each given a fresh ``call_…`` id)."""
     parsed = parse_output(text, tool_calls=tools)
     return assistant_message(parsed, [f"call_{uuid.uuid4().hex[:24]}" for _ in parsed.tool_calls])
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A generation parsed once, before its blob is written: ``text`` the exact generated text
+    (stop token excluded), ``message`` the assistant message the harness receives, and
+    ``normalized`` that message normalized (its fingerprint, replay summary and the blob's
+    recorded conversation item)."""
+
+    text: str
+    message: dict[str, Any]
+    normalized: NormalizedRequest
+
+
+def answer_of(text: str, *, tools: bool) -> Answer:
+    """The answer of a generation whose decoded text is ``text`` (tool calls parsed when the
+    request offered ``tools``)."""
+    message = output_message(text, tools=tools)
+    return Answer(text, message, normalize_messages([message]))
 
 
 def intent_event(
@@ -76,15 +102,13 @@ def commit_event(
     delta: CallDelta,
     blob: BlobRef,
     *,
-    text: str,
-    tools: bool,
+    answer: Answer,
     parent_chain_digest: str | None,
 ) -> CommittedOutput:
     """The commit of call ``call_id``: ``delta`` (built from ``generation``) stored as ``blob``;
-    ``text`` the decoded generation, parsed with tool calls when ``tools``;
-    ``parent_chain_digest`` the parent commit's chain digest (None for a root)."""
-    message = output_message(text, tools=tools)
-    normalized = normalize_messages([message])
+    ``answer`` the generation parsed (``answer_of``); ``parent_chain_digest`` the parent commit's
+    chain digest (None for a root)."""
+    message, normalized = answer.message, answer.normalized
     finish_reason = (
         "tool_calls"
         if generation.finish_reason == "stop" and message.get("tool_calls")
@@ -108,4 +132,4 @@ def commit_event(
         replay_summary=plan.request_summary.extended(admission_items(normalized)),
         policy_version=generation.policy_version,
     )
-    return CommittedOutput(event, message, text)
+    return CommittedOutput(event, message, answer.text)

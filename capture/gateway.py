@@ -48,6 +48,7 @@ from grove.capture.capabilities import (
     gateway_token_check,
 )
 from grove.capture.chat_api import ChatCompletion, ChatCompletionRequest, chat_completion
+from grove.capture.conversations import chain_conversation, chat_messages
 from grove.capture.gateway_service import GatewayService, Selector
 from grove.capture.headers import (
     CALL_ID_HEADER,
@@ -327,10 +328,15 @@ S = TypeVar("S", bound=AttemptStatus)
 
 
 def _with_source_answer(service: CaptureService, status: S) -> S:
-    """``status`` with its fork source's answer (the source call's exact generated text)."""
+    """``status`` with its fork source's answer (the source call's exact generated text) and
+    conversation (its context and answer as Chat messages, ``grove.capture.conversations``)."""
     if status.fork_from is None:
         return status
-    answer = service.source_answer(status.capture_key)
-    return status.model_copy(
-        update={"fork_from": status.fork_from.model_copy(update={"answer": answer})}
-    )
+    view = service.views.view(status.capture_key, read=False)
+    fork = view.state.opened.fork_from if view.state.opened is not None else None
+    if fork is None:
+        return status
+    answer = service.views.parent_outputs(view, fork.source_call_id)[-1].text
+    items = chain_conversation(service.blobs, fork.chain)
+    update = {"answer": answer, "messages": None if items is None else chat_messages(items)}
+    return status.model_copy(update={"fork_from": status.fork_from.model_copy(update=update)})

@@ -54,7 +54,7 @@ from typing import Any, Final
 
 from grove.capture.attempt_settings import DEFAULT_FOREST_MODE
 from grove.capture.attempt_views import DEFAULT_CACHED_VIEWS, AttemptView, AttemptViews
-from grove.capture.call_events import CommittedOutput, commit_event, intent_event
+from grove.capture.call_events import Answer, CommittedOutput, answer_of, commit_event, intent_event
 from grove.capture.calls import CallOutcome, MeasuredCall, ModelCall
 from grove.capture.engine import Engine, Generation, SamplingParams
 from grove.capture.failure_reasons import (
@@ -120,14 +120,16 @@ class _PreparedCall:
     sampling: SamplingParams
     images: tuple[Any, ...]
     tools: bool
+    messages: tuple[dict[str, Any], ...]  # the request's items after the parent's conversation
     source_capture_key: str | None = None  # the owner of the parent when not this attempt
 
 
 @dataclass(frozen=True)
 class _Inference:
-    """What the engine generated for a call, and the delta to store for it."""
+    """What the engine generated for a call, its answer, and the delta to store for it."""
 
     generation: Generation
+    answer: Answer
     delta: CallDelta
 
 
@@ -218,15 +220,6 @@ class CaptureService:
             )
         return fork_source(capture_key, self.views.view(source_key).state, source_call_id)
 
-    def source_answer(self, capture_key: str) -> str | None:
-        """The exact generated text of the call attempt ``capture_key`` forks (stop token
-        excluded), None when it forks nothing."""
-        view = self.views.view(capture_key, read=False)
-        opened = view.state.opened
-        if opened is None or opened.fork_from is None:
-            return None
-        return self.views.parent_outputs(view, opened.fork_from.source_call_id)[-1].text
-
     def close(self, capture_key: str) -> None:
         """The harness returned: refuse later calls of this attempt."""
         self.log.close_admissions(capture_key)
@@ -302,14 +295,22 @@ class CaptureService:
         with self._running_call(prepared):
             intending = self._intend(prepared, refresh=refresh)
             try:
-                inference = self._infer(prepared)
+                generation = self._infer(prepared)
             except BaseException as error:
                 self._intended(view, prepared, intending, refresh=refresh)
                 self._record_failure(prepared, ENGINE_ERROR, error)
                 raise
             self._intended(view, prepared, intending, refresh=refresh)
-            reason = STORAGE_ERROR
+            reason = INTERNAL_ERROR
             try:
+                answer = answer_of(
+                    self.renderer.decode(generation.content_token_ids), tools=prepared.tools
+                )
+                reason = ENGINE_ERROR  # a delta the engine's output cannot make
+                inference = _Inference(
+                    generation, answer, self._delta(prepared, generation, answer)
+                )
+                reason = STORAGE_ERROR
                 blob = self._store(prepared, inference.delta)
                 reason = INTERNAL_ERROR
                 committed = self._commit(view, prepared, inference, blob)
@@ -351,6 +352,7 @@ class CaptureService:
             sampling=sampling,
             images=images,
             tools=call.options.tools is not None,
+            messages=_new_messages(request, plan),
             source_capture_key=self.views.source_capture_key(view, plan.decision.parent_call_id),
         )
 
@@ -441,21 +443,24 @@ class CaptureService:
                 "it did, the call stays pending until the attempt's settle timeout"
             )
 
-    def _infer(self, prepared: _PreparedCall) -> _Inference:
-        """Generate the call and build its delta: the new prompt tokens, the generation and its
-        logprobs, routes (``docs/moe.md``) and the media the call stores."""
+    def _infer(self, prepared: _PreparedCall) -> Generation:
+        """Generate the call."""
         plan = prepared.plan
-        generation = self.engine.generate(
-            plan.prompt_token_ids, prepared.sampling, *prepared.images
-        )
-        delta = CallDelta.from_lists(
+        return self.engine.generate(plan.prompt_token_ids, prepared.sampling, *prepared.images)
+
+    def _delta(self, prepared: _PreparedCall, generation: Generation, answer: Answer) -> CallDelta:
+        """The call's delta: the new prompt tokens, the generation and its logprobs, routes
+        (``docs/moe.md``), the media the call stores, and the conversation items it adds (its
+        request's new items, then its answer: ``docs/fork.md``, "The conversation")."""
+        plan = prepared.plan
+        return CallDelta.from_lists(
             plan.delta_token_ids,
             generation.token_ids,
             generation.logprobs,
             routes=generation.delta_routes(len(plan.delta_token_ids)),
             media=prepared.media.stored,
+            messages=(*prepared.messages, *answer.normalized.messages),
         )
-        return _Inference(generation, delta)
 
     def _store(self, prepared: _PreparedCall, delta: CallDelta) -> BlobRef:
         """Write the call's delta blob (write-once), before its commit event."""
@@ -472,8 +477,7 @@ class CaptureService:
             generation,
             inference.delta,
             blob,
-            text=self.renderer.decode(generation.content_token_ids),
-            tools=prepared.tools,
+            answer=inference.answer,
             parent_chain_digest=self.views.parent_chain_digest(
                 view, prepared.plan.decision.parent_call_id
             ),
@@ -588,3 +592,11 @@ def _require_open(state: AttemptState, capture_key: str, call_id: str | None) ->
         raise AttemptError(
             capture_key, "admissions are closed: the harness already returned", call_id
         )
+
+
+def _new_messages(request: NormalizedRequest, plan: PromptPlan) -> tuple[dict[str, Any], ...]:
+    """The request's items after its parent's conversation (the parent's request and answer,
+    ``prefix_item_count`` items); a root's whole request."""
+    if plan.prev_len == 0:
+        return request.messages
+    return request.messages[plan.decision.boundary.prefix_item_count :]

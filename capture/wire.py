@@ -339,13 +339,17 @@ class AttemptCall(WireReply):
 
 
 class AttemptFork(WireReply):
-    """The call an attempt forks: its attempt and id, the length of its chain, and its answer
-    (the exact generated text; filled where the gateway reads the source's blobs)."""
+    """The call an attempt forks: its attempt and id, the length of its chain, its answer (the
+    exact generated text) and its conversation (``messages``: the source call's context and
+    answer as Chat messages, to send again with the fork's next observation; None where the
+    source chain was recorded before Grove recorded conversations). The last two are filled
+    where the gateway reads the source's blobs."""
 
     source_capture_key: str
     source_call_id: str
     source_cum_len: int
     answer: str | None = None
+    messages: list[dict[str, Any]] | None = None
 
 
 class AttemptSelection(WireReply):

@@ -17,9 +17,10 @@ tensor              dtype, shape                    meaning
 ==================  ==============================  ==========================================
 
 The header's metadata holds one entry, ``grove``: canonical JSON (sorted keys, no spaces) with the
-codec name, its version and the media descriptors in order. safetensors orders the tensors itself,
-so equal deltas always encode to identical bytes — the write-once store relies on that for
-idempotent retries.
+codec name, its version, the media descriptors in order and, where recorded, ``messages``: the
+conversation items the call adds to its context (``docs/fork.md``, "The conversation").
+safetensors orders the tensors itself, so equal deltas always encode to identical bytes — the
+write-once store relies on that for idempotent retries.
 """
 
 from __future__ import annotations
@@ -140,7 +141,12 @@ class CallDelta:
     - ``logprobs``: float32 ``(G,)``, never NaN or +inf — one per generated token;
     - ``routes``: ``None`` (no routed experts captured) or an integer ``(P + G, layers, top_k)``
       (or ``(P + G, top_k)``: one MoE layer) tensor, one row per delta token, in delta order;
-    - ``media``: media items of the new prompt tokens, spans ordered and disjoint, ids unique.
+    - ``media``: media items of the new prompt tokens, spans ordered and disjoint, ids unique;
+    - ``messages``: the conversation items the call adds, as the tokens do — its request's items
+      after its parent's conversation (a root: all of them), then its own answer — as normalized
+      Chat messages (JSON objects); ``None`` where they were not recorded (blobs written before
+      Grove recorded them, or deltas built without them). A call's whole conversation is the
+      concatenation along its chain (``docs/fork.md``, "The conversation").
 
     Construction validates all of it and raises ``InvalidDeltaError``. Equality is exact: same
     dtypes, shapes and bits.
@@ -151,9 +157,12 @@ class CallDelta:
     logprobs: torch.Tensor
     routes: torch.Tensor | None = None
     media: tuple[MediaTensor, ...] = ()
+    messages: tuple[dict[str, Any], ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "media", tuple(self.media))
+        if self.messages is not None:
+            object.__setattr__(self, "messages", tuple(self.messages))
         _validate(self)
 
     @classmethod
@@ -165,6 +174,7 @@ class CallDelta:
         *,
         routes: torch.Tensor | None = None,
         media: Sequence[MediaTensor] = (),
+        messages: Sequence[dict[str, Any]] | None = None,
     ) -> CallDelta:
         """A ``CallDelta`` from plain token-id and logprob lists, as an HTTP response has them."""
         try:
@@ -177,6 +187,7 @@ class CallDelta:
             logprobs=torch.from_numpy(logprob_array.astype(np.float32)),
             routes=routes,
             media=tuple(media),
+            messages=None if messages is None else tuple(messages),
         )
 
     @property
@@ -188,6 +199,8 @@ class CallDelta:
         if not isinstance(other, CallDelta):
             return NotImplemented
         if (self.routes is None) != (other.routes is None) or len(self.media) != len(other.media):
+            return False
+        if self.messages != other.messages:
             return False
         pairs = [
             (self.prompt_delta, other.prompt_delta),
@@ -272,6 +285,19 @@ def _validate(delta: CallDelta) -> None:
             f"shape {tuple(routes.shape)}",
         )
     _validate_media(delta.media, prompt.numel())
+    _validate_messages(delta.messages)
+
+
+def _validate_messages(messages: tuple[dict[str, Any], ...] | None) -> None:
+    if messages is None:
+        return
+    for index, message in enumerate(messages):
+        _require(
+            isinstance(message, dict) and isinstance(message.get("role"), str),
+            f"messages[{index}]",
+            "must be a JSON object with a string role",
+            type(message).__name__,
+        )
 
 
 def _validate_media(media: tuple[MediaTensor, ...], prompt_len: int) -> None:
@@ -351,12 +377,18 @@ def encode_delta(delta: CallDelta) -> bytes:
     for index, item in enumerate(delta.media):
         tensors[f"media.{index}"] = item.pixels
     tensors = {name: t.detach().cpu().contiguous() for name, t in tensors.items()}
-    header = {
+    header: dict[str, Any] = {
         "codec": CODEC_NAME,
         "version": CODEC_VERSION,
         "media": [asdict(item.descriptor) for item in delta.media],
     }
-    metadata = {"grove": json.dumps(header, sort_keys=True, separators=(",", ":"))}
+    if delta.messages is not None:
+        header["messages"] = list(delta.messages)
+    try:
+        grove = json.dumps(header, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidDeltaError("messages", "must be JSON-serializable", str(exc)) from None
+    metadata = {"grove": grove}
     return safetensors.torch.save(tensors, metadata=metadata)
 
 
@@ -382,11 +414,15 @@ def _read_metadata(data: bytes) -> dict[str, Any]:
         raise _Malformed(f"codec version {grove.get('version')!r} is not {CODEC_VERSION}")
     if not isinstance(grove.get("media"), list):
         raise _Malformed("metadata 'media' is not a list")
+    if not isinstance(grove.get("messages", []), list):
+        raise _Malformed("metadata 'messages' is not a list")
     return grove
 
 
 def _decode(data: bytes) -> CallDelta:
-    descriptors = _read_metadata(data)["media"]
+    metadata = _read_metadata(data)
+    descriptors = metadata["media"]
+    messages = metadata.get("messages")
     try:
         tensors = safetensors.torch.load(bytes(data))
     except SafetensorError as exc:
@@ -405,6 +441,7 @@ def _decode(data: bytes) -> CallDelta:
             logprobs=tensors["logprobs"],
             routes=tensors.get("routes"),
             media=media,
+            messages=None if messages is None else tuple(messages),
         )
     except (InvalidDeltaError, TypeError) as exc:
         raise _Malformed(f"its contents break the codec's rules ({exc})") from None

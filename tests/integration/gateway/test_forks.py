@@ -62,6 +62,7 @@ def test_opening_a_fork_records_its_source_call_and_answers_its_answer(gateway: 
         "source_call_id": c1,
         "source_cum_len": source.cum_len,
         "answer": history[1]["content"],
+        "messages": [USER, {"role": "assistant", "content": history[1]["content"]}],
     }
     assert gateway.status("fork-1")["fork_from"] == answer.json()["fork_from"]
 

@@ -83,6 +83,39 @@ def test_from_lists_builds_int32_tokens_and_float32_logprobs():
     assert delta == _delta()
 
 
+MESSAGES = (
+    {"content": "Count the apples.", "role": "user"},
+    {"content": "Three.", "role": "assistant"},
+)
+
+
+def test_a_deltas_conversation_items_round_trip_in_order():
+    delta = _delta(messages=MESSAGES)
+    decoded = decode_delta(encode_delta(delta))
+    assert decoded == delta
+    assert decoded.messages == MESSAGES
+
+
+def test_a_delta_without_conversation_items_decodes_with_none():
+    assert decode_delta(encode_delta(_delta())).messages is None
+
+
+def test_deltas_with_other_conversation_items_differ():
+    assert _delta(messages=MESSAGES) != _delta(messages=MESSAGES[:1])
+    assert _delta(messages=MESSAGES) != _delta()
+
+
+def test_a_conversation_item_without_a_role_is_refused():
+    with pytest.raises(InvalidDeltaError, match=r"messages\[1\]: must be a JSON object with"):
+        _delta(messages=({"role": "user", "content": "hi"}, {"content": "no role"}))
+
+
+def test_a_conversation_item_that_is_not_json_is_refused_at_encoding():
+    delta = _delta(messages=({"role": "user", "content": float("nan")},))
+    with pytest.raises(InvalidDeltaError, match="messages: must be JSON-serializable"):
+        encode_delta(delta)
+
+
 def test_delta_len_is_prompt_delta_plus_generated():
     assert _delta().delta_len == 6
 
