@@ -1,8 +1,11 @@
 """Fork sources: the committed call of another attempt that a fork continues (``docs/fork.md``).
 
 ``fork_source`` checks that the named call can be continued (a committed call, not late, of an
-opened attempt) and records its chain, root first, crossing into the source's own fork source, so
-the fork's rows read the source tokens from the blobs the chain names.
+opened attempt, whose chain's blobs the source's cleanup has not removed) and records its chain,
+root first, crossing into the source's own fork source, so the fork's rows read the source tokens
+from the blobs the chain names. The source's ``attempt.cleaned`` events are the commit point of
+its cleanup (``grove.training.cleanup``): a fork opened after one of them named a chain blob
+could never train, so it is refused; a fork opened before is held by the cleanup.
 """
 
 from __future__ import annotations
@@ -35,14 +38,35 @@ def fork_source(capture_key: str, source: AttemptState, source_call_id: str) -> 
         )
     committed = call.committed
     assert committed is not None  # parentable calls are committed
+    chain = _source_chain(source, source_call_id)
+    _refuse_cleaned(capture_key, source, source_call_id, chain)
     return ForkSource(
         source_capture_key=source.capture_key,
         source_call_id=source_call_id,
         source_chain_digest=committed.chain_digest,
         source_cum_len=committed.cum_len,
         source_replay_summary=committed.replay_summary,
-        chain=_source_chain(source, source_call_id),
+        chain=chain,
     )
+
+
+def _refuse_cleaned(
+    capture_key: str, source: AttemptState, source_call_id: str, chain: tuple[SourceCall, ...]
+) -> None:
+    """``AttemptError`` when an ``attempt.cleaned`` event of ``source`` removed a blob of
+    ``chain``: the fork's rows would have no source tokens (``docs/fork.md``, "Cleanup")."""
+    cleaned = set(source.cleaned_keys)
+    gone = [c for c in chain if c.blob_key in cleaned]
+    if gone:
+        raise AttemptError(
+            capture_key,
+            f"a fork reads its source chain's blobs, but cleanup removed {len(gone)} of them "
+            f"from attempt {source.capture_key!r} (first: call {gone[0].call_id!r}) after its "
+            f"rollout was final, so call {source_call_id!r} of attempt {source.capture_key!r} "
+            "can no longer be forked; fork a call of an attempt that is not yet final, or a "
+            "selected call of a published rollout",
+            source_call_id,
+        )
 
 
 def _source_chain(source: AttemptState, call_id: str) -> tuple[SourceCall, ...]:

@@ -21,22 +21,49 @@ trainable rollout: a restarted trainer rebuilds the published step from those bl
   ``window_s`` ago (``token_capture.pending_call_timeout_s``; at once when it has no such call).
   A write after teardown is an orphan for the next collection.
 
+Forks (``docs/fork.md``) read blobs of other attempts: a fork's rows start with its source chain
+(``attempt.opened.fork_from.chain``), whose blobs live in the partitions of the source and, for a
+fork of a fork, of the source's source. A fork **holds** every key of its chain while it is not
+final (by the rule above, applied to the fork), and while it is published and trainable with a
+selected call that continues its source (its rows are rebuilt from the chain, as from its own
+selected calls). ``fork_held_keys`` (pure) finds the held keys of folded forks; ``plan_cleanup``
+takes them as plain data and keeps a held key of a final attempt (``held``) instead of removing
+it. The cleanup after the last holder is final removes it: ``clean_step`` cleans the sources of
+the step's forks after the forks, and ``grove gc`` every partition.
+
+The order of a cleanup and a fork's opening: the source's ``attempt.cleaned`` event is the commit
+point. A fork whose opening reads the source after it names a key of the fork's chain is refused
+(``grove.capture.forks.fork_source``: 409 ``attempt_rule``, nothing written); a fork whose
+``attempt.opened`` the cleaner's scan of the ledger sees holds its chain. An opening that read the
+source before its ``attempt.cleaned`` was recorded, and whose opening the pass's scan did not see,
+can name a removed blob: the projector masks that fork ``blob_invalid``, as any missing blob, and
+it never trains on a wrong token.
+
 The I/O is ``clean_attempt``: list the partition, read the attempt's stream, apply the plan with
 ``grove.storage.cleanup``'s exact deletes (pending keys refused) or whole-partition teardown, then
 record ``attempt.cleaned`` with exactly the keys removed. ``clean_step`` runs it on the attempts
 of a step ``grove train`` just trained; ``collect_garbage`` (``grove gc``) on every partition in
-the store, orphans of attempts the ledger does not know included.
+the store, orphans of attempts the ledger does not know included. Each pass scans the ledger
+once, for the published and dropped rollouts and the forks' openings, and reads the stream of
+each fork whose chain names a blob of an attempt it cleans.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Container, Iterable, Sequence
+from collections.abc import Collection, Container, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from grove.ledger.attempt import AttemptLog, AttemptState, CallStatus, fold_attempt
-from grove.ledger.events import AttemptCleaned, AttemptSettled, BatchPublished, LedgerPosition
+from grove.ledger.events import (
+    AttemptCleaned,
+    AttemptOpened,
+    AttemptSettled,
+    BatchPublished,
+    ForkSource,
+    LedgerPosition,
+)
 from grove.ledger.store import EventStore, StoredEvent
 from grove.storage import BlobStore, StorageUnavailableError, capture_key_of, staging_key
 from grove.storage.cleanup import blob_sizes, delete_blobs, teardown_partition
@@ -50,6 +77,7 @@ __all__ = [
     "clean_attempt",
     "clean_step",
     "collect_garbage",
+    "fork_held_keys",
     "plan_cleanup",
     "published_rollouts",
 ]
@@ -59,6 +87,17 @@ logger = logging.getLogger(__name__)
 _MASKED = "masked"  # CleanupPlan.final: finalized masked, no row of it ever trains
 _PUBLISHED = "published"  # CleanupPlan.final: finalized trainable, and published
 _DROPPED = "dropped"  # CleanupPlan.final: finalized in a prompt group dropped at a published step
+_HORIZON_WAIT_S = 5.0  # how long a pass waits for the PostgreSQL reader's horizon
+
+
+@dataclass
+class _LedgerScan:
+    """What one scan of the ledger found: the rollout ids ``batch.published`` trains and drops,
+    and each fork's source by the fork's capture key."""
+
+    trained: set[str] = field(default_factory=set)
+    dropped: set[str] = field(default_factory=set)
+    forks: dict[str, ForkSource] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -68,10 +107,11 @@ class CleanupPlan:
     ``final`` is why the attempt's decision is final (``"masked"``, ``"published"``), or None
     when it is not. ``remove`` are the stored keys to delete now, ``orphans`` those of them no
     event names; ``keep`` the stored selected keys of a published, trainable rollout;
-    ``waiting`` the stored keys of calls whose writer may still write, left for teardown.
-    ``teardown`` is whether the attempt is past its wait (``waiting`` is then empty: its keys
-    are in ``remove``). Every key is stored; ``remove``, ``keep`` and ``waiting`` are sorted and
-    disjoint.
+    ``held`` the stored keys a final attempt keeps only because a fork's chain holds them
+    (``fork_held_keys``); ``waiting`` the stored keys of calls whose writer may still write,
+    left for teardown. ``teardown`` is whether the attempt is past its wait (``waiting`` is then
+    empty: its keys are in ``remove``). Every key is stored; ``remove``, ``keep``, ``held`` and
+    ``waiting`` are sorted and disjoint.
     """
 
     capture_key: str
@@ -81,6 +121,7 @@ class CleanupPlan:
     keep: tuple[str, ...]
     waiting: tuple[str, ...]
     teardown: bool
+    held: tuple[str, ...] = ()
 
 
 def _waiting_keys(state: AttemptState) -> set[str]:
@@ -104,6 +145,34 @@ def _final(state: AttemptState, published: bool, dropped: bool) -> str | None:
     return _PUBLISHED if published else None
 
 
+def _continues_source(fork: AttemptState) -> bool:
+    """Whether a selected call of ``fork`` continues its source call, so its rows carry the
+    source chain (a selected call's parent is selected, else the rollout is masked)."""
+    selected = () if fork.selection is None else fork.selection.call_ids
+    return any(
+        fork.calls[c].intended.source_capture_key is not None for c in selected if c in fork.calls
+    )
+
+
+def fork_held_keys(
+    forks: Iterable[AttemptState], *, published: Container[str], dropped: Container[str]
+) -> frozenset[str]:
+    """The source-chain blob keys that ``forks`` (folded attempts; those that fork nothing are
+    skipped) hold: every chain key of a fork that is not final, and of a published, trainable
+    fork whose rows carry its chain. ``published`` and ``dropped``: the rollout ids
+    ``batch.published`` names as trained and as dropped."""
+    held: set[str] = set()
+    for fork in forks:
+        opened = fork.opened
+        if opened is None or opened.fork_from is None:
+            continue
+        rollout_id = opened.rollout_id
+        final = _final(fork, rollout_id in published, rollout_id in dropped)
+        if final is None or (final == _PUBLISHED and _continues_source(fork)):
+            held.update(source.blob_key for source in opened.fork_from.chain)
+    return frozenset(held)
+
+
 def plan_cleanup(
     state: AttemptState,
     stored: Iterable[str],
@@ -112,13 +181,16 @@ def plan_cleanup(
     settled_for_s: float | None,
     window_s: float,
     dropped: bool = False,
+    held: Collection[str] = frozenset(),
 ) -> CleanupPlan:
     """Which of ``stored`` (the keys listed under the attempt's partition) may go now.
 
     ``published``: a ``batch.published`` names the attempt's rollout; ``dropped``: one names it
     among the rollouts of the prompt groups it dropped. ``settled_for_s``: seconds
     since ``attempt.settled`` was recorded (None: not settled). ``window_s``: how long a settled
-    attempt's waiting calls keep their blobs. An attempt that is not final loses only orphans.
+    attempt's waiting calls keep their blobs. ``held``: the keys forks hold
+    (``fork_held_keys``), kept while the attempt's other blobs go. An attempt that is not final
+    loses only orphans.
     """
     stored_keys = set(stored)
     named = {c.call_id: c.committed.blob_key for c in state.calls.values() if c.committed}
@@ -127,6 +199,7 @@ def plan_cleanup(
     orphans = stored_keys - named_keys - waiting
     final = _final(state, published, dropped)
     keep: set[str] = set()
+    kept_for_forks: set[str] = set()
     remove = set(orphans)
     teardown = False
     if final is not None:
@@ -134,6 +207,8 @@ def plan_cleanup(
             selected = state.recorded_selection().call_ids
             keep = {named[c] for c in selected if c in named} & stored_keys
         remove |= (named_keys & stored_keys) - keep
+        kept_for_forks = remove & named_keys & set(held)
+        remove -= kept_for_forks
         settled_for = settled_for_s if settled_for_s is not None else -1.0
         teardown = not waiting or settled_for >= window_s
         if teardown:
@@ -146,6 +221,7 @@ def plan_cleanup(
         keep=tuple(sorted(keep)),
         waiting=tuple(sorted(stored_keys & waiting - remove)),
         teardown=teardown,
+        held=tuple(sorted(kept_for_forks)),
     )
 
 
@@ -190,6 +266,7 @@ def clean_attempt(
     now: datetime | None = None,
     stored: Iterable[str] | None = None,
     dropped_rollouts: Container[str] = frozenset(),
+    fork_holds: Collection[str] | None = None,
 ) -> AttemptCleanup:
     """Apply ``plan_cleanup`` to one attempt, then record ``attempt.cleaned`` with the keys
     removed. Deletes are exact (``delete_blobs``, which refuses waiting keys); a partition with
@@ -199,9 +276,12 @@ def clean_attempt(
     those it names as rollouts of dropped prompt groups. ``stored``: the
     partition's keys, when the caller listed them before reading the ledger (else listed here,
     first: a blob is written after its call's intent, so every listed blob's call is known).
-    An attempt the ledger does not know is all orphans, and no event is recorded for it.
+    ``fork_holds``: the keys forks hold (``fork_held_keys``); None: found here, by a scan of the
+    ledger. An attempt the ledger does not know is all orphans, and no event is recorded for it.
     """
     listed = list(stored) if stored is not None else blobs.list_keys(staging_prefix(capture_key))
+    if fork_holds is None:
+        fork_holds = _forks_holding(store, _scan_ledger(store, _HORIZON_WAIT_S), {capture_key})
     events = store.read_stream(capture_key)
     state = fold_attempt(capture_key, (e.decode() for e in events))
     rollout_id = None if state.opened is None else state.opened.rollout_id
@@ -212,11 +292,12 @@ def clean_attempt(
         dropped=rollout_id is not None and rollout_id in dropped_rollouts,
         settled_for_s=_settled_for_s(events, now or datetime.now(UTC)),
         window_s=window_s,
+        held=fork_holds,
     )
     size = _removed_bytes(state, blobs, plan.remove)
     if dry_run or not plan.remove:
         return AttemptCleanup(plan, size, recorded=False)
-    if plan.teardown and not plan.keep:
+    if plan.teardown and not plan.keep and not plan.held:
         removed = teardown_partition(blobs, capture_key)
     else:
         removed = delete_blobs(blobs, plan.remove, pending_keys=plan.waiting)
@@ -231,8 +312,9 @@ class CleanupReport:
     """What a cleanup pass removed (in a dry run: would remove), in counts and bytes.
 
     ``removed`` are the keys deleted, ``orphans`` those of them no event named; ``kept`` counts
-    the selected blobs kept for published rollouts, ``waiting`` the blobs of calls that may still
-    be written (left for teardown); ``failed`` the attempts the store could not clean this time.
+    the selected blobs kept for published rollouts, ``held`` the blobs of final attempts kept
+    for forks, ``waiting`` the blobs of calls that may still be written (left for teardown);
+    ``failed`` the attempts the store could not clean this time.
     """
 
     dry_run: bool = False
@@ -242,6 +324,7 @@ class CleanupReport:
     removed_bytes: int = 0
     orphans: list[str] = field(default_factory=list)
     kept: int = 0
+    held: int = 0
     waiting: int = 0
     failed: list[str] = field(default_factory=list)
 
@@ -254,6 +337,7 @@ class CleanupReport:
         self.removed_bytes += result.removed_bytes
         self.orphans += plan.orphans
         self.kept += len(plan.keep)
+        self.held += len(plan.held)
         self.waiting += len(plan.waiting)
 
     def as_dict(self) -> dict[str, object]:
@@ -266,6 +350,7 @@ class CleanupReport:
             "removed_bytes": self.removed_bytes,
             "orphans": len(self.orphans),
             "kept_selected": self.kept,
+            "held_for_forks": self.held,
             "waiting": self.waiting,
             "failed": list(self.failed),
         }
@@ -274,26 +359,28 @@ class CleanupReport:
 def _clean_each(
     store: EventStore,
     blobs: BlobStore,
-    attempts: Iterable[tuple[str, list[str] | None]],
+    attempts: Sequence[tuple[str, list[str] | None]],
     report: CleanupReport,
+    scan: _LedgerScan,
     *,
-    published_rollouts: Container[str],
-    dropped_rollouts: Container[str],
     window_s: float,
     now: datetime | None = None,
 ) -> CleanupReport:
+    """Clean ``attempts`` (capture key, listed keys or None) by what ``scan`` found."""
+    holds = _forks_holding(store, scan, {capture_key for capture_key, _ in attempts})
     for capture_key, stored in attempts:
         try:
             result = clean_attempt(
                 store,
                 blobs,
                 capture_key,
-                published_rollouts=published_rollouts,
-                dropped_rollouts=dropped_rollouts,
+                published_rollouts=scan.trained,
+                dropped_rollouts=scan.dropped,
                 window_s=window_s,
                 dry_run=report.dry_run,
                 now=now,
                 stored=stored,
+                fork_holds=holds,
             )
         except StorageUnavailableError as error:
             logger.warning("cleanup of attempt %s left for grove gc: %s", capture_key, error)
@@ -308,45 +395,59 @@ def clean_step(
 ) -> CleanupReport:
     """Clean the attempts of a step ``grove train`` just trained: each rollout of the batch is
     published, trainable or masked, and each rollout of a prompt group the step dropped is final
-    too. A store failure leaves the attempt for ``grove gc`` (logged, and in ``failed``):
-    training goes on."""
-    rollouts = (*published.rollouts, *published.dropped_rollouts)
-    return _clean_each(
-        store,
-        blobs,
-        [(rollout.capture_key, None) for rollout in rollouts],
-        CleanupReport(),
-        published_rollouts={rollout.rollout_id for rollout in published.rollouts},
-        dropped_rollouts={rollout.rollout_id for rollout in published.dropped_rollouts},
-        window_s=window_s,
-    )
+    too; then the sources of the forks among them, whose held blobs may go now. A store failure
+    leaves the attempt for ``grove gc`` (logged, and in ``failed``): training goes on."""
+    scan = _scan_ledger(store, _HORIZON_WAIT_S)
+    scan.trained.update(rollout.rollout_id for rollout in published.rollouts)
+    scan.dropped.update(rollout.rollout_id for rollout in published.dropped_rollouts)
+    step = [r.capture_key for r in (*published.rollouts, *published.dropped_rollouts)]
+    sources = [c.capture_key for key in step if key in scan.forks for c in scan.forks[key].chain]
+    attempts = [(key, None) for key in dict.fromkeys([*step, *sources])]
+    return _clean_each(store, blobs, attempts, CleanupReport(), scan, window_s=window_s)
 
 
-def published_rollouts(store: EventStore, wait_s: float = 5.0) -> set[str]:
+def published_rollouts(store: EventStore, wait_s: float = _HORIZON_WAIT_S) -> set[str]:
     """Every rollout id a ``batch.published`` names, on any training stream (one ledger scan).
     A step published behind the reader's horizon is missed: its attempts then keep more."""
-    return _batch_rollouts(store, wait_s)[0]
+    return _scan_ledger(store, wait_s).trained
 
 
-def _batch_rollouts(store: EventStore, wait_s: float) -> tuple[set[str], set[str]]:
-    """The rollout ids every ``batch.published`` names: those it trains, and those of the prompt
-    groups it dropped (one ledger scan, after waiting up to ``wait_s`` for the horizon)."""
+def _scan_ledger(store: EventStore, wait_s: float) -> _LedgerScan:
+    """The rollouts every ``batch.published`` names, trained and dropped, and the source of
+    every fork ``attempt.opened`` records (one ledger scan, after waiting up to ``wait_s`` for
+    the horizon). An event behind the horizon is missed: a step's attempts then keep more, and
+    a fork's chain is not held (the projector masks the fork if its blobs went)."""
     store.wait_for_horizon(wait_s)
-    trained: set[str] = set()
-    dropped: set[str] = set()
+    scan = _LedgerScan()
     mark = LedgerPosition(position=0)
     while True:
         batch = store.read_after(mark, 1000)
         if not batch.events:
-            return trained, dropped
+            return scan
         for stored in batch.events:
             if stored.event_type == BatchPublished.type:
-                event = stored.decode()
-                if not isinstance(event, BatchPublished):
-                    raise TypeError(f"event {stored.position} decoded as {type(event).__name__}")
-                trained.update(event.rollout_ids)
-                dropped.update(event.dropped_rollout_ids)
+                published = stored.decode_as(BatchPublished)
+                scan.trained.update(published.rollout_ids)
+                scan.dropped.update(published.dropped_rollout_ids)
+            elif stored.event_type == AttemptOpened.type and stored.payload.get("fork_from"):
+                fork = stored.decode_as(AttemptOpened).fork_from
+                if fork is not None:
+                    scan.forks[stored.stream_id] = fork
         mark = batch.mark
+
+
+def _forks_holding(
+    store: EventStore, scan: _LedgerScan, capture_keys: Collection[str]
+) -> frozenset[str]:
+    """The keys held by the forks ``scan`` found whose chains name a blob of an attempt in
+    ``capture_keys`` (``fork_held_keys``; each such fork's stream is read)."""
+    forks = [
+        key
+        for key, source in scan.forks.items()
+        if any(call.capture_key in capture_keys for call in source.chain)
+    ]
+    states = (fold_attempt(key, (e.decode() for e in store.read_stream(key))) for key in forks)
+    return fork_held_keys(states, published=scan.trained, dropped=scan.dropped)
 
 
 def collect_garbage(
@@ -368,14 +469,12 @@ def collect_garbage(
         capture_key = capture_key_of(key)
         if capture_key is not None:
             by_attempt.setdefault(capture_key, []).append(key)
-    trained, dropped = _batch_rollouts(store, 5.0)
     return _clean_each(
         store,
         blobs,
         sorted(by_attempt.items()),
         CleanupReport(dry_run=dry_run),
-        published_rollouts=trained,
-        dropped_rollouts=dropped,
+        _scan_ledger(store, _HORIZON_WAIT_S),
         window_s=window_s,
         now=now,
     )

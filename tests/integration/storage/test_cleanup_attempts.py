@@ -327,6 +327,7 @@ def test_grove_gc_prints_what_it_removed_and_json_counts_and_bytes(
         "removed_bytes": len(b"delta of a-pub/c2") + len(b"stray"),
         "orphans": 1,
         "kept_selected": 1,
+        "held_for_forks": 0,
         "waiting": 0,
         "failed": [],
     }
