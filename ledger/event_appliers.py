@@ -3,14 +3,14 @@
 An ``Applier`` takes one event (``Folded``: the event and where it landed) and applies it to
 ``grove_proj_attempts``, ``grove_proj_calls`` or ``grove_proj_rollouts`` with one small indexed
 statement, only when the rows allow it under the attempt's lifecycle rules
-(``grove.ledger.lifecycle``): an opening inserts the attempt's row unless it exists, an intent
-inserts the call's row from the attempt's (no attempt, no call), a commit moves a pending call
-with the same parent to committed (``late`` when the attempt had settled), a failure records its
-reason once and fails a call still pending, a selection inserts the rollout's row only when every
-call it names is intended, a finalization resolves a selected rollout, a publication names the
-step of its trainable rollouts. The applier answers whether the rows allowed the event: False
-means nothing changed, and the inline fold (``ledger/inline_fold.py``) then records the
-contradiction in the fold's own words.
+(``grove.ledger.lifecycle``): an opening inserts the attempt's row (with a fork's source) unless it
+exists, an intent inserts the call's row (with the attempt that owns its parent, when another) from
+the attempt's (no attempt, no call), a commit moves a pending call with the same parent to
+committed (``late`` when the attempt had settled), a failure records its reason once and fails a
+call still pending, a selection inserts the rollout's row only when every call it names is
+intended, a finalization resolves a selected rollout, a publication names the step of its trainable
+rollouts. The applier answers whether the rows allowed the event: False means nothing changed, and
+the inline fold (``ledger/inline_fold.py``) then records the contradiction in the fold's own words.
 
 Every statement is built once (per dialect where the dialect's ``insert`` differs), with bound
 parameters, and executed with each event's values: building a statement and its cache key costs
@@ -115,9 +115,14 @@ _OPEN_COLUMNS = (
 )
 
 
+# A fork's source (``attempt.opened.fork_from``): NULL unless the attempt is a fork.
+_FORK_COLUMNS = ("fork_source_capture_key", "fork_source_call_id")
+
+
 def _open_statement(dialect_insert: DialectInsert) -> Insert:
     values = {
-        name: bindparam(f"p_{name}", type_=PROJ_ATTEMPTS.c[name].type) for name in _OPEN_COLUMNS
+        name: bindparam(f"p_{name}", type_=PROJ_ATTEMPTS.c[name].type)
+        for name in (*_OPEN_COLUMNS, *_FORK_COLUMNS)
     }
     return (
         dialect_insert(PROJ_ATTEMPTS)
@@ -141,15 +146,21 @@ _OPEN = {
 }
 
 
-def _open_parameters(item: Folded) -> dict[str, object]:
-    """The opening statement's parameters for the ``attempt.opened`` of ``item``."""
-    parameters = {f"p_{name}": getattr(item.event, name) for name in _OPEN_COLUMNS}
-    parameters.update(p_key=item.stream_id, p_position=item.position)
+def _open_parameters(item: Folded, event: AttemptOpened) -> dict[str, object]:
+    """The opening statement's parameters for ``event``, the ``attempt.opened`` of ``item``."""
+    parameters = {f"p_{name}": getattr(event, name) for name in _OPEN_COLUMNS}
+    fork = event.fork_from
+    parameters.update(
+        p_key=item.stream_id,
+        p_position=item.position,
+        p_fork_source_capture_key=None if fork is None else fork.source_capture_key,
+        p_fork_source_call_id=None if fork is None else fork.source_call_id,
+    )
     return parameters
 
 
 def _opened(conn: Connection, item: Folded, event: AttemptOpened) -> bool:
-    return conn.execute(_OPEN[conn.dialect.name], _open_parameters(item)).first() is not None
+    return conn.execute(_OPEN[conn.dialect.name], _open_parameters(item, event)).first() is not None
 
 
 def _attempt_update(**values: object) -> Update:
@@ -194,6 +205,7 @@ _INTENT_COLUMNS = (
     "prompt_tokens",
     "intended_position",
     "policy_version",
+    "source_capture_key",  # the intent's: the commit must name the same (``ledger/attempt.py``)
 )
 
 
@@ -229,6 +241,7 @@ def _intended(conn: Connection, item: Folded, event: CallIntended) -> bool:
         "p_prompt_tokens": event.prompt_tokens,
         "p_intended_position": item.position,
         "p_policy_version": event.policy_version,
+        "p_source_capture_key": event.source_capture_key,
     }
     return conn.execute(_INTENT[conn.dialect.name], parameters).first() is not None
 

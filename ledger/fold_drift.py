@@ -1,15 +1,15 @@
 """Drift between the projection tables and the attempt fold: what ``grove db check`` reports.
 
-The projection tables (``ledger/inline_fold.py`` writes them in SQL, append by append) must show
-of every attempt exactly what the pure attempt fold (``grove.ledger.attempt.fold_attempt``) makes
-of its stream. ``fold_drift`` reads the whole ledger with the gap-free reader, folds each stream
-in Python, reads the tables, and compares per attempt: the attempt's row (rollout identity,
-admissions, settling), each call's row (parent, status, lateness, failure, selection
-index, policy version), the rollout's row (status, selected calls, reward, row count) and the
-contradictions in stream order. It only reads; events and rows are read in one snapshot (a
-repeatable-read transaction on PostgreSQL, a deferred read transaction on SQLite), so an append
-running beside it cannot show as drift. A difference means the tables were changed by
-hand, folded by an older Grove, or not folded yet (a ledger imported in bulk):
+The projection tables (``ledger/inline_fold.py`` writes them in SQL, append by append) must show of
+every attempt exactly what the pure attempt fold (``grove.ledger.attempt.fold_attempt``) makes of
+its stream. ``fold_drift`` reads the whole ledger with the gap-free reader, folds each stream in
+Python, reads the tables, and compares per attempt: the attempt's row (rollout identity,
+admissions, settling, fork source), each call's row (parent and the attempt that owns it, status,
+lateness, failure, selection index, policy version), the rollout's row (status, selected calls,
+reward, row count) and the contradictions in stream order. It only reads; events and rows are read
+in one snapshot (a repeatable-read transaction on PostgreSQL, a deferred read transaction on
+SQLite), so an append running beside it cannot show as drift. A difference means the tables were
+changed by hand, folded by an older Grove, or not folded yet (a ledger imported in bulk):
 ``grove db rebuild-projections`` folds them again from the events (``docs/ledger.md``).
 
 ``cleaned`` is left out: the table marks an attempt cleaned by an ``attempt.cleaned`` recorded
@@ -90,6 +90,7 @@ def folded_rows(state: AttemptState, *, postgres: bool = False) -> dict[str, Any
     if state.opened is None:
         return {**_nothing(), "contradictions": contradictions}
     opened = state.opened
+    fork = opened.fork_from
     attempt = (
         t(opened.rollout_id),
         t(opened.prompt_group),
@@ -97,6 +98,8 @@ def folded_rows(state: AttemptState, *, postgres: bool = False) -> dict[str, Any
         state.admissions_closed,
         state.settled is not None,
         bool(state.settled and state.settled.timed_out),
+        t(fork.source_capture_key) if fork else None,
+        t(fork.source_call_id) if fork else None,
     )
     selection = state.selection
     indexes = {c: i for i, c in enumerate(selection.call_ids)} if selection else {}
@@ -109,6 +112,7 @@ def folded_rows(state: AttemptState, *, postgres: bool = False) -> dict[str, Any
             t(call.failure.reason) if call.failure else None,
             indexes.get(call.call_id),
             _policy_version(call),
+            t(call.intended.source_capture_key),
         )
         for call in state.calls.values()
     }
@@ -161,6 +165,8 @@ def _found(conn: Connection) -> dict[str, dict[str, Any]]:
             bool(r.admissions_closed),
             bool(r.settled),
             bool(r.settle_timed_out),
+            r.fork_source_capture_key,
+            r.fork_source_call_id,
         )
     for r in conn.execute(select(PROJ_CALLS)):
         entry(r.capture_key)["calls"].add(
@@ -172,6 +178,7 @@ def _found(conn: Connection) -> dict[str, dict[str, Any]]:
                 r.failure_reason,
                 r.selection_index,
                 r.policy_version,
+                r.source_capture_key,
             )
         )
     for r in conn.execute(select(PROJ_ROLLOUTS)):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pydantic import BaseModel
 from sqlalchemy import Connection, bindparam, select, update
 from sqlalchemy.dialects.postgresql import insert as postgres_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -34,7 +35,7 @@ from grove.ledger.contradictions import (
     record_contradictions,
 )
 from grove.ledger.event_appliers import APPLIERS, DialectInsert, Folded, dialect_insert
-from grove.ledger.events import AttemptOpened
+from grove.ledger.events import AttemptOpened, Event
 from grove.ledger.lifecycle import ATTEMPT_EVENTS, NEVER_OPENED, lifecycle_violation
 from grove.ledger.schema import EVENTS, PROJ_ATTEMPTS, PROJ_STREAMS
 from grove.ledger.upcasting import decode_payload
@@ -45,24 +46,31 @@ __all__ = ["AppendFold", "fold_stream"]
 # -- folding --------------------------------------------------------------------------------------
 
 
+def _nul_free(value: object) -> object:
+    """``value`` with U+0000 in its strings replaced by U+FFFD, in tuples and nested records
+    too (a fork's ``fork_from``); ``value`` itself when it holds none."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd") if "\x00" in value else value
+    if isinstance(value, tuple):
+        safe = tuple(_nul_free(v) for v in value)
+        return value if all(s is v for s, v in zip(safe, value, strict=True)) else safe
+    if isinstance(value, BaseModel):
+        changed = {name: _nul_free(v) for name, v in value}
+        changed = {name: v for name, v in changed.items() if v is not getattr(value, name)}
+        return value.model_copy(update=changed) if changed else value
+    return value
+
+
 def _text_safe(item: Folded) -> Folded:
     """``item`` with U+0000 in its event's strings replaced by U+FFFD: PostgreSQL's text columns
     cannot hold it (the event table keeps the exact string, escaped in JSONB)."""
     if item.nul_free:
         return item
-    changed: dict[str, object] = {}
-    for name, value in item.event:
-        if isinstance(value, str) and "\x00" in value:
-            changed[name] = value.replace("\x00", "\ufffd")
-        elif isinstance(value, tuple) and any(isinstance(v, str) and "\x00" in v for v in value):
-            changed[name] = tuple(
-                v.replace("\x00", "\ufffd") if isinstance(v, str) else v for v in value
-            )
-    if not changed:
+    event = _nul_free(item.event)
+    if event is item.event:
         return item
-    return Folded(
-        item.stream_id, item.stream_version, item.position, item.event.model_copy(update=changed)
-    )
+    assert isinstance(event, Event)
+    return Folded(item.stream_id, item.stream_version, item.position, event)
 
 
 def _fold(conn: Connection, items: Sequence[Folded], opened: bool | None = None) -> None:

@@ -112,10 +112,17 @@ PROJ_ATTEMPTS = Table(
     Column("settle_timed_out", Boolean, nullable=False),
     Column("cleaned", Boolean, nullable=False),
     Column("opened_position", BigInteger, nullable=False),
+    # A fork's source: call ``fork_source_call_id`` of attempt ``fork_source_capture_key``
+    # (``attempt.opened.fork_from``); both NULL when the attempt is not a fork.
+    Column("fork_source_capture_key", String(200), nullable=True),
+    Column("fork_source_call_id", String(200), nullable=True),
     # Rollouts of one prompt group are assembled together.
     Index(None, "prompt_group"),
     # ``grove lineage KEY`` finds an attempt by capture key or by rollout id.
     Index(None, "rollout_id"),
+    # The forks of one call (``docs/sql.md``); named, as the convention's name passes
+    # PostgreSQL's 63 characters.
+    Index("ix_grove_proj_attempts_fork_source", "fork_source_capture_key", "fork_source_call_id"),
 )
 
 PROJ_CALLS = Table(
@@ -145,6 +152,9 @@ PROJ_CALLS = Table(
     Column("resolved_position", BigInteger, nullable=True),
     # The committed call's policy version, else the intended one; NULL when neither says.
     Column("policy_version", Integer, nullable=True),
+    # The attempt that owns ``parent_call_id`` when it is not this one (a fork's call whose
+    # parent is the fork source, ``call.intended.source_capture_key``); NULL otherwise.
+    Column("source_capture_key", String(200), nullable=True),
 )
 
 PROJ_ROLLOUTS = Table(

@@ -1,8 +1,11 @@
 """Lineage views over the projection tables, the same SQL on SQLite and PostgreSQL.
 
-``grove_calls``: one row per call with its attempt's rollout identity, status, selection and
-policy version (the committed call's, else the intended one's).
-``grove_call_lineage``: each call with itself (depth 0) and every ancestor (depth 1 = its parent).
+``grove_calls``: one row per call with its attempt's rollout identity, status, selection,
+policy version (the committed call's, else the intended one's) and ``source_capture_key``, the
+attempt that owns its parent when that is not its own (a fork's call continuing the fork source).
+``grove_call_lineage``: each call with itself (depth 0) and every ancestor (depth 1 = its parent),
+each ancestor named by ``ancestor_capture_key`` and ``ancestor_call_id``: a fork's call reaches
+its source call and that call's ancestors, on into a source's own source (``docs/fork.md``).
 ``grove_rollouts``: one row per selected attempt with its decision, training step and how many
 contradictions its attempt holds (a rollout with any never trains).
 ``grove_contradictions``: each event the lifecycle rules left out of an attempt, and why.
@@ -16,6 +19,8 @@ that upgrading an empty database never runs today's views on an older schema.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 __all__ = ["VIEWS", "create_view_statements", "drop_view_statements"]
 
 VIEWS: dict[str, str] = {
@@ -25,21 +30,25 @@ VIEWS: dict[str, str] = {
                c.prompt_tokens, c.prev_len, c.delta_len, c.cum_len, c.generated_len,
                c.finish_reason, c.response_id, c.failure_reason, c.blob_key,
                c.selection_index, (c.selection_index IS NOT NULL) AS selected,
-               c.intended_position, c.resolved_position, c.policy_version
+               c.intended_position, c.resolved_position, c.policy_version,
+               c.source_capture_key
         FROM grove_proj_calls c
         JOIN grove_proj_attempts a ON a.capture_key = c.capture_key
     """,
     "grove_call_lineage": """
-        WITH RECURSIVE lineage (capture_key, call_id, ancestor_call_id, depth) AS (
-            SELECT capture_key, call_id, call_id, 0 FROM grove_proj_calls
+        WITH RECURSIVE lineage (
+            capture_key, call_id, ancestor_capture_key, ancestor_call_id, depth
+        ) AS (
+            SELECT capture_key, call_id, capture_key, call_id, 0 FROM grove_proj_calls
             UNION ALL
-            SELECT l.capture_key, l.call_id, c.parent_call_id, l.depth + 1
+            SELECT l.capture_key, l.call_id, COALESCE(c.source_capture_key, c.capture_key),
+                   c.parent_call_id, l.depth + 1
             FROM lineage l
             JOIN grove_proj_calls c
-              ON c.capture_key = l.capture_key AND c.call_id = l.ancestor_call_id
+              ON c.capture_key = l.ancestor_capture_key AND c.call_id = l.ancestor_call_id
             WHERE c.parent_call_id IS NOT NULL
         )
-        SELECT capture_key, call_id, ancestor_call_id, depth FROM lineage
+        SELECT capture_key, call_id, ancestor_call_id, depth, ancestor_capture_key FROM lineage
     """,
     "grove_rollouts": """
         SELECT r.capture_key, r.rollout_id, r.prompt_group, a.rollout_index, a.policy_version,
@@ -61,11 +70,12 @@ VIEWS: dict[str, str] = {
 }
 
 
-def create_view_statements() -> tuple[str, ...]:
-    """``CREATE VIEW`` statements for every lineage view."""
-    return tuple(f"CREATE VIEW {name} AS {body.strip()}" for name, body in VIEWS.items())
+def create_view_statements(views: Mapping[str, str] = VIEWS) -> tuple[str, ...]:
+    """``CREATE VIEW`` statements for every lineage view (``views``: a migration's frozen copy
+    of its own definitions, by default the head revision's)."""
+    return tuple(f"CREATE VIEW {name} AS {body.strip()}" for name, body in views.items())
 
 
-def drop_view_statements() -> tuple[str, ...]:
-    """``DROP VIEW`` statements, in reverse order of creation."""
-    return tuple(f"DROP VIEW IF EXISTS {name}" for name in reversed(VIEWS))
+def drop_view_statements(views: Mapping[str, str] = VIEWS) -> tuple[str, ...]:
+    """``DROP VIEW`` statements for ``views``, in reverse order of creation."""
+    return tuple(f"DROP VIEW IF EXISTS {name}" for name in reversed(views))

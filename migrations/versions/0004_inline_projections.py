@@ -15,8 +15,8 @@ at every commit; a writer of 0003 would append without folding (``catch_up`` fol
 - The projection tables and checkpoints are emptied: rows folded before this revision followed
   other rules (a second commit or selection replaced the first). ``catch_up`` (``grove lineage``,
   ``grove train``, ``grove serve``), or the next append to a stream, folds them again.
-- The views are re-created from ``ledger/views.py``: ``grove_rollouts`` gains
-  ``contradictions`` (last), and ``grove_contradictions`` is new.
+- The views are re-created (``VIEWS`` below, frozen when 0006 changed them): ``grove_rollouts``
+  gains ``contradictions`` (last), and ``grove_contradictions`` is new.
 - Downgrade drops the two tables and the new view, empties the projections (they are folded
   again by 0003's ``catch_up``) and re-creates the views of 0003.
 """
@@ -37,6 +37,51 @@ depends_on = None
 
 # 0003 keeps the SQL of the views it created; a migration module's name is not an identifier.
 _0003 = importlib.import_module("grove.migrations.versions.0003_call_policy_version")
+
+# The views of this revision, frozen when 0006 changed them (0006 re-creates them from
+# ledger/views.py): upgrading runs these on this revision's tables.
+VIEWS: dict[str, str] = {
+    "grove_calls": """
+        SELECT c.capture_key, a.rollout_id, a.prompt_group, a.rollout_index, c.call_id,
+               c.parent_call_id, c.decision, c.root_reason, c.status, c.late,
+               c.prompt_tokens, c.prev_len, c.delta_len, c.cum_len, c.generated_len,
+               c.finish_reason, c.response_id, c.failure_reason, c.blob_key,
+               c.selection_index, (c.selection_index IS NOT NULL) AS selected,
+               c.intended_position, c.resolved_position, c.policy_version
+        FROM grove_proj_calls c
+        JOIN grove_proj_attempts a ON a.capture_key = c.capture_key
+    """,
+    "grove_call_lineage": """
+        WITH RECURSIVE lineage (capture_key, call_id, ancestor_call_id, depth) AS (
+            SELECT capture_key, call_id, call_id, 0 FROM grove_proj_calls
+            UNION ALL
+            SELECT l.capture_key, l.call_id, c.parent_call_id, l.depth + 1
+            FROM lineage l
+            JOIN grove_proj_calls c
+              ON c.capture_key = l.capture_key AND c.call_id = l.ancestor_call_id
+            WHERE c.parent_call_id IS NOT NULL
+        )
+        SELECT capture_key, call_id, ancestor_call_id, depth FROM lineage
+    """,
+    "grove_rollouts": """
+        SELECT r.capture_key, r.rollout_id, r.prompt_group, a.rollout_index, a.policy_version,
+               r.policy, r.reward, r.terminal_response_id, r.selected_calls, r.status,
+               r.masked_reason, r.rows, r.step,
+               (SELECT COUNT(*) FROM grove_proj_calls c WHERE c.capture_key = r.capture_key)
+                   AS captured_calls,
+               (SELECT COUNT(*) FROM grove_proj_contradictions x
+                 WHERE x.capture_key = r.capture_key) AS contradictions
+        FROM grove_proj_rollouts r
+        JOIN grove_proj_attempts a ON a.capture_key = r.capture_key
+    """,
+    "grove_contradictions": """
+        SELECT x.capture_key, a.rollout_id, x.stream_version, x.position, x.event_type,
+               x.call_id, x.contradiction
+        FROM grove_proj_contradictions x
+        LEFT JOIN grove_proj_attempts a ON a.capture_key = x.capture_key
+    """,
+}
+
 
 _DERIVED = (
     "grove_proj_rollouts",
@@ -73,12 +118,12 @@ def upgrade() -> None:
         ),
     )
     _empty_projections()
-    for statement in create_view_statements():
+    for statement in create_view_statements(VIEWS):
         op.execute(statement)
 
 
 def downgrade() -> None:
-    for statement in drop_view_statements():
+    for statement in drop_view_statements(VIEWS):
         op.execute(statement)
     op.drop_table("grove_proj_contradictions")
     op.drop_table("grove_proj_streams")

@@ -122,7 +122,7 @@ def test_upgrade_from_0002_adds_the_policy_version_and_keeps_the_ledger(database
     try:
         store.append("att-1", [opened("att-1")])
         migrate.upgrade(database_url, "head")
-        assert _view_columns(database_url, "grove_calls")[-1] == "policy_version"
+        assert "policy_version" in _view_columns(database_url, "grove_calls")
         assert set(inspect(create_engine(database_url)).get_view_names()) == VIEWS
         assert store.count() == 1
         assert migrate.check_drift(database_url) is None

@@ -90,11 +90,11 @@ def _shown(store: EventStore, key: str) -> dict[str, object]:
     """What the views show of one attempt."""
     with store.engine.connect() as conn:
         calls = {
-            (r.call_id, r.parent_call_id, r.status, bool(r.late), r.failure_reason, *r[-2:])
+            (r.call_id, r.parent_call_id, r.status, bool(r.late), r.failure_reason, *r[-3:])
             for r in conn.execute(
                 text(
-                    "SELECT *, selection_index, policy_version FROM grove_calls "
-                    "WHERE capture_key = :k"
+                    "SELECT *, selection_index, policy_version, source_capture_key "
+                    "FROM grove_calls WHERE capture_key = :k"
                 ),
                 {"k": key},
             )
