@@ -289,6 +289,7 @@ for command in (
     tools.lineage,
     tools.replay,
     tools.show,
+    tools.fork,
     tools.report,
     export,
     tools.gc,

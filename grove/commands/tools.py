@@ -1,9 +1,10 @@
 """The debugging and maintenance commands over ``grove.tools``: walkthrough, lineage, replay,
-show, report and gc (docs/debugging.md, docs/storage.md)."""
+show, fork, report and gc (docs/debugging.md, docs/fork.md, docs/storage.md)."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -22,7 +23,7 @@ from grove.commands.options import (
 )
 from grove.ledger.attempt import DEFAULT_SETTLE_TIMEOUT_S
 
-__all__ = ["gc", "lineage", "replay", "report", "show", "walkthrough"]
+__all__ = ["fork", "gc", "lineage", "replay", "report", "show", "walkthrough"]
 
 
 def walkthrough(
@@ -122,6 +123,92 @@ def show(
     with ledger_store(ws) as store:
         page = write_attempt_page(store, open_blob_store(ws.blob_url), capture_key, html)
     console.print(f"wrote {html} ({page.calls} calls, {page.rows} rows)")
+
+
+def fork(
+    capture_key: Annotated[str, typer.Argument(help="The attempt's capture key.")],
+    call_id: Annotated[str, typer.Argument(help="The committed call to sample again.")],
+    n: Annotated[int, typer.Option("--n", min=1, max=64, help="How many samples to draw.")] = 4,
+    seed: Annotated[
+        int, typer.Option("--seed", min=0, help="Sample i is drawn with seed SEED + i.")
+    ] = 0,
+    temperature: Annotated[
+        float,
+        typer.Option(
+            "--temperature", help="Sampling temperature (the embedded engine samples at 1 only)."
+        ),
+    ] = 1.0,
+    max_tokens: Annotated[
+        int | None,
+        typer.Option(
+            "--max-tokens",
+            min=1,
+            help="Tokens a sample may generate (default: the recorded answer's length when it "
+            "stopped at the limit, else 256; within the model's context).",
+        ),
+    ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            dir_okay=False,
+            help="The configuration grove train read (its model); default: the config.json "
+            "beside --checkpoint, else the run's.",
+        ),
+    ] = None,
+    checkpoint: Annotated[
+        str,
+        typer.Option(
+            "--checkpoint",
+            help="A checkpoint directory (step_…), `latest` (the run's newest; none yet: the "
+            "model as configured) or `none` (the model as configured).",
+        ),
+    ] = "latest",
+    run: Annotated[
+        str | None,
+        typer.Option("--run", help="The run of WORKDIR/runs whose checkpoints and model to use."),
+    ] = None,
+    as_json: JsonOption = False,
+    workdir: WorkdirOption = None,
+    database_url: DatabaseOption = None,
+    blob_url: BlobOption = None,
+) -> None:
+    """Sample a recorded call again on its exact prompt tokens, beside its recorded answer with
+    each token's logprob then and now and its TMPE; writes nothing (docs/fork.md)."""
+    from grove.storage import open_blob_store
+    from grove.tools.fork import (
+        fork_call,
+        fork_configuration,
+        load_fork_model,
+        read_recorded_call,
+        render_fork,
+    )
+
+    ws = workspace(workdir, database_url, blob_url)
+    with ledger_store(ws) as store:
+        call = read_recorded_call(store, open_blob_store(ws.blob_url), capture_key, call_id)
+    settings, weights = fork_configuration(ws, config=config, checkpoint=checkpoint, run=run)
+    errors.print(
+        f"loading {settings.model.path} ({'as configured' if weights is None else weights})",
+        highlight=False,
+        soft_wrap=True,
+    )
+    model = load_fork_model(
+        settings, weights, workdir=ws.workdir, origin=str(config or "the run's configuration")
+    )
+    report = fork_call(
+        call,
+        model,
+        n=n,
+        seed=seed,
+        temperature=temperature,
+        max_tokens=max_tokens,
+        progress=lambda line: errors.print(line, highlight=False),
+    )
+    if as_json:
+        print(json.dumps(report.as_dict()))
+    else:
+        render_fork(report, console)
 
 
 def report(
