@@ -12,6 +12,7 @@ from grove.ledger.events import (
     CallCommitted,
     CallFailed,
     CallIntended,
+    ForkSource,
     ReplaySummary,
     RolloutFinalized,
     RolloutSelected,
@@ -38,8 +39,15 @@ def digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def opened(capture_key: str, *, rollout_id: str = "r0", group: str = "g0") -> AttemptOpened:
-    """``attempt.opened`` for rollout ``rollout_id`` of prompt group ``group``."""
+def opened(
+    capture_key: str,
+    *,
+    rollout_id: str = "r0",
+    group: str = "g0",
+    fork_from: ForkSource | None = None,
+) -> AttemptOpened:
+    """``attempt.opened`` for rollout ``rollout_id`` of prompt group ``group`` (a fork of
+    ``fork_from`` when given)."""
     return AttemptOpened(
         capture_key=capture_key,
         rollout_id=rollout_id,
@@ -48,6 +56,7 @@ def opened(capture_key: str, *, rollout_id: str = "r0", group: str = "g0") -> At
         policy_version=0,
         model_fingerprint="tiny",
         template_fingerprint="chatml",
+        fork_from=fork_from,
     )
 
 
@@ -55,14 +64,17 @@ def intended(
     call_id: str,
     *,
     parent: str | None = None,
+    source: str | None = None,
     prompt_tokens: int = 5,
     policy_version: int | None = None,
 ) -> CallIntended:
-    """``call.intended``: a root without ``parent``, else a continuation."""
+    """``call.intended``: a root without ``parent``, else a continuation (of call ``parent``
+    of attempt ``source``, a fork's source, when given)."""
     return CallIntended(
         call_id=call_id,
         decision="continuation" if parent else "root",
         parent_call_id=parent,
+        source_capture_key=source,
         root_reason=None if parent else "initial",
         replay_summary=SUMMARY,
         prompt_tokens=prompt_tokens,
@@ -75,14 +87,17 @@ def committed(
     call_id: str,
     *,
     parent: str | None = None,
+    source: str | None = None,
     prev: int = 0,
     new: int = 8,
     policy_version: int | None = None,
 ) -> CallCommitted:
-    """``call.committed`` with ``new`` tokens (3 of them generated) on top of ``prev``."""
+    """``call.committed`` with ``new`` tokens (3 of them generated) on top of ``prev``
+    (``source``: the attempt that owns ``parent``, when another)."""
     return CallCommitted(
         call_id=call_id,
         parent_call_id=parent,
+        source_capture_key=source,
         prev_len=prev,
         delta_len=new,
         cum_len=prev + new,
