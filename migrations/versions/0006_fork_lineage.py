@@ -6,17 +6,18 @@ Create Date: 2026-12-06
 
 Compatibility: additive for writers and readers of the events, and for queries that name their
 columns; a query that reads ``grove_call_lineage`` by position sees one more column (last).
-No event is rewritten. A writer of 0005 folds without the new columns (they stay NULL for its
-forks: ``grove db check`` reports them, ``grove db rebuild-projections`` folds them again).
+No event is rewritten. A Grove of 0005 refuses the upgraded ledger (its schema is ahead), so no
+fork is folded without the new columns after the upgrade; ``grove db check`` compares them with
+the fold of the events, and ``grove db rebuild-projections`` folds them again.
 - ``grove_proj_attempts`` gains ``fork_source_capture_key`` and ``fork_source_call_id``
   (``attempt.opened.fork_from``; NULL unless the attempt is a fork) and an index on the pair
   (the forks of one call, ``docs/sql.md``).
 - ``grove_proj_calls`` gains ``source_capture_key`` (``call.intended.source_capture_key``: the
   attempt that owns the call's parent, NULL unless that is another attempt).
 - Both are filled from the events the rows were folded from: each row names the position of the
-  event that stands for it (``opened_position``, ``intended_position``), so one indexed look-up
-  per fork reads the value. Attempts not folded yet are folded with the columns by ``catch_up``
-  or the next append. (A name holding U+0000 or U+FFFF, which the PostgreSQL event table stores
+  event that stands for it (``opened_position``, ``intended_position``), so one primary-key
+  look-up per attempt, and per continuation of a fork, reads the value. Attempts not folded yet
+  are folded with the columns by ``catch_up`` or the next append. (A name holding U+0000 or U+FFFF, which the PostgreSQL event table stores
   escaped, is folded exactly by ``grove db rebuild-projections``.)
 - The views are re-created from ``ledger/views.py``: ``grove_calls`` gains
   ``source_capture_key`` (last); ``grove_call_lineage`` gains ``ancestor_capture_key`` (last) and
