@@ -17,8 +17,9 @@ the fold of the events, and ``grove db rebuild-projections`` folds them again.
 - Both are filled from the events the rows were folded from: each row names the position of the
   event that stands for it (``opened_position``, ``intended_position``), so one primary-key
   look-up per attempt, and per continuation of a fork, reads the value. Attempts not folded yet
-  are folded with the columns by ``catch_up`` or the next append. (A name holding U+0000 or U+FFFF, which the PostgreSQL event table stores
-  escaped, is folded exactly by ``grove db rebuild-projections``.)
+  are folded with the columns by ``catch_up`` or the next append. (A name holding U+0000 or
+  U+FFFF, which the PostgreSQL event table stores escaped, is folded exactly by ``grove db
+  rebuild-projections``.)
 - The views are re-created from ``ledger/views.py``: ``grove_calls`` gains
   ``source_capture_key`` (last); ``grove_call_lineage`` gains ``ancestor_capture_key`` (last) and
   follows a call's parent into the attempt that owns it, so a fork's call reaches the source call
