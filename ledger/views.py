@@ -78,4 +78,4 @@ def create_view_statements(views: Mapping[str, str] = VIEWS) -> tuple[str, ...]:
 
 def drop_view_statements(views: Mapping[str, str] = VIEWS) -> tuple[str, ...]:
     """``DROP VIEW`` statements for ``views``, in reverse order of creation."""
-    return tuple(f"DROP VIEW IF EXISTS {name}" for name in reversed(views))
+    return tuple(f"DROP VIEW IF EXISTS {name}" for name in reversed(list(views)))
