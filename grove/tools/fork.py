@@ -63,6 +63,7 @@ from grove.workspace import Workspace
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
+    "PROMPT_TAIL",
     "ForkError",
     "ForkModel",
     "ForkReport",
@@ -78,6 +79,9 @@ __all__ = [
 DEFAULT_MAX_TOKENS: Final = 256
 """Tokens a sample may generate when ``--max-tokens`` is not given and the recorded answer did
 not stop at a length limit (one that did names the limit: its own length)."""
+
+PROMPT_TAIL: Final = 48
+"""Tokens of the prompt's end that the terminal report shows before the recorded answer."""
 
 _WEIGHTS: Final = "model.safetensors"
 
@@ -335,12 +339,14 @@ class Sample:
 class ForkReport:
     """What ``grove fork`` found (producer: :func:`fork_call`; consumers: :func:`render_fork`
     and ``--json``). ``logprobs_now`` aligns with ``call.generated``; ``tmpe`` is None when no
-    recorded token has finite logprobs; ``pieces`` is each recorded token decoded alone."""
+    recorded token has finite logprobs; ``pieces`` is each recorded token decoded alone;
+    ``prompt_tail`` the prompt's last ``PROMPT_TAIL`` tokens decoded (for a terminal)."""
 
     call: RecordedCall
     model: str
     checkpoint: Path | None
     step: int | None
+    prompt_tail: str
     text: str
     pieces: tuple[str, ...]
     logprobs_now: tuple[float, ...]
@@ -458,6 +464,7 @@ def fork_call(
         model=loaded.name,
         checkpoint=model.checkpoint,
         step=model.step,
+        prompt_tail=tokenizer.decode(list(call.prompt[-PROMPT_TAIL:])),
         text=tokenizer.decode(list(call.generated)),
         pieces=tuple(tokenizer.decode([token]) for token in call.generated),
         logprobs_now=tuple(now),
@@ -488,6 +495,11 @@ def render_fork(report: ForkReport, console: Console) -> None:
     ]
     for line in lines:
         console.print(escape(line), highlight=False, soft_wrap=True)
+    console.print(
+        f"\n[bold]prompt[/] (its last {min(PROMPT_TAIL, len(call.prompt))} tokens):",
+        highlight=False,
+    )
+    console.print(escape("…" + report.prompt_tail), highlight=False, soft_wrap=True)
     tmpe = "-" if report.tmpe is None else f"{report.tmpe:.6f}"
     console.print(
         f"\n[bold]recorded answer[/] ({call.finish_reason}, {len(call.generated)} tokens, "
