@@ -7,7 +7,8 @@ larger-model smoke).
 
 ``bench/gateway.py``, ``bench/ledger_append.py`` and ``bench/scale.py`` have smoke tests of their
 own (``test_bench_gateway.py``, ``test_bench_ledger_append.py``, ``test_bench_scale.py``) that run
-their cores on smaller workloads than ``--quick``. Values are not checked: tests never assert
+their cores on smaller workloads than ``--quick``; ``test_bench_fork.py`` runs ``bench/fork.py``'s
+quick run and checks its keys. Values are not checked: tests never assert
 timings.
 """
 
@@ -27,7 +28,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted(p.stem for p in (ROOT / "bench").glob("*.py"))
-SMOKED_ELSEWHERE = frozenset({"gateway", "ledger_append", "scale"})
+SMOKED_ELSEWHERE = frozenset({"fork", "gateway", "ledger_append", "scale"})
 SMALLER_THAN_QUICK: dict[str, Callable[[ModuleType], dict[str, Any]]] = {
     "moe_replay": lambda bench: bench.run(rollouts=2, max_tokens=8, repeats=1),
     "tree": lambda bench: bench.run(rounds=1),
