@@ -126,6 +126,7 @@ class GroveClient:
         selection_policy: str | None = None,
         seed: int | None = None,
         policy_version: int = 0,
+        fork_from: tuple[str, str] | None = None,
     ) -> Attempt:
         """Open (idempotently) the attempt ``capture_key`` for rollout ``rollout_index`` of
         ``prompt_group``; a training run groups ``grpo.num_generations_per_prompt`` rollouts of
@@ -135,7 +136,10 @@ class GroveClient:
         ``forest_mode`` and ``selection_policy`` default to the server's configuration; a policy
         must be a built-in or one the server registered (else 400
         ``unregistered_selection_policy``). The attempt's token is made here and sent with the
-        opening (repeated up to ``OPEN_TRIES`` times when the connection fails)."""
+        opening (repeated up to ``OPEN_TRIES`` times when the connection fails). ``fork_from``
+        ``(capture_key, call_id)`` opens the attempt as a fork of that committed call
+        (``docs/fork.md``): ``Attempt.fork`` then holds the source call's conversation to
+        continue."""
         body = {
             "capture_key": capture_key,
             "rollout_id": rollout_id,
@@ -146,6 +150,8 @@ class GroveClient:
             "seed": seed,
             "policy_version": policy_version,
         }
+        if fork_from is not None:
+            body["fork_from"] = {"capture_key": fork_from[0], "call_id": fork_from[1]}
         token = self._proposed_token(capture_key)
         headers = {ATTEMPT_TOKEN_HEADER: token}
         for tries in range(1, OPEN_TRIES + 1):
@@ -155,7 +161,7 @@ class GroveClient:
             except httpx.TransportError:
                 if tries == OPEN_TRIES:
                     raise
-        return Attempt(self, capture_key, str(opened["attempt_token"]))
+        return Attempt(self, capture_key, str(opened["attempt_token"]), opened.get("fork_from"))
 
     def _proposed_token(self, capture_key: str) -> str:
         """The token to open ``capture_key`` with: the one proposed before, else a new one."""
@@ -170,11 +176,16 @@ class GroveClient:
 @dataclass(frozen=True)
 class Attempt:
     """One opened attempt: bound ``openai`` clients, rejection, status and the result.
-    ``attempt_token`` is its secret, sent with every request on it (never shown in ``repr``)."""
+    ``attempt_token`` is its secret, sent with every request on it (never shown in ``repr``).
+    ``fork`` is the call a fork continues, as the opening answered it (``source_capture_key``,
+    ``source_call_id``, ``source_cum_len``, ``answer`` and ``messages``: the source call's
+    conversation through its answer, to send again with the next observation); None for an
+    attempt that forks nothing."""
 
     grove: GroveClient
     capture_key: str
     attempt_token: str = field(repr=False)
+    fork: dict[str, Any] | None = field(default=None, repr=False)
 
     @property
     def headers(self) -> dict[str, str]:

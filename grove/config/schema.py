@@ -145,6 +145,18 @@ def unsupported_combinations(config: GroveConfig) -> list[str]:
             "logical rollouts per step, grpo.num_prompts_per_step x "
             f"grpo.num_generations_per_prompt ({logical_rollouts}): one optimizer step per batch"
         )
+    if grpo.forks.per_step > grpo.num_prompts_per_step:
+        problems.append(
+            f"grpo.forks.per_step ({grpo.forks.per_step}) must not exceed "
+            f"grpo.num_prompts_per_step ({grpo.num_prompts_per_step}): fork groups take the "
+            "place of task groups in a step"
+        )
+    if grpo.forks.per_step and config.harness.target == EXTERNAL:
+        problems.append(
+            "grpo.forks.per_step needs an in-process harness (harness.target: module:function): "
+            "grove train plays the forks itself; external agents open forks with grove.client "
+            "(docs/fork.md)"
+        )
     if (
         grpo.advantage_clip_low is not None
         and grpo.advantage_clip_high is not None

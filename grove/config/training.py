@@ -27,6 +27,7 @@ __all__ = [
     "AsyncRLConfig",
     "CheckpointingConfig",
     "DTensorConfig",
+    "ForksConfig",
     "GRPOConfig",
     "LossConfig",
     "MegatronConfig",
@@ -108,6 +109,19 @@ class RewardShapingConfig(Section):
     """Rewrite rewards after the rollout; refused when true."""
 
 
+class ForksConfig(Section):
+    """``grpo.forks``: per-state groups, prompt groups that fork a call of the previous step
+    (``docs/fork.md``, "Per-state groups")."""
+
+    per_step: int = Field(default=0, ge=0, le=1_000_000)
+    """Prompt groups of each step after the first that fork a turn of the previous step's batch,
+    instead of playing a task (at most ``grpo.num_prompts_per_step``); 0: none."""
+
+    pick: Literal["uniform", "low_reward"] = "uniform"
+    """Which turns to fork: drawn uniformly from every turn of the previous step's trainable
+    rollouts, or from those of rollouts whose reward is below their group's mean."""
+
+
 class GRPOConfig(Section):
     """``grpo``: prompt groups, advantages and the per-rollout masking rules."""
 
@@ -149,6 +163,9 @@ class GRPOConfig(Section):
 
     reward_shaping: RewardShapingConfig = Field(default_factory=RewardShapingConfig)
     """Post-rollout reward shaping."""
+
+    forks: ForksConfig = Field(default_factory=ForksConfig)
+    """Per-state groups: forks of the previous step's turns, compared with each other."""
 
     max_abs_reward: float = Field(default=DEFAULT_MAX_ABS_REWARD, gt=0.0, le=MAX_REWARD_BOUND)
     """The largest reward magnitude a harness result may carry; the gateway refuses (422

@@ -16,6 +16,12 @@ so Grove starts a new root and the rollout trains as more than one row. Answers 
 hold tool-call markup that does not parse are rejected with ``grove.client.reject`` and sampled
 again, as is a seeded fraction of the rest; rejected answers never enter the history.
 
+A fork (``task["fork"]``, ``docs/fork.md``) continues a recorded conversation instead of starting
+one: the agent reads where it stands from the conversation — the question last asked, the lookups
+done since, a summary just written — finishes that question or compacts as the conversation asks,
+and goes on with the next questions. Its reward counts only the checks it scored itself, so the
+forks of one state compare what each did from there.
+
 The reward is verifiable from the task alone: the mean, over the agent's checks, of 1 for each
 question whose item the model looked up, 1 for each answer that names the item's colour, and for
 each summary the share of its context's facts (``ITEM is COLOUR``) it keeps. The warm-started
@@ -103,6 +109,7 @@ class _Rollout:
     scores: list[float] = field(default_factory=list)
     calls: int = 0
     total_tokens: int = 0
+    call_prefix: str = "c"  # a fork's are "f": its call ids never take its source call's
 
     def observe(self, message: dict[str, Any]) -> None:
         """A user or tool message, for the model and the history alike."""
@@ -114,7 +121,7 @@ class _Rollout:
         the context and the history (with its response id)."""
         retries = self.options["max_response_retries"]
         for retry in range(retries + 1):
-            call_id = f"c{self.calls}-{retry}"
+            call_id = f"{self.call_prefix}{self.calls}-{retry}"
             completion = self._create(call_id)
             message = completion.choices[0].message
             text = message.content or ""
@@ -145,9 +152,21 @@ class _Rollout:
         """One question: the model's lookups, run on ``table``, then its answer; scored."""
         text = question(item) if notes is None else notes_prompt(notes, item)
         self.observe({"role": "user", "content": text})
-        message = self.sample()
-        looked_up = False
-        for _ in range(self.options["max_lookups"]):
+        self.finish(item, self.sample(), table)
+
+    def finish(
+        self,
+        item: str,
+        message: dict[str, Any],
+        table: Mapping[str, str],
+        *,
+        looked_up: bool = False,
+        lookups: int = 0,
+    ) -> None:
+        """The rest of the question about ``item`` from the model's ``message``: its lookups
+        (``lookups`` of ``max_lookups`` rounds done, ``looked_up`` whether one asked for
+        ``item``), then its answer; scored."""
+        for _ in range(self.options["max_lookups"] - lookups):
             calls = message.get("tool_calls") or []
             if not calls:
                 break
@@ -201,18 +220,68 @@ def play(
     questions: list[str] = list(task["questions"])
     notes: str | None = None
     compactions = 0
+    start, answered = 0, False  # a fork starts where its conversation stands
+    if task.get("fork") is not None:
+        start, answered, notes, compactions = _resume(rollout, task["fork"], questions, table)
     for index, item in enumerate(questions):
-        rollout.ask(item, notes, table)
+        if index < start:
+            continue
+        if not (answered and index == start):
+            rollout.ask(item, notes, table)
         notes = None
         room = max_compactions is None or compactions < max_compactions
         if room and index + 1 < len(questions) and rollout.total_tokens >= compact_at_tokens:
             notes = rollout.compact()
             compactions += 1
             rollout.facts = _noted(notes, rollout.facts)
-    reward = sum(rollout.scores) / len(rollout.scores)
+    reward = sum(rollout.scores) / len(rollout.scores) if rollout.scores else 0.0
     return {"output": rollout.history, "reward": reward}
 
 
 def _noted(notes: str, facts: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
     """The facts a new context starts with: those its notes kept."""
     return [(item, colour) for item, colour in facts if f"{item} is {colour}" in notes]
+
+
+_ASKED = re.compile(r"What colour is the (.+)\?$")
+
+
+def _resume(
+    rollout: _Rollout, fork: Mapping[str, Any], questions: Sequence[str], table: Mapping[str, str]
+) -> tuple[int, bool, str | None, int]:
+    """Take up the forked conversation: the question it stands at (its index) and whether that
+    question is answered, the notes a summary just written starts the next context with, and the
+    compactions the conversation shows; a question the source call left open (its answer called
+    tools) is finished here, and scored."""
+    messages: list[dict[str, Any]] = [dict(m) for m in fork["messages"]]
+    rollout.context, rollout.history = list(messages), list(messages)
+    rollout.call_prefix = "f"
+    rollout.total_tokens = int(fork.get("cum_len") or 0)
+    users = [i for i, m in enumerate(messages) if m["role"] == "user"]
+    asked = [(i, _ASKED.search(messages[i].get("content") or "")) for i in users]
+    asked_at = [(i, m.group(1)) for i, m in asked if m is not None and m.group(1) in questions]
+    if not asked_at:
+        raise ValueError("the forked conversation asks none of the task's questions")
+    at, item = asked_at[-1]
+    index = questions.index(item)
+    rollout.facts = [(i, table[i]) for _, i in asked_at]
+    compactions = sum(
+        (m.get("content") or "").startswith("Notes: ") or m.get("content") == SUMMARY_REQUEST
+        for m in messages
+        if m["role"] == "user"
+    )
+    last = messages[-1]
+    if messages[users[-1]].get("content") == SUMMARY_REQUEST:  # the source call summarized
+        notes = (last.get("content") or "").strip()
+        rollout.facts = _noted(notes, rollout.facts)
+        rollout.context = []
+        return index + 1, False, notes, compactions
+    if last.get("tool_calls"):  # the source call looked something up: finish the question
+        rounds = [m for m in messages[at:] if m["role"] == "assistant" and m.get("tool_calls")]
+        looked_up = any(
+            requested_item(c["function"]["name"], c["function"]["arguments"]) == item
+            for m in rounds[:-1]
+            for c in m["tool_calls"]
+        )
+        rollout.finish(item, last, table, looked_up=looked_up, lookups=len(rounds) - 1)
+    return index, True, None, compactions

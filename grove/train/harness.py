@@ -33,6 +33,7 @@ __all__ = [
     "Harness",
     "HarnessError",
     "RolloutSpec",
+    "fork_task",
     "open_rollout",
     "post_result",
     "resolve_harness",
@@ -99,7 +100,8 @@ def rollout_seed(run_seed: int, step: int, group: int, index: int) -> int:
 @dataclass(frozen=True)
 class RolloutSpec:
     """One rollout to play: its attempt's coordinates, task, seed and the policy version (the
-    optimizer steps taken) it starts under."""
+    optimizer steps taken) it starts under; ``fork_from`` the committed call ``(capture_key,
+    call_id)`` it forks (``docs/fork.md``), None for a rollout from the task's start."""
 
     capture_key: str
     rollout_id: str
@@ -108,6 +110,7 @@ class RolloutSpec:
     task: Mapping[str, Any]
     seed: int
     policy_version: int = 0
+    fork_from: tuple[str, str] | None = None
 
 
 def open_rollout(
@@ -123,6 +126,7 @@ def open_rollout(
         selection_policy=selection_policy,
         seed=spec.seed,
         policy_version=spec.policy_version,
+        fork_from=spec.fork_from,
     )
 
 
@@ -130,10 +134,12 @@ def run_harness(
     attempt: Attempt, harness: Harness, spec: RolloutSpec, options: Mapping[str, Any]
 ) -> Mapping[str, Any]:
     """Run the harness on a client bound to ``attempt``; its result, checked. A ``HarnessError``
-    naming the rollout when the harness raises or returns no finite ``reward``."""
+    naming the rollout when the harness raises or returns no finite ``reward``. A fork's harness
+    finds the conversation it continues in ``task["fork"]`` (``fork_task``)."""
+    task = fork_task(spec, attempt)
     client = attempt.openai()
     try:
-        result = harness(client, dict(spec.task), spec.seed, **options)
+        result = harness(client, task, spec.seed, **options)
     except Exception as error:
         raise HarnessError(f"the harness raised {error!r}", spec.rollout_id) from error
     finally:
@@ -147,6 +153,32 @@ def run_harness(
             spec.rollout_id,
         )
     return result
+
+
+def fork_task(spec: RolloutSpec, attempt: Attempt) -> dict[str, Any]:
+    """The task record the harness receives: the rollout's task and, for a fork, ``fork``: the
+    source call (``capture_key``, ``call_id``), its conversation through its answer
+    (``messages``, Chat messages), which the harness continues, and the tokens of that
+    conversation (``cum_len``) (``docs/fork.md``)."""
+    task = dict(spec.task)
+    if spec.fork_from is None:
+        return task
+    source = attempt.fork or {}
+    messages = source.get("messages")
+    if not isinstance(messages, list):
+        raise HarnessError(
+            f"the fork source, call {spec.fork_from[1]!r} of attempt {spec.fork_from[0]!r}, has "
+            "no recorded conversation (its blobs were written before Grove recorded "
+            "conversations): fork a call recorded since",
+            spec.rollout_id,
+        )
+    task["fork"] = {
+        "capture_key": spec.fork_from[0],
+        "call_id": spec.fork_from[1],
+        "messages": messages,
+        "cum_len": source.get("source_cum_len"),
+    }
+    return task
 
 
 def post_result(attempt: Attempt, spec: RolloutSpec, result: Mapping[str, Any]) -> float:

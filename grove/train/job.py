@@ -48,13 +48,14 @@ from grove.train.distributed import (
     leading_ranks,
     share_training_state,
 )
+from grove.train.fork_groups import SourceRollout, fork_metrics
 from grove.train.preflight import check_policy_model, preflight
 from grove.train.progress import StepProgress
 from grove.train.rollouts import StepPlayer
 from grove.train.roots import root_metrics
 from grove.train.run_log import RunLog
 from grove.train.runs import RunDirectory, find_run, new_run
-from grove.train.step_batches import OverdueAttempts, awaited_batch, played_batch
+from grove.train.step_batches import OverdueAttempts, awaited_batch, fork_sources, played_batch
 from grove.train.training_run import StepSummary, TrainingRun
 from grove.training.cleanup import clean_step
 from grove.training.projector import PublishedBatch
@@ -241,6 +242,7 @@ class _Loop:
     player: StepPlayer | None
     store: EventStore
     overdue: OverdueAttempts | None = None  # external: attempts open without a result
+    previous: PublishedBatch | None = None  # the last step's batch: grpo.forks picks from it
 
     def run(self, target: int, log: RunLog, console: Console | None) -> list[StepSummary]:
         """Steps until ``target`` (or until the task file is used up)."""
@@ -262,6 +264,9 @@ class _Loop:
                 if self.player is not None:
                     replacements = _replacements(self.player, published)
                     metrics[REPLACEMENT_GROUPS] = float(replacements)
+                if self.player is not None and self.config.grpo.forks.per_step:
+                    metrics.update(_fork_metrics(self.player, published))
+                self.previous = published
                 log.log(summary.step, metrics)
                 clean_step(
                     self.store,
@@ -277,11 +282,28 @@ class _Loop:
         """The next step's batch (``grove.train.step_batches``); None once the task file is used
         up."""
         if self.player is not None:
-            return played_batch(self.training, self.player, progress)
+            return played_batch(self.training, self.player, progress, self._fork_sources())
         timeout = self.config.async_rl.rollout_failure.rollout_timeout_s
         if timeout is not None and self.overdue is None:
             self.overdue = OverdueAttempts(timeout)
         return awaited_batch(self.training, self.overdue, progress)
+
+    def _fork_sources(self) -> list[SourceRollout]:
+        """The previous step's rollouts, which ``grpo.forks`` picks turns from (that step's
+        batch rebuilt from the ledger when this process did not train it: a resumed run)."""
+        step = self.training.step
+        if not self.config.grpo.forks.per_step or step == 0:
+            return []
+        if self.previous is None or self.previous.step != step - 1:
+            self.previous = self.training.projector.batch_for_step(step - 1)
+        return [] if self.previous is None else fork_sources(self.previous)
+
+
+def _fork_metrics(player: StepPlayer, published: PublishedBatch) -> dict[str, float]:
+    """``forks/groups`` and ``forks/reward_variance`` of the step (``grove.train.fork_groups``)."""
+    groups = player.forks_in(published.step, sorted({r.group_id for r in published.rollouts}))
+    rewards = {g: [r.reward for r in published.rollouts if r.group_id == g] for g in groups}
+    return fork_metrics(rewards)
 
 
 def _replacements(player: StepPlayer, published: PublishedBatch) -> int:

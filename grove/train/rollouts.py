@@ -21,6 +21,11 @@ Replacement ``k`` of step ``s`` (``async_rl.rollout_failure.max_replacement_grou
 seeded with ``rollout_seed(seed, s, N + k, r)``, playing task ``replacement_task(...)`` — a draw
 from the whole task file seeded by ``data.shuffle_seed``, ``s`` and ``k`` alone, so a resumed run
 plays the same replacements whatever was dropped.
+
+Fork group ``j`` of step ``s`` (``grpo.forks``, ``grove.train.fork_groups``) takes the place of
+task group ``N - 1 - j``: the attempts ``{run}-s{s}-f{j}-r{r}``, seeded with
+``rollout_seed(seed, s, -(j + 1), r)``, each opened as a fork of the picked call and playing that
+call's task with the conversation to continue in ``task["fork"]``.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from grove.errors import JobError
 from grove.ledger.attempt import AttemptLog
 from grove.ledger.store import EventStore
 from grove.train.abandonment import abandon_attempt
+from grove.train.fork_groups import ForkPick, SourceRollout, fork_candidates, pick_forks
 from grove.train.harness import (
     Harness,
     HarnessError,
@@ -167,15 +173,79 @@ class StepPlayer:
                 )
         return specs
 
-    def play(self, step: int, advance: Callable[[], None]) -> list[str] | None:
-        """Play ``step``'s groups, calling ``advance`` as each rollout ends; their ids, or None
-        when the task file is used up (nothing played)."""
+    def fork_group_id(self, step: int, fork: int) -> str:
+        """Fork group ``fork`` of step ``step``."""
+        return f"{self.run_id}-s{step}-f{fork}"
+
+    def play(
+        self, step: int, advance: Callable[[], None], sources: Sequence[SourceRollout] = ()
+    ) -> list[str] | None:
+        """Play ``step``'s groups, calling ``advance`` as each rollout ends: task groups, and
+        fork groups of turns of ``sources`` (the previous step's batch) when ``grpo.forks`` asks;
+        their ids, or None when the task file is used up (nothing played)."""
         tasks = step_tasks(self.order, step, self.groups_per_step)
         if tasks is None:
             return None
         self.failures = {}
-        self._play_groups(step, list(enumerate(tasks)), advance)
-        return [self.group_id(step, g) for g in range(len(tasks))]
+        picks = self.fork_picks(step, sources)
+        groups = list(enumerate(tasks[: len(tasks) - len(picks)]))
+        specs = [spec for group, task in groups for spec in self.specs(step, group, task)]
+        for fork, pick in enumerate(picks):
+            specs += self.fork_specs(step, fork, pick)
+        self._play_all(specs, len(tasks) * self.config.grpo.num_generations_per_prompt, advance)
+        return [self.group_id(step, g) for g, _ in groups] + [
+            self.fork_group_id(step, j) for j in range(len(picks))
+        ]
+
+    def fork_picks(self, step: int, sources: Sequence[SourceRollout]) -> list[ForkPick]:
+        """The calls ``step`` forks (``grove.train.fork_groups``): none at step 0 or without
+        ``grpo.forks.per_step``; only turns of task groups are candidates."""
+        forks = self.config.grpo.forks
+        if not forks.per_step or step == 0:
+            return []
+        from_tasks = [s for s in sources if self.task_of(s.group_id) is not None]
+        candidates = fork_candidates(from_tasks, forks.pick)
+        return pick_forks(candidates, count=forks.per_step, seed=self.config.seed, step=step)
+
+    def fork_specs(self, step: int, fork: int, pick: ForkPick) -> list[RolloutSpec]:
+        """The rollouts of fork group ``fork`` of ``step`` (forking ``pick``) still to play."""
+        config = self.config
+        group_id = self.fork_group_id(step, fork)
+        task = self.task_of(pick.group_id)
+        assert task is not None  # fork_picks keeps task groups only
+        specs = []
+        for r in range(config.grpo.num_generations_per_prompt):
+            rollout_id = f"{group_id}-r{r}"
+            key = fresh_key(self.log, rollout_id)
+            if key is not None:
+                seed = rollout_seed(config.seed, step, -(fork + 1), r)
+                source = (pick.capture_key, pick.call_id)
+                spec = RolloutSpec(
+                    key, rollout_id, group_id, r, self.tasks[task], seed, step, fork_from=source
+                )
+                specs.append(spec)
+        return specs
+
+    def task_of(self, group_id: str) -> int | None:
+        """The task (index into the task file) task group ``group_id`` of this run plays; None
+        for a fork group or a group of another run."""
+        step, sep, group = group_id.removeprefix(f"{self.run_id}-s").partition("-g")
+        if not group_id.startswith(f"{self.run_id}-s") or not sep:
+            return None
+        if not (step.isdigit() and group.isdigit()):
+            return None
+        s, g = int(step), int(group)
+        if g >= self.groups_per_step:
+            data = self.config.data
+            index = g - self.groups_per_step
+            return replacement_task(len(self.tasks), seed=data.shuffle_seed, step=s, index=index)
+        tasks = step_tasks(self.order, s, self.groups_per_step)
+        return None if tasks is None else tasks[g]
+
+    def forks_in(self, step: int, groups: Sequence[str]) -> list[str]:
+        """The fork groups of ``step`` among ``groups``."""
+        prefix = f"{self.run_id}-s{step}-f"
+        return [g for g in groups if g.startswith(prefix) and g.removeprefix(prefix).isdigit()]
 
     def play_replacements(
         self, step: int, first: int, count: int, advance: Callable[[], None]
@@ -203,6 +273,12 @@ class StepPlayer:
     ) -> None:
         rollouts = len(groups) * self.config.grpo.num_generations_per_prompt
         specs = [spec for group, task in groups for spec in self.specs(step, group, task)]
+        self._play_all(specs, rollouts, advance)
+
+    def _play_all(
+        self, specs: Sequence[RolloutSpec], rollouts: int, advance: Callable[[], None]
+    ) -> None:
+        """Play ``specs``, the rollouts of ``rollouts`` not completed before a resume."""
         for _ in range(rollouts - len(specs)):
             advance()  # completed before a resume
         for failure in self._play_specs(specs, advance):

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from grove.ledger.attempt import AttemptLog
 from grove.train.abandonment import abandon_attempt
+from grove.train.fork_groups import SourceRollout
 from grove.train.progress import StepProgress
 from grove.train.rollouts import StepPlayer
 from grove.train.training_run import TrainingRun
@@ -34,7 +35,7 @@ from grove.training.advantages import GroupDecision
 from grove.training.groups import DropReason
 from grove.training.projector import PublishedBatch
 
-__all__ = ["OverdueAttempts", "awaited_batch", "played_batch"]
+__all__ = ["OverdueAttempts", "awaited_batch", "fork_sources", "played_batch"]
 
 POLL_INTERVAL_S = 0.5  # how often an external run looks for complete prompt groups
 
@@ -48,15 +49,19 @@ def _report(progress: StepProgress, line: str) -> None:
 
 
 def played_batch(
-    training: TrainingRun, player: StepPlayer, progress: StepProgress
+    training: TrainingRun,
+    player: StepPlayer,
+    progress: StepProgress,
+    sources: Sequence[SourceRollout] = (),
 ) -> PublishedBatch | None:
-    """The next step's batch, played by ``player``: rebuilt when it was published already, None
-    when the task file is used up."""
+    """The next step's batch, played by ``player`` (forking turns of ``sources``, the previous
+    step's batch, as ``grpo.forks`` asks): rebuilt when it was published already, None when the
+    task file is used up."""
     published = training.published_batch()
     if published is not None:
         return published
     step = training.step
-    groups = player.play(step, progress.advance)
+    groups = player.play(step, progress.advance, sources)
     if groups is None:
         return None
     budget = training.config.async_rl.rollout_failure.max_replacement_groups
@@ -76,6 +81,21 @@ def played_batch(
         progress.extend(more * per_group)
         groups += player.play_replacements(step, replaced, more, progress.advance)
         replaced += more
+
+
+def fork_sources(published: PublishedBatch) -> list[SourceRollout]:
+    """The rollouts of ``published`` as the fork pick sees them (``grove.train.fork_groups``)."""
+    return [
+        SourceRollout(
+            capture_key=r.capture_key,
+            group_id=r.group_id,
+            reward=r.reward,
+            selected=tuple(r.forest.selected),
+            terminal=r.forest.terminal,
+            trainable=r.forest.trainable and r.abandoned is None,
+        )
+        for r in published.rollouts
+    ]
 
 
 def _explained(decision: GroupDecision, player: StepPlayer) -> GroupDecision:

@@ -250,3 +250,27 @@ def probe_context(
         log, _played("probe_context", client, model, task, seed, {}, calls=[usage], refusal=refusal)
     )
     return {"output": [*history, answer], "reward": 1.0}
+
+
+def fork_aware(client: OpenAI, task: dict, seed: int, *, log: str) -> dict[str, Any]:
+    """Two calls (``c0``, ``c1``) from the task's prompt, or, for a fork, one call (``f0``) that
+    continues ``task["fork"]["messages"]``; the reward is the rollout's index, so rollout 0 of a
+    group of two scores below its group's mean."""
+    _write(log, {"event": "start", "harness": "fork_aware"})
+    model = client.models.list().data[0].id
+    fork = task.get("fork")
+    if fork is None:
+        history = [{"role": "user", "content": task["prompt"]}]
+        calls = ["c0", "c1"]
+    else:
+        history = list(fork["messages"])
+        calls = ["f0"]
+    usages = []
+    for call_id in calls:
+        if call_id != "c0":
+            history.append({"role": "user", "content": "again"})
+        answer, usage = _call(client, model, history, call_id)
+        history.append(answer)
+        usages.append(usage)
+    _write(log, _played("fork_aware", client, model, task, seed, {}, usages=usages))
+    return {"output": history, "reward": float(_rollout_index(client))}

@@ -15,6 +15,7 @@ here to a test that changes it and shows what happens:
   shown on the run's model, optimizer state, logprobs and gradients;
 - ``test_sequence_packing_keys``: the ``policy.sequence_packing`` keys, shown on the bins a
   training step runs and what they refuse;
+- ``test_fork_keys``: the ``grpo.forks`` keys, shown on the fork groups a tiny run plays;
 - ``test_tree_packing_key``: ``policy.tree_packing``, shown on a training step of the run's trainer;
 - ``tests/e2e/test_train_fsdp.py``: ``policy.dtensor_cfg.enabled``, shown on the weights and
   checkpoints of ``grove train`` under ``torchrun`` with two sharded ranks;
@@ -39,6 +40,7 @@ from tests.integration.gateway import test_limits as limits
 from tests.integration.gateway import test_reward_bound as reward_bound
 from tests.unit.config import test_capture_keys as capture
 from tests.unit.config import test_device_keys as device
+from tests.unit.config import test_fork_keys as forks
 from tests.unit.config import test_learner_keys as learner
 from tests.unit.config import test_moe_run as moe
 from tests.unit.config import test_refused_keys as refused
@@ -145,6 +147,12 @@ EFFECTS: dict[str, Callable[..., None]] = {
     ),
     "async_rl.rollout_failure.max_replacement_groups": (
         run.test_max_replacement_groups_replaces_a_dropped_group_before_the_step_trains
+    ),
+    "grpo.forks.per_step": (
+        forks.test_forks_per_step_makes_one_group_of_step_1_a_fork_of_a_step_0_turn
+    ),
+    "grpo.forks.pick": (
+        forks.test_forks_pick_low_reward_forks_a_turn_of_a_rollout_below_its_groups_mean
     ),
     "async_rl.max_policy_lag": (
         run.test_max_policy_lag_drops_a_group_whose_calls_span_more_policy_versions
@@ -259,6 +267,7 @@ def test_each_key_has_its_own_collected_test() -> None:
         capture.__name__,
         device.__name__,
         packing.__name__,
+        forks.__name__,
         moe.__name__,
         tree.__name__,
         limits.__name__,

@@ -100,3 +100,21 @@ def test_dynamic_batching_is_refused() -> None:
     assert _problems({"policy": {"dynamic_batching": {"enabled": True}}}) == (
         "policy.dynamic_batching.enabled: true is not supported",
     )
+
+
+def test_more_fork_groups_than_prompt_groups_are_refused() -> None:
+    forks = {"num_prompts_per_step": 2, "forks": {"per_step": 3}}
+    harness = {"target": "grove.demo.tool_agent:play"}
+    data = {"harness": harness, "data": {"path": "tasks.jsonl"}, "grpo": forks}
+    assert _problems({**data, "policy": {"train_global_batch_size": 8}}) == (
+        "grpo.forks.per_step (3) must not exceed grpo.num_prompts_per_step (2): fork groups "
+        "take the place of task groups in a step",
+    )
+
+
+def test_forks_with_an_external_harness_are_refused() -> None:
+    assert _problems({"harness": {"target": "external"}, "grpo": {"forks": {"per_step": 1}}}) == (
+        "grpo.forks.per_step needs an in-process harness (harness.target: module:function): "
+        "grove train plays the forks itself; external agents open forks with grove.client "
+        "(docs/fork.md)",
+    )
