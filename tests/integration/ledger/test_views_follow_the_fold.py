@@ -1,11 +1,12 @@
 """The lineage views equal the attempt fold, for any sequence of events, contradictions included.
 
-Random sequences of lifecycle events (opens, intents, commits and failures of a few calls with
-any parents, closes, settles, selections, finalizations and cleanings, in any order and any
-number of times) are appended to two attempts, one to three events per append, each append
-folded by itself or left to ``catch_up`` (a writer from before inline folding); the views must
-then show exactly what ``fold_attempt`` makes of each stream, on SQLite and on PostgreSQL, and
-``grove.ledger.fold_drift.fold_drift`` (``grove db check``) must find no drift in either attempt.
+Random sequences of lifecycle events (opens, of forks too, intents, commits and failures of a few
+calls with any parents, in the attempt or in a fork's source, closes, settles, selections,
+finalizations and cleanings, in any order and any number of times) are appended to two attempts,
+one to three events per append, each append folded by itself or left to ``catch_up`` (a writer from
+before inline folding); the views must then show exactly what ``fold_attempt`` makes of each
+stream, on SQLite and on PostgreSQL, and ``grove.ledger.fold_drift.fold_drift``
+(``grove db check``) must find no drift in either attempt.
 """
 
 from __future__ import annotations
@@ -25,28 +26,59 @@ from grove.ledger.events import (
     AttemptSettled,
     CallFailed,
     Event,
+    ForkSource,
     RolloutFinalized,
     RolloutSelected,
+    SourceCall,
 )
 from grove.ledger.fold_drift import fold_drift, folded_rows
 from grove.ledger.store import EventStore
 
-from .scenario import committed, intended, opened
+from .scenario import SUMMARY, committed, digest, intended, opened
 
 CALLS = ("c1", "c2", "c3")
 parents = st.sampled_from((None, *CALLS))
+# A fork's source, call c9 of attempt src (the fold checks neither exists).
+FORK_FROM = ForkSource(
+    source_capture_key="src",
+    source_call_id="c9",
+    source_chain_digest=digest("chain"),
+    source_cum_len=8,
+    source_replay_summary=SUMMARY,
+    chain=(
+        SourceCall(
+            capture_key="src",
+            call_id="c9",
+            blob_key="staging/src/c9",
+            blob_sha256=digest("c9"),
+            blob_bytes=100,
+            chain_digest=digest("chain"),
+            finish_reason="stop",
+            response_id="resp-c9",
+            output_fingerprint=digest("out"),
+        ),
+    ),
+)
+sources = st.sampled_from((None, "src"))
 
 
 def _event(kind: str, data: st.DataObject, key: str) -> Event:
     call = data.draw(st.sampled_from(CALLS))
     if kind == "open":
-        return opened(key, rollout_id=f"{key}-r", group=data.draw(st.sampled_from(("g1", "g2"))))
+        group = data.draw(st.sampled_from(("g1", "g2")))
+        fork_from = data.draw(st.sampled_from((None, FORK_FROM)))
+        return opened(key, rollout_id=f"{key}-r", group=group, fork_from=fork_from)
     if kind == "intend":
+        parent = data.draw(parents)
         return intended(
-            call, parent=data.draw(parents), policy_version=data.draw(st.integers(0, 3))
+            call,
+            parent=parent,
+            source=parent and data.draw(sources),
+            policy_version=data.draw(st.integers(0, 3)),
         )
     if kind == "commit":
-        return committed(key, call, parent=data.draw(parents))
+        parent = data.draw(parents)
+        return committed(key, call, parent=parent, source=parent and data.draw(sources))
     if kind == "fail":
         return CallFailed(call_id=call, reason=data.draw(st.sampled_from(("engine_error", "x"))))
     if kind == "close":
