@@ -8,9 +8,12 @@ source attempt, a fork of it and a fork of that fork.
 
 from __future__ import annotations
 
+from sqlalchemy import text
+
 from grove.capture.forks import fork_source
 from grove.ledger.attempt import AttemptLog
 from grove.ledger.events import RolloutFinalized, RolloutSelected
+from grove.ledger.store import EventStore
 
 from .scenario import committed, intended, opened
 
@@ -76,3 +79,23 @@ def source_and_forks(log: AttemptLog) -> None:
     call(log, FORK, "f0")
     open_fork(log, FORK_OF_FORK, FORK, "f2")
     call(log, FORK_OF_FORK, "g1", parent="f2", source=FORK, prev=32)
+
+
+def fork_columns(store: EventStore) -> tuple[list[tuple], list[tuple]]:
+    """The projections' fork columns: (capture_key, fork_source_capture_key,
+    fork_source_call_id) of every attempt by capture key, and (capture_key, call_id,
+    source_capture_key) of every call whose parent is in another attempt, by key and call."""
+    with store.engine.connect() as conn:
+        attempts = conn.execute(
+            text(
+                "SELECT capture_key, fork_source_capture_key, fork_source_call_id "
+                "FROM grove_proj_attempts ORDER BY capture_key"
+            )
+        ).all()
+        calls = conn.execute(
+            text(
+                "SELECT capture_key, call_id, source_capture_key FROM grove_proj_calls "
+                "WHERE source_capture_key IS NOT NULL ORDER BY capture_key, call_id"
+            )
+        ).all()
+    return [tuple(row) for row in attempts], [tuple(row) for row in calls]

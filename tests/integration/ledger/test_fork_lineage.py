@@ -18,7 +18,7 @@ from grove.ledger.events import AttemptOpened
 from grove.ledger.fold_drift import fold_drift
 from grove.ledger.store import EventStore
 
-from .forks import FORK, FORK_OF_FORK, SOURCE, source_and_forks
+from .forks import FORK, FORK_OF_FORK, SOURCE, fork_columns, source_and_forks
 from .scenario import compaction_rollout, opened
 
 
@@ -126,41 +126,14 @@ def test_grove_calls_shows_the_source_only_on_a_call_whose_parent_is_in_it(forke
 
 
 def test_the_attempts_projection_records_each_forks_source(forked: EventStore):
-    with forked.engine.connect() as conn:
-        rows = conn.execute(
-            text(
-                "SELECT capture_key, fork_source_capture_key, fork_source_call_id "
-                "FROM grove_proj_attempts ORDER BY opened_position"
-            )
-        ).all()
-    assert [tuple(row) for row in rows] == [
-        (SOURCE, None, None),
-        (FORK, SOURCE, "c2"),
-        (FORK_OF_FORK, FORK, "f2"),
-    ]
-
-
-def _projection_rows(store: EventStore) -> tuple[list[tuple], list[tuple]]:
-    with store.engine.connect() as conn:
-        attempts = conn.execute(
-            text(
-                "SELECT capture_key, fork_source_capture_key, fork_source_call_id "
-                "FROM grove_proj_attempts ORDER BY capture_key"
-            )
-        ).all()
-        calls = conn.execute(
-            text(
-                "SELECT capture_key, call_id, source_capture_key FROM grove_proj_calls "
-                "ORDER BY capture_key, call_id"
-            )
-        ).all()
-    return [tuple(r) for r in attempts], [tuple(r) for r in calls]
+    attempts, _ = fork_columns(forked)
+    assert attempts == [(FORK, SOURCE, "c2"), (FORK_OF_FORK, FORK, "f2"), (SOURCE, None, None)]
 
 
 def test_rebuilt_projections_hold_the_fork_columns_the_appends_folded(forked: EventStore):
-    folded = _projection_rows(forked)
+    folded = fork_columns(forked)
     rebuild(forked)
-    assert _projection_rows(forked) == folded
+    assert fork_columns(forked) == folded
     assert lineage(forked, FORK_OF_FORK, "g1")[-1] == (SOURCE, "c1", 4)
 
 

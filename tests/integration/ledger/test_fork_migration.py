@@ -16,7 +16,7 @@ from grove.ledger.database import open_engine
 from grove.ledger.fold_drift import fold_drift
 from grove.ledger.store import EventStore
 
-from .forks import FORK, FORK_OF_FORK, SOURCE, source_and_forks
+from .forks import FORK, FORK_OF_FORK, SOURCE, fork_columns, source_and_forks
 from .scenario import opened
 
 FORK_COLUMNS = {"fork_source_capture_key", "fork_source_call_id"}
@@ -40,23 +40,6 @@ def _ancestors(store: EventStore, capture_key: str, call_id: str) -> list[str]:
         )
 
 
-def _fork_rows(store: EventStore) -> list[tuple]:
-    with store.engine.connect() as conn:
-        attempts = conn.execute(
-            text(
-                "SELECT capture_key, fork_source_capture_key, fork_source_call_id "
-                "FROM grove_proj_attempts ORDER BY capture_key"
-            )
-        ).all()
-        calls = conn.execute(
-            text(
-                "SELECT capture_key, call_id, source_capture_key FROM grove_proj_calls "
-                "WHERE source_capture_key IS NOT NULL ORDER BY capture_key"
-            )
-        ).all()
-    return [tuple(row) for row in (*attempts, *calls)]
-
-
 def test_upgrade_fills_the_fork_columns_of_rows_a_0005_ledger_folded(ledger_url: str):
     store = EventStore.open(ledger_url)
     try:
@@ -67,13 +50,10 @@ def test_upgrade_fills_the_fork_columns_of_rows_a_0005_ledger_folded(ledger_url:
 
         migrate.upgrade(ledger_url, "head")
 
-        assert _fork_rows(store) == [
-            (FORK, SOURCE, "c2"),
-            (FORK_OF_FORK, FORK, "f2"),
-            (SOURCE, None, None),
-            (FORK, "f1", SOURCE),
-            (FORK_OF_FORK, "g1", FORK),
-        ]
+        assert fork_columns(store) == (
+            [(FORK, SOURCE, "c2"), (FORK_OF_FORK, FORK, "f2"), (SOURCE, None, None)],
+            [(FORK, "f1", SOURCE), (FORK_OF_FORK, "g1", FORK)],
+        )
         assert _ancestors(store, FORK_OF_FORK, "g1") == ["g1", "f2", "f1", "c2", "c1"]
         assert fold_drift(store) == []
     finally:
