@@ -168,13 +168,31 @@ def fork(
         str | None,
         typer.Option("--run", help="The run of WORKDIR/runs whose checkpoints and model to use."),
     ] = None,
+    record: Annotated[
+        bool,
+        typer.Option(
+            "--record",
+            help="Record each sample as an attempt of its own through the capture service "
+            "(KEY-fork-CALL_ID-SEED: a fork of the call's parent, or a new root).",
+        ),
+    ] = False,
+    tools: Annotated[
+        Path | None,
+        typer.Option(
+            "--tools",
+            dir_okay=False,
+            help="With --record: a JSON file of the Chat Completions tools the call's request "
+            "sent (the ledger records only their digest).",
+        ),
+    ] = None,
     as_json: JsonOption = False,
     workdir: WorkdirOption = None,
     database_url: DatabaseOption = None,
     blob_url: BlobOption = None,
 ) -> None:
     """Sample a recorded call again on its exact prompt tokens, beside its recorded answer with
-    each token's logprob then and now and its TMPE; writes nothing (docs/fork.md)."""
+    each token's logprob then and now and its TMPE; writes nothing unless --record
+    (docs/fork.md)."""
     from grove.storage import open_blob_store
     from grove.tools.fork import (
         fork_call,
@@ -183,28 +201,43 @@ def fork(
         read_recorded_call,
         render_fork,
     )
+    from grove.tools.fork_recording import ForkRecorder, read_tools
 
+    if tools is not None and not record:
+        raise typer.BadParameter("--tools goes with --record", param_hint="--tools")
     ws = workspace(workdir, database_url, blob_url)
     with ledger_store(ws) as store:
-        call = read_recorded_call(store, open_blob_store(ws.blob_url), capture_key, call_id)
-    settings, weights = fork_configuration(ws, config=config, checkpoint=checkpoint, run=run)
-    errors.print(
-        f"loading {settings.model.path} ({'as configured' if weights is None else weights})",
-        highlight=False,
-        soft_wrap=True,
-    )
-    model = load_fork_model(
-        settings, weights, workdir=ws.workdir, origin=str(config or "the run's configuration")
-    )
-    report = fork_call(
-        call,
-        model,
-        n=n,
-        seed=seed,
-        temperature=temperature,
-        max_tokens=max_tokens,
-        progress=lambda line: errors.print(line, highlight=False),
-    )
+        blobs = open_blob_store(ws.blob_url)
+        call = read_recorded_call(store, blobs, capture_key, call_id)
+        settings, weights = fork_configuration(ws, config=config, checkpoint=checkpoint, run=run)
+        errors.print(
+            f"loading {settings.model.path} ({'as configured' if weights is None else weights})",
+            highlight=False,
+            soft_wrap=True,
+        )
+        model = load_fork_model(
+            settings, weights, workdir=ws.workdir, origin=str(config or "the run's configuration")
+        )
+        recorder = None
+        if record:
+            recorder = ForkRecorder(
+                store,
+                blobs,
+                call,
+                model_name=model.loaded.name,
+                policy_version=model.step or 0,
+                tools=None if tools is None else read_tools(tools),
+            )
+        report = fork_call(
+            call,
+            model,
+            n=n,
+            seed=seed,
+            temperature=temperature,
+            max_tokens=max_tokens,
+            progress=lambda line: errors.print(line, highlight=False),
+            recorder=recorder,
+        )
     if as_json:
         print(json.dumps(report.as_dict()))
     else:

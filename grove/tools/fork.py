@@ -34,7 +34,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import torch
 from rich.console import Console
@@ -42,7 +42,8 @@ from rich.markup import escape
 from rich.table import Table
 from safetensors.torch import load_file
 
-from grove.capture.engine import SamplingParams
+from grove.capture.embedded import EmbeddedEngine
+from grove.capture.engine import Generation, SamplingParams
 from grove.capture.forks import fork_source
 from grove.config import GroveConfig, load_config
 from grove.engines.models import LoadedModel, context_length, load_model
@@ -69,6 +70,7 @@ __all__ = [
     "ForkReport",
     "RecordedCall",
     "Sample",
+    "SampleRecorder",
     "fork_call",
     "fork_configuration",
     "load_fork_model",
@@ -103,7 +105,9 @@ class RecordedCall:
     :func:`fork_call`). ``prompt`` is the exact token prompt the engine was given (the parent
     chain, then the call's prompt delta); ``generated`` and ``logprobs`` are its answer and the
     engine's logprob of each token (equal lengths). ``policy_version`` is the optimizer steps in
-    the weights that sampled it (None: not recorded); ``constrained``: decoded under a grammar."""
+    the weights that sampled it (None: not recorded); ``constrained``: decoded under a grammar.
+    ``chain`` names the blobs of its tokens, root first, the call itself last; its request had
+    ``request_items`` conversation items under render options of ``render_options_digest``."""
 
     capture_key: str
     call_id: str
@@ -115,16 +119,9 @@ class RecordedCall:
     finish_reason: str
     policy_version: int | None
     constrained: bool
-
-
-@dataclass(frozen=True)
-class _Link:
-    """One call of the chain to read: whose it is, its blob and its recorded chain digest."""
-
-    capture_key: str
-    call_id: str
-    ref: BlobRef
-    chain_digest: str
+    chain: tuple[SourceCall, ...]
+    request_items: int
+    render_options_digest: str
 
 
 def _called(state: AttemptState, call_id: str) -> CallState:
@@ -151,15 +148,25 @@ def _called(state: AttemptState, call_id: str) -> CallState:
     return call
 
 
-def _source_link(source: SourceCall) -> _Link:
-    ref = BlobRef(source.blob_key, source.blob_sha256, source.blob_bytes)
-    return _Link(source.capture_key, source.call_id, ref, source.chain_digest)
-
-
-def _chain(state: AttemptState, call: CallState) -> list[_Link]:
-    """The calls whose blobs hold ``call``'s tokens, root first, ``call`` last."""
+def _own_link(state: AttemptState, call: CallState) -> SourceCall:
+    """``call`` itself as a link of its chain (what a fork's source chain records per call)."""
     committed = call.committed
     assert committed is not None  # _called checked it
+    return SourceCall(
+        capture_key=state.capture_key,
+        call_id=call.call_id,
+        blob_key=committed.blob_key,
+        blob_sha256=committed.blob_sha256,
+        blob_bytes=committed.blob_bytes,
+        chain_digest=committed.chain_digest,
+        finish_reason=committed.finish_reason,
+        response_id=committed.response_id,
+        output_fingerprint=committed.output_fingerprint,
+    )
+
+
+def _chain(state: AttemptState, call: CallState) -> tuple[SourceCall, ...]:
+    """The calls whose blobs hold ``call``'s tokens, root first, ``call`` last."""
     parent = call.parent_call_id
     if parent is None:
         above: Sequence[SourceCall] = ()
@@ -168,18 +175,17 @@ def _chain(state: AttemptState, call: CallState) -> list[_Link]:
         above = state.opened.fork_from.chain
     else:
         above = fork_source(state.capture_key, state, parent).chain
-    ref = BlobRef(committed.blob_key, committed.blob_sha256, committed.blob_bytes)
-    own = _Link(state.capture_key, call.call_id, ref, committed.chain_digest)
-    return [*map(_source_link, above), own]
+    return (*above, _own_link(state, call))
 
 
-def _delta(link: _Link, blobs: BlobStore) -> CallDelta:
+def _delta(link: SourceCall, blobs: BlobStore) -> CallDelta:
+    ref = BlobRef(link.blob_key, link.blob_sha256, link.blob_bytes)
     try:
-        return blobs.get_delta(link.ref)
+        return blobs.get_delta(ref)
     except UnusableBlobError as error:
         raise ForkError(
             f"The blob of call {link.call_id!r} of attempt {link.capture_key!r} "
-            f"({link.ref.key}) cannot be read: {error}. Its tokens are gone or damaged, so the "
+            f"({ref.key}) cannot be read: {error}. Its tokens are gone or damaged, so the "
             "prompt cannot be rebuilt exactly; cleanup after a training step keeps only the "
             "selected calls of published rollouts (docs/storage.md): pick a call whose blobs "
             "remain."
@@ -222,6 +228,9 @@ def read_recorded_call(
         finish_reason=committed.finish_reason,
         policy_version=committed.policy_version,
         constrained=call.intended.constraint is not None,
+        chain=links,
+        request_items=call.intended.replay_summary.item_count,
+        render_options_digest=call.intended.replay_summary.render_options_digest,
     )
 
 
@@ -326,13 +335,27 @@ def load_fork_model(
 @dataclass(frozen=True)
 class Sample:
     """One new generation after the recorded prompt: its seed, tokens, decoded text (special
-    tokens kept), finish reason and the engine's logprob of each token."""
+    tokens kept), finish reason and the engine's logprob of each token; ``attempt`` is the
+    capture key of the attempt that records it (None: not recorded)."""
 
     seed: int
     tokens: tuple[int, ...]
     text: str
     finish_reason: str
     logprobs: tuple[float, ...]
+    attempt: str | None = None
+
+
+class SampleRecorder(Protocol):
+    """Records each sample as an attempt of its own (``grove.tools.fork_recording``)."""
+
+    def prepare(self, engine: EmbeddedEngine, sampling: Sequence[SamplingParams]) -> None:
+        """Check everything the recording needs, before anything is written or sampled."""
+        ...
+
+    def record(self, index: int, sampling: SamplingParams) -> tuple[Generation, str]:
+        """Sample ``index`` drawn and recorded: its generation and its attempt's capture key."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -386,6 +409,7 @@ class ForkReport:
                     "text": s.text,
                     "finish_reason": s.finish_reason,
                     "logprobs": list(s.logprobs),
+                    "attempt": s.attempt,
                 }
                 for s in self.samples
             ],
@@ -433,10 +457,12 @@ def fork_call(
     temperature: float,
     max_tokens: int | None,
     progress: Progress | None = None,
+    recorder: SampleRecorder | None = None,
 ) -> ForkReport:
     """Score ``call``'s recorded answer under ``model`` and draw ``n`` samples after its prompt
     (module docstring). Sampling settings the engine refuses (a temperature other than 1 on the
-    embedded engine, a prompt and limit beyond the context) are refused before any work."""
+    embedded engine, a prompt and limit beyond the context) are refused before any work. With
+    a ``recorder``, each sample is drawn and recorded by it."""
     loaded = model.loaded
     tokenizer = loaded.tokenizer
     policy = EmbeddedPolicy(loaded, seed=seed, autocast_dtype=model.autocast)
@@ -444,12 +470,18 @@ def fork_call(
     sampling = [SamplingParams(limit, temperature, seed=seed + i) for i in range(n)]
     for params in sampling[:1]:
         policy.engine.check(call.prompt, params)
+    if recorder is not None:
+        recorder.prepare(policy.engine, sampling)
     now = _logprobs_now(loaded.model, call.prompt, call.generated)
     samples = []
     for index, params in enumerate(sampling):
         if progress is not None:
             progress(f"sample {index + 1}/{n} (seed {params.seed})")
-        generation = policy.engine.generate(call.prompt, params)
+        attempt = None
+        if recorder is None:
+            generation = policy.engine.generate(call.prompt, params)
+        else:
+            generation, attempt = recorder.record(index, params)
         samples.append(
             Sample(
                 seed=seed + index,
@@ -457,6 +489,7 @@ def fork_call(
                 text=tokenizer.decode(list(generation.token_ids)),
                 finish_reason=generation.finish_reason,
                 logprobs=tuple(generation.logprobs),
+                attempt=attempt,
             )
         )
     return ForkReport(
@@ -514,9 +547,10 @@ def render_fork(report: ForkReport, console: Console) -> None:
         table.add_row(str(index), str(token), escape(repr(piece)), f"{then:.5f}", f"{now:.5f}")
     console.print(table)
     for number, sample in enumerate(report.samples, start=1):
+        recorded = "" if sample.attempt is None else f", recorded as attempt {sample.attempt}"
         console.print(
             f"\n[bold]sample {number}[/] (seed {sample.seed}, {sample.finish_reason}, "
-            f"{len(sample.tokens)} tokens, mean logprob {_mean(sample.logprobs)}):",
+            f"{len(sample.tokens)} tokens, mean logprob {_mean(sample.logprobs)}{recorded}):",
             highlight=False,
             soft_wrap=True,
         )

@@ -11,17 +11,20 @@ gateway with the official openai client, on every ledger database and blob backe
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from grove.demo.agent_corpus import LOOKUP_TOOL
 from grove.engines.models import load_model
 from grove.ledger.attempt import AttemptLog
 from grove.ledger.events import AttemptOpened
 from grove.ledger.store import EventStore
 from grove.storage import BlobRef, open_blob_store
+from grove.tools.fork import read_recorded_call
 from grove.training.checkpoint import CheckpointMetadata, save_checkpoint
 from tests.fixtures.attempts import intended
 
@@ -156,7 +159,8 @@ def test_json_holds_the_recorded_answer_and_each_sample(
     assert len(recorded["logprobs_now"]) == len(recorded["tokens"])
     assert [s["seed"] for s in as_sampled["samples"]] == [0, 1]
     for sample in as_sampled["samples"]:
-        assert set(sample) == {"seed", "tokens", "text", "finish_reason", "logprobs"}
+        assert set(sample) == {"seed", "tokens", "text", "finish_reason", "logprobs", "attempt"}
+        assert sample["attempt"] is None  # not recorded
         assert sample["text"] == tokenizer.decode(sample["tokens"])
         assert len(sample["logprobs"]) == len(sample["tokens"]) >= 1
         assert all(value <= 0.0 for value in sample["logprobs"])
@@ -301,6 +305,7 @@ def test_a_forks_call_is_sampled_on_its_source_chain_then_its_own_delta(
                 "rollout_index": 0,
                 "fork_from": {"capture_key": "src", "call_id": "c1"},
             },
+            headers={"X-Grove-Source-Attempt-Token": gateway.token("src")},  # the source's
         )
         assert opened.status_code == 200, opened.text
         ask(gateway.client("fork-1"), [*history, observe("apples=4")], extra_headers={})
@@ -333,3 +338,125 @@ def test_a_forks_call_is_sampled_on_its_source_chain_then_its_own_delta(
     assert report["recorded"]["tokens"] == generated
     assert report["recorded"]["logprobs_then"] == logprobs
     assert report["recorded"]["tmpe"] == pytest.approx(1.0, abs=TOLERANCE)
+
+
+def record(demo: DemoLedger, ledger_url: str, blobs: Path, *args: str) -> Outcome:
+    """``grove fork … --record`` on a copy of the demo ledger and blobs, with the demo's tool."""
+    tools = blobs.parent / "tools.json"
+    tools.write_text(json.dumps([LOOKUP_TOOL]))
+    return run_grove(
+        "fork",
+        *args,
+        "--record",
+        "--tools",
+        str(tools),
+        "--database-url",
+        ledger_url,
+        "--blob-url",
+        str(blobs),
+        "--workdir",
+        str(demo.workspace.workdir),
+    )
+
+
+@pytest.fixture
+def blob_copy(demo: DemoLedger, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(demo.workspace.blob_url, tmp_path / "blobs"))
+
+
+def test_record_keeps_each_sample_as_a_fork_of_the_calls_parent_on_the_calls_prompt(
+    demo: DemoLedger, call_id: str, as_sampled: dict[str, Any], ledger_url: str, blob_copy: Path
+):
+    key = demo.showcase_key
+    args = (key, call_id, "--n", "2", "--checkpoint", "none", "--json")
+    outcome = record(demo, ledger_url, blob_copy, *args)
+    assert outcome.code == 0, outcome.stderr
+    samples = run_json(outcome.stdout)["samples"]
+    keys = [f"{key}-fork-{call_id}-0", f"{key}-fork-{call_id}-1"]
+    assert [s["attempt"] for s in samples] == keys
+    # the same draws as without --record (same weights, same seeds)
+    assert [{**s, "attempt": None} for s in samples] == as_sampled["samples"]
+    parent = demo.state(key).calls[call_id].parent_call_id
+    store = EventStore.open(ledger_url, pool=False)
+    blobs = open_blob_store(str(blob_copy))
+    try:
+        original = read_recorded_call(store, blobs, key, call_id)
+        for attempt, sample in zip(keys, samples, strict=True):
+            state = AttemptLog(store).load(attempt)
+            assert state.opened is not None and state.opened.fork_from is not None
+            source = state.opened.fork_from
+            assert (source.source_capture_key, source.source_call_id) == (key, parent)
+            assert state.settled is not None and state.selection is None  # never trains
+            (again,) = state.calls.values()
+            assert (again.parent_call_id, again.intended.source_capture_key) == (parent, key)
+            recorded = read_recorded_call(store, blobs, attempt, again.call_id)
+            assert recorded.prompt == original.prompt
+            assert list(recorded.generated) == sample["tokens"]
+    finally:
+        store.close()
+
+
+def test_record_keeps_a_roots_sample_as_an_attempt_of_its_own(
+    demo: DemoLedger, ledger_url: str, blob_copy: Path
+):
+    key = demo.showcase_key
+    root = next(c for c in demo.state(key).calls.values() if c.parent_call_id is None).call_id
+    outcome = record(demo, ledger_url, blob_copy, key, root, "--n", "1", "--json")
+    assert outcome.code == 0, outcome.stderr
+    (sample,) = run_json(outcome.stdout)["samples"]
+    store = EventStore.open(ledger_url, pool=False)
+    blobs = open_blob_store(str(blob_copy))
+    try:
+        state = AttemptLog(store).load(sample["attempt"])
+        assert state.opened is not None and state.opened.fork_from is None
+        (again,) = state.calls.values()
+        assert (again.parent_call_id, again.intended.root_reason) == (None, "first_call")
+        recorded = read_recorded_call(store, blobs, sample["attempt"], again.call_id)
+        assert recorded.prompt == read_recorded_call(store, blobs, key, root).prompt
+    finally:
+        store.close()
+
+
+def test_record_without_the_calls_tools_is_refused_and_writes_nothing(
+    demo: DemoLedger, call_id: str, ledger_url: str, blob_copy: Path
+):
+    store = EventStore.open(ledger_url, pool=False)
+    try:
+        events = store.count()
+        outcome = run_grove(
+            "fork",
+            demo.showcase_key,
+            call_id,
+            "--record",
+            "--database-url",
+            ledger_url,
+            "--blob-url",
+            str(blob_copy),
+            "--workdir",
+            str(demo.workspace.workdir),
+        )
+        assert error_line(outcome).startswith(
+            f"error: Call '{call_id}' of attempt '{demo.showcase_key}' was rendered under other "
+            "options than model 'grove/embedded-tiny' with no tools"
+        )
+        assert store.count() == events
+    finally:
+        store.close()
+
+
+def test_record_refuses_a_seed_it_recorded_already_and_writes_nothing(
+    demo: DemoLedger, call_id: str, ledger_url: str, blob_copy: Path
+):
+    args = (demo.showcase_key, call_id, "--n", "1", "--seed", "3", "--checkpoint", "none")
+    assert record(demo, ledger_url, blob_copy, *args).code == 0
+    store = EventStore.open(ledger_url, pool=False)
+    try:
+        events = store.count()
+        outcome = record(demo, ledger_url, blob_copy, *args)
+        assert error_line(outcome).startswith(
+            f"error: Attempt '{demo.showcase_key}-fork-{call_id}-3' already records the sample "
+            "of seed 3"
+        )
+        assert store.count() == events
+    finally:
+        store.close()
