@@ -41,6 +41,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from safetensors.torch import load_file
+from transformers import PreTrainedTokenizerBase
 
 from grove.capture.embedded import EmbeddedEngine
 from grove.capture.engine import Generation, SamplingParams
@@ -327,7 +328,8 @@ def load_fork_model(
         architecture=config.model.architecture,
     )
     step = None if checkpoint is None else _load_checkpoint(loaded, checkpoint, origin)
-    loaded.model.to(resolve_device(config.policy.device))
+    # transformers types the wrapped ``to`` as taking the model again
+    loaded.model.to(resolve_device(config.policy.device))  # type: ignore[arg-type]
     bfloat16 = config.policy.precision == "bfloat16"
     return ForkModel(loaded, checkpoint, step, torch.bfloat16 if bfloat16 else None)
 
@@ -448,6 +450,11 @@ def _max_tokens(call: RecordedCall, given: int | None, context: int) -> int:
     return max(1, min(wanted, context - len(call.prompt)))
 
 
+def _decoded(tokenizer: PreTrainedTokenizerBase, tokens: Sequence[int]) -> str:
+    """``tokens`` as text, special tokens kept."""
+    return str(tokenizer.decode(list(tokens)))
+
+
 def fork_call(
     call: RecordedCall,
     model: ForkModel,
@@ -486,7 +493,7 @@ def fork_call(
             Sample(
                 seed=seed + index,
                 tokens=tuple(generation.token_ids),
-                text=tokenizer.decode(list(generation.token_ids)),
+                text=_decoded(tokenizer, generation.token_ids),
                 finish_reason=generation.finish_reason,
                 logprobs=tuple(generation.logprobs),
                 attempt=attempt,
@@ -497,9 +504,9 @@ def fork_call(
         model=loaded.name,
         checkpoint=model.checkpoint,
         step=model.step,
-        prompt_tail=tokenizer.decode(list(call.prompt[-PROMPT_TAIL:])),
-        text=tokenizer.decode(list(call.generated)),
-        pieces=tuple(tokenizer.decode([token]) for token in call.generated),
+        prompt_tail=_decoded(tokenizer, call.prompt[-PROMPT_TAIL:]),
+        text=_decoded(tokenizer, call.generated),
+        pieces=tuple(_decoded(tokenizer, [token]) for token in call.generated),
         logprobs_now=tuple(now),
         tmpe=_tmpe(call.logprobs, now),
         sampling={"n": n, "seed": seed, "temperature": temperature, "max_tokens": limit},
