@@ -10,79 +10,34 @@ from __future__ import annotations
 
 from grove.ledger.attempt import AttemptState, fold_attempt
 from grove.ledger.events import (
-    AttemptOpened,
     AttemptSettled,
-    CallCommitted,
-    CallIntended,
     Event,
     ForkSource,
-    ReplaySummary,
     RolloutFinalized,
     RolloutSelected,
     SourceCall,
 )
 from grove.training.cleanup import CleanupPlan, fork_held_keys, plan_cleanup
+from tests.integration.ledger.scenario import SUMMARY, committed, intended, opened
 
-SUMMARY = ReplaySummary(
-    normalization_version=1,
-    item_count=1,
-    source_digest="0" * 64,
-    canonical_source_digest="0" * 64,
-    render_options_digest="1" * 64,
-)
 SRC_C1, SRC_C2 = "staging/src/c1", "staging/src/c2"
 FORK1_F1, FORK2_G1 = "staging/fork-1/f1", "staging/fork-2/g1"
 NOTHING: frozenset[str] = frozenset()
 
 
-def _committed(capture_key: str, call_id: str, parent: str | None, source: str | None) -> Event:
-    return CallCommitted(
-        call_id=call_id,
-        parent_call_id=parent,
-        source_capture_key=source,
-        prev_len=0 if parent is None else 6,
-        delta_len=6,
-        cum_len=6 if parent is None else 12,
-        prompt_delta_len=4,
-        generated_len=2,
-        blob_key=f"staging/{capture_key}/{call_id}",
-        blob_sha256="a" * 64,
-        blob_bytes=90,
-        chain_digest="b" * 64,
-        finish_reason="stop",
-        response_id=f"resp-{call_id}",
-        output_fingerprint="c" * 64,
-        replay_summary=SUMMARY,
-    )
-
-
 def _call(capture_key: str, call_id: str, parent: str | None, source: str | None) -> list[Event]:
     """A committed call of ``capture_key``: a root, or a continuation of ``parent`` (of attempt
     ``source`` when that is another one)."""
-    intended = CallIntended(
-        call_id=call_id,
-        decision="root" if parent is None else "continuation",
-        parent_call_id=parent,
-        source_capture_key=source,
-        root_reason="initial" if parent is None else None,
-        replay_summary=SUMMARY,
-        prompt_tokens=4,
-    )
-    return [intended, _committed(capture_key, call_id, parent, source)]
+    return [
+        intended(call_id, parent=parent, source=source),
+        committed(capture_key, call_id, parent=parent, source=source, prev=8 if parent else 0),
+    ]
 
 
 def _source_call(capture_key: str, call_id: str) -> SourceCall:
-    return SourceCall(
-        capture_key=capture_key,
-        call_id=call_id,
-        blob_key=f"staging/{capture_key}/{call_id}",
-        blob_sha256="a" * 64,
-        blob_bytes=90,
-        chain_digest="b" * 64,
-        finish_reason="stop",
-        response_id=f"resp-{call_id}",
-        output_fingerprint="c" * 64,
-    )
+    """Call ``call_id`` of ``capture_key`` as a fork's chain records it (from its commit)."""
+    recorded = committed(capture_key, call_id).model_dump(include=set(SourceCall.model_fields))
+    return SourceCall(capture_key=capture_key, **recorded)
 
 
 def _attempt(
@@ -96,16 +51,7 @@ def _attempt(
     """An attempt with ``calls``, settled and selecting ``selected``; ``trainable``: finalized
     trainable (True), masked (False) or not yet finalized (None)."""
     events: list[Event] = [
-        AttemptOpened(
-            capture_key=capture_key,
-            rollout_id=f"r-{capture_key}",
-            prompt_group="g",
-            rollout_index=0,
-            policy_version=0,
-            model_fingerprint="m",
-            template_fingerprint="t",
-            fork_from=fork_from,
-        ),
+        opened(capture_key, rollout_id=f"r-{capture_key}", fork_from=fork_from),
         *calls,
         AttemptSettled(pending_call_ids=(), timed_out=False),
         RolloutSelected(
