@@ -439,7 +439,7 @@ def published_rollouts(store: EventStore) -> set[str]:
 def _scan_ledger(store: EventStore) -> _LedgerScan:
     """The rollouts every committed ``batch.published`` names, trained and dropped, and the
     source of every fork a committed ``attempt.opened`` records: a query of these two types by
-    pages of positions, which decodes no other event (about 30 times faster than reading the
+    pages of positions, which decodes no other event (over ten times faster than reading the
     whole ledger in order). An event committed after its page was read is missed: a step's
     attempts then keep more, and a fork's chain is not held (the projector masks the fork if
     its blobs went)."""
