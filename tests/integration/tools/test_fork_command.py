@@ -460,3 +460,37 @@ def test_record_refuses_a_seed_it_recorded_already_and_writes_nothing(
         assert store.count() == events
     finally:
         store.close()
+
+
+def test_a_corrupt_blob_in_the_calls_chain_is_refused_naming_it(
+    demo: DemoLedger, call_id: str, blob_copy: Path
+):
+    key = demo.showcase_key
+    parent = demo.state(key).calls[call_id].parent_call_id
+    blob = blob_copy / "staging" / key / str(parent)
+    damaged = bytearray(blob.read_bytes())
+    damaged[-1] ^= 0xFF  # same size, another sha256
+    blob.write_bytes(bytes(damaged))
+    outcome = run_grove(
+        "fork", key, call_id, "--blob-url", str(blob_copy), "--workdir", str(demo.workspace.workdir)
+    )
+    line = error_line(outcome)
+    assert line.startswith(
+        f"error: The blob of call '{parent}' of attempt '{key}' (staging/{key}/{parent}) cannot "
+        "be read: "
+    )
+    assert "sha256" in line
+
+
+def test_an_unknown_run_is_refused_listing_the_runs(demo: DemoLedger, call_id: str):
+    outcome = fork(demo, demo.showcase_key, call_id, "--run", "no-such-run")
+    assert error_line(outcome).startswith(
+        f"error: no run 'no-such-run' in {demo.workspace.workdir / 'runs'}; runs there: "
+        f"{demo.run_id}"
+    )
+
+
+def test_tools_without_record_is_a_usage_error(demo: DemoLedger, call_id: str, tmp_path: Path):
+    outcome = fork(demo, demo.showcase_key, call_id, "--tools", str(tmp_path / "tools.json"))
+    assert outcome.code == 2
+    assert "--tools goes with --record" in outcome.stderr
