@@ -25,7 +25,8 @@ then?" (``docs/fork.md``, "Debugging a call: grove fork"). The steps:
    samples with (``grove.engines.policy.EmbeddedPolicy``), sample ``i`` seeded with
    ``seed + i`` (so ``--n 1 --seed S+i`` repeats it alone), each with its own logprobs.
 
-It reads the ledger and the blobs and writes neither.
+It reads the ledger and the blobs and writes neither; with a ``SampleRecorder``
+(``grove.tools.fork_recording``, ``--record``) each sample is drawn and recorded as an attempt.
 """
 
 from __future__ import annotations
