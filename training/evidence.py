@@ -207,6 +207,7 @@ def _match_output(index: CaptureIndex, items: list[Mapping[str, Any]]) -> list[C
         claimed.append(call)
     encoded = [encode_output_item(item) for item in generated]
     count = len(generated)
+    named = {call.call_id for call in claimed if call is not None}
     # candidates[i]: (end, call) for each committed call whose whole generation is items[i:end]
     # and that no item in the span contradicts by naming another response. Hashing is
     # incremental: one running digest per start, copied at each end.
@@ -217,7 +218,10 @@ def _match_output(index: CaptureIndex, items: list[Mapping[str, Any]]) -> list[C
         for end in range(start + 1, count + 1):
             running.update(encoded[end - 1])
             for call in index.by_fingerprint.get(running.copy().hexdigest(), ()):
-                if all(claimed[k] in (None, call) for k in range(start, end)):
+                span = range(start, end)
+                if call.call_id in named and not any(claimed[k] is call for k in span):
+                    continue  # an item names this call's response elsewhere: it is there
+                if all(claimed[k] in (None, call) for k in span):
                     candidates[start].append((end, call))
                     for k in range(start, end):
                         covering[k].add(call.call_id)
@@ -232,18 +236,35 @@ def _match_output(index: CaptureIndex, items: list[Mapping[str, Any]]) -> list[C
                 call_id=call.call_id,
                 response_id=call.response_id,
             )
-    return _unique_split(candidates, count)
+    sources = [call_id for call_id, record in index.by_call.items() if _is_source(record)]
+    return _unique_split(candidates, count, sources)
 
 
 def _unique_split(
-    candidates: list[list[tuple[int, CapturedCall]]], count: int
+    candidates: list[list[tuple[int, CapturedCall]]], count: int, sources: Sequence[str] = ()
 ) -> list[CapturedCall]:
-    """The one way to cover positions 0..count with candidate generations, or a clear error."""
-    ways = [0] * (count + 1)  # ways[i]: number of splits of items[i:], capped at 2
-    ways[count] = 1
+    """The one way to cover positions 0..count with candidate generations, or a clear error.
+
+    ``sources`` are a fork's source calls in chain order (``docs/fork.md``): they were answered
+    before any call of the fork itself and one after another, so a split that places one after
+    a call of the fork's own, or out of chain order, or twice, is no history and is not counted
+    (a source answer and an own answer of the same text then resolve by their order)."""
+    order = {call_id: rank for rank, call_id in enumerate(sources)}
+    # a state: (sources placed so far, whether a call of the fork's own was placed);
+    # ways[state][i]: the splits of items[i:] from that state, capped at 2
+    states = [(placed, own) for placed in range(len(sources) + 1) for own in (0, 1)]
+    ways = {state: [0] * count + [1] for state in states}
     for start in range(count - 1, -1, -1):
-        ways[start] = min(2, sum(ways[end] for end, _ in candidates[start]))
-    if ways[0] == 0:
+        for state in states:
+            ways[state][start] = min(
+                2,
+                sum(
+                    ways[after][end]
+                    for end, call in candidates[start]
+                    if (after := _after(state, call, order)) is not None
+                ),
+            )
+    if ways[(0, 0)][0] == 0:
         reachable = {0}
         for start in range(count):
             if start in reachable:
@@ -256,20 +277,44 @@ def _unique_split(
             item_index=position,
         )
     selected: list[CapturedCall] = []
-    position = 0
+    position, state = 0, (0, 0)
     while position < count:
-        options = [(end, call) for end, call in candidates[position] if ways[end] > 0]
-        if len(options) > 1 or ways[options[0][0]] > 1:
-            names = sorted({call.call_id for _, call in options})
+        options = [
+            (end, call, after)
+            for end, call in candidates[position]
+            if (after := _after(state, call, order)) is not None and ways[after][end] > 0
+        ]
+        end, call, after = options[0]
+        if len(options) > 1 or ways[after][end] > 1:
+            names = sorted({c.call_id for _, c, _ in options})
             raise SelectionError(
                 SelectionRule.AMBIGUOUS_EVIDENCE,
                 f"generated items from {position} on match the whole generations of calls "
                 f"{names} in more than one way; return response ids to disambiguate",
                 item_index=position,
             )
-        position, call = options[0]
+        position, state = end, after
         selected.append(call)
     return selected
+
+
+def _is_source(call: CapturedCall) -> bool:
+    """Whether ``call`` is a fork's source call (named ``K/C``, a name no own call has)."""
+    return "/" in call.call_id
+
+
+def _after(
+    state: tuple[int, int], call: CapturedCall, order: Mapping[str, int]
+) -> tuple[int, int] | None:
+    """The state once ``call`` is placed next in ``state``; None when it cannot come next (a
+    source call after an own call, or not later in chain order than those placed)."""
+    placed, own = state
+    rank = order.get(call.call_id)
+    if rank is None:
+        return placed, 1
+    if own or rank < placed:
+        return None
+    return rank + 1, 0
 
 
 def _match_responses(index: CaptureIndex, responses: Any) -> list[CapturedCall]:

@@ -164,6 +164,23 @@ def test_identical_generations_without_identity_raise_ambiguous() -> None:
     assert raised.value.item_index == 0
 
 
+def test_a_forks_source_answer_comes_before_its_own_identical_answer() -> None:
+    # the fork's source call (named "src/c1") and its own call answered the same text; the
+    # source was answered first, so the history's first "ok" is the source's (the fork names its
+    # own response, as a harness names every response it got)
+    records = [committed("src/c1", None, [say("ok")]), committed("f1", "src/c1", [say("ok")])]
+    output = [say("ok"), observe("o"), say("ok", response_id="resp-f1")]
+
+    assert names(returned_history(records, {"output": output})[0]) == ["src/c1", "f1"]
+
+
+def test_a_forks_own_answer_alone_is_still_ambiguous_with_its_sources() -> None:
+    records = [committed("src/c1", None, [say("ok")]), committed("f1", "src/c1", [say("ok")])]
+
+    with pytest.raises(SelectionError, match=r"ambiguous_evidence.*\['f1', 'src/c1'\]"):
+        returned_history(records, {"output": [say("ok")]})
+
+
 def test_two_ways_to_split_the_returned_items_raise_ambiguous() -> None:
     records = [
         committed("a", None, [say("x")]),
