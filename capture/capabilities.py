@@ -47,8 +47,10 @@ from grove.ledger.errors import EventIdConflict
 
 __all__ = [
     "ATTEMPT_TOKEN_HEADER",
+    "SOURCE_TOKEN_HEADER",
     "AttemptToken",
     "OpenedAttempt",
+    "SourceToken",
     "attempt_token_digest",
     "gateway_token_check",
     "new_attempt_token",
@@ -56,10 +58,15 @@ __all__ = [
     "proposed_token",
     "refuse_reopening",
     "require_attempt_token",
+    "require_source_token",
 ]
 
 ATTEMPT_TOKEN_HEADER: Final = "X-Grove-Attempt-Token"
 """Request header holding the attempt's secret; required on every request on an opened attempt."""
+
+SOURCE_TOKEN_HEADER: Final = "X-Grove-Source-Attempt-Token"
+"""Request header holding the fork source's attempt token: opening a fork reads the source
+attempt's conversation, so it takes that attempt's secret (``docs/security.md``)."""
 
 _PROPOSED: Final = re.compile(r"[A-Za-z0-9_-]{32,128}")
 _TAG: Final = b"grove-attempt-token/v1\x00"
@@ -68,6 +75,11 @@ _NO_DIGEST: Final = "0" * 64  # compared against when there is no recorded diges
 AttemptToken = Annotated[
     str | None,
     Header(alias=ATTEMPT_TOKEN_HEADER, description="the attempt's token, as opening it returned"),
+]
+
+SourceToken = Annotated[
+    str | None,
+    Header(alias=SOURCE_TOKEN_HEADER, description="a fork source's attempt token"),
 ]
 
 BearerCredentials = Annotated[
@@ -132,6 +144,29 @@ def require_attempt_token(state: AttemptState, token: str | None) -> None:
             "invalid_attempt_token",
             f"The {ATTEMPT_TOKEN_HEADER} header does not hold the token of an open attempt "
             f"{key!r}: send the attempt_token that opening it answered",
+        )
+
+
+def require_source_token(source: AttemptState, token: str | None) -> None:
+    """Refuse the opening of a fork of ``source``'s call that does not carry ``source``'s token:
+    401 without one, 403 with another (also when no such attempt is open), nothing written."""
+    key = source.capture_key
+    if not token:
+        raise Refused(
+            401,
+            "missing_source_token",
+            f"Opening a fork of attempt {key!r} reads its conversation, so it needs that "
+            f"attempt's token: send the {SOURCE_TOKEN_HEADER} header with the attempt_token "
+            "that opening it answered (grove.client's open_attempt sends it: source_token)",
+        )
+    recorded = source.attempt_token_digest
+    matches = hmac.compare_digest(recorded or _NO_DIGEST, attempt_token_digest(key, token))
+    if recorded is None or not matches:
+        raise Refused(
+            403,
+            "invalid_source_token",
+            f"The {SOURCE_TOKEN_HEADER} header does not hold the token of an open attempt "
+            f"{key!r}: send the attempt_token that opening the fork source answered",
         )
 
 

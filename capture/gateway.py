@@ -45,6 +45,7 @@ from grove.capture.body_limits import BodyLimits
 from grove.capture.capabilities import (
     AttemptToken,
     OpenedAttempt,
+    SourceToken,
     gateway_token_check,
 )
 from grove.capture.chat_api import ChatCompletion, ChatCompletionRequest, chat_completion
@@ -275,10 +276,14 @@ def create_app(
         return gateway.deliver(connection, response, outcome, answer, events)
 
     @api.post("/attempts", response_model=OpenedAttempt)
-    def open_attempt(request: OpenAttemptRequest, token: AttemptToken = None) -> OpenedAttempt:
+    def open_attempt(
+        request: OpenAttemptRequest, token: AttemptToken = None, source_token: SourceToken = None
+    ) -> OpenedAttempt:
         """Open an attempt: one execution of the harness for one logical rollout. Answers its
-        token (``token``: the caller's proposal, or the token of a repeated opening)."""
-        return _with_source_answer(gateway.service, gateway.open(request, token))
+        token (``token``: the caller's proposal, or the token of a repeated opening). A fork
+        (``fork_from``) needs its source attempt's token (``source_token``)."""
+        opened = gateway.open(request, token, source_token)
+        return _with_source_answer(gateway.service, opened)
 
     @api.get("/attempts/{capture_key}", response_model=AttemptStatus, dependencies=on_attempt)
     def get_attempt(capture_key: str) -> AttemptStatus:

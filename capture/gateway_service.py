@@ -22,6 +22,7 @@ from grove.capture.capabilities import (
     OpenedAttempt,
     open_with_token,
     require_attempt_token,
+    require_source_token,
 )
 from grove.capture.conflicts import selection_differences
 from grove.capture.conversion import ConvertedCall, RequestConverter
@@ -143,10 +144,16 @@ class GatewayService:
                 )
         return state
 
-    def open(self, request: OpenAttemptRequest, proposed: str | None) -> OpenedAttempt:
+    def open(
+        self, request: OpenAttemptRequest, proposed: str | None, source_token: str | None = None
+    ) -> OpenedAttempt:
         """Open an attempt and answer its token (``capture/capabilities.py``), with the server's
-        policy and forest mode where the request gives none."""
+        policy and forest mode where the request gives none; a fork only with its source's
+        token (``source_token``)."""
         validate_stream_id(request.capture_key)
+        if request.fork_from is not None:
+            source = self._read(request.fork_from.capture_key, read=True)
+            require_source_token(source, source_token)
         return open_with_token(self.service, self.attempts.resolve(request), proposed)
 
     def close(self, capture_key: str) -> AttemptStatus:

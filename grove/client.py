@@ -27,7 +27,7 @@ from __future__ import annotations
 import secrets
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +41,7 @@ __all__ = [
     "ATTEMPT_TOKEN_HEADER",
     "CALL_ID_HEADER",
     "CAPTURE_KEY_HEADER",
+    "SOURCE_TOKEN_HEADER",
     "Attempt",
     "GatewayServerError",
     "GroveClient",
@@ -50,6 +51,7 @@ __all__ = [
 ]
 
 CAPTURE_KEY_HEADER = "X-Grove-Capture-Key"
+SOURCE_TOKEN_HEADER = "X-Grove-Source-Attempt-Token"
 CALL_ID_HEADER = "X-Grove-Call-Id"
 ATTEMPT_TOKEN_HEADER = "X-Grove-Attempt-Token"
 OPEN_TRIES = 3  # openings sent, with one token, before a failing connection is reported
@@ -89,8 +91,16 @@ class GroveClient:
     """Grove's attempt endpoints at ``base_url`` (the gateway's ``…/v1``), with ``api_key`` as
     the bearer token when the gateway requires one."""
 
-    def __init__(self, base_url: str, *, api_key: str = "grove", timeout_s: float = 600.0) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str = "grove",
+        timeout_s: float = 600.0,
+        token_for: Callable[[str], str] | None = None,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.token_for = token_for
         self.api_key = api_key
         self.timeout_s = timeout_s
         self.http = httpx.Client(
@@ -127,6 +137,7 @@ class GroveClient:
         seed: int | None = None,
         policy_version: int = 0,
         fork_from: tuple[str, str] | None = None,
+        source_token: str | None = None,
     ) -> Attempt:
         """Open (idempotently) the attempt ``capture_key`` for rollout ``rollout_index`` of
         ``prompt_group``; a training run groups ``grpo.num_generations_per_prompt`` rollouts of
@@ -139,7 +150,8 @@ class GroveClient:
         opening (repeated up to ``OPEN_TRIES`` times when the connection fails). ``fork_from``
         ``(capture_key, call_id)`` opens the attempt as a fork of that committed call
         (``docs/fork.md``): ``Attempt.fork`` then holds the source call's conversation to
-        continue."""
+        continue. A fork needs the source attempt's token: ``source_token``, else the one this
+        client opened the source with."""
         body = {
             "capture_key": capture_key,
             "rollout_id": rollout_id,
@@ -154,6 +166,14 @@ class GroveClient:
             body["fork_from"] = {"capture_key": fork_from[0], "call_id": fork_from[1]}
         token = self._proposed_token(capture_key)
         headers = {ATTEMPT_TOKEN_HEADER: token}
+        if fork_from is not None:
+            source = source_token or self._known_token(fork_from[0])
+            if source is None:
+                raise ValueError(
+                    f"opening a fork of attempt {fork_from[0]!r} needs its attempt token: pass "
+                    "source_token (the attempt_token its opening answered)"
+                )
+            headers[SOURCE_TOKEN_HEADER] = source
         for tries in range(1, OPEN_TRIES + 1):
             try:
                 opened = _checked(self.http.post("/attempts", json=body, headers=headers))
@@ -163,8 +183,23 @@ class GroveClient:
                     raise
         return Attempt(self, capture_key, str(opened["attempt_token"]), opened.get("fork_from"))
 
+    def attempt(self, capture_key: str, attempt_token: str) -> Attempt:
+        """The opened attempt ``capture_key`` whose token is ``attempt_token`` (saved by the
+        process that opened it: a harness resuming after a crash, ``docs/fork.md``)."""
+        return Attempt(self, capture_key, attempt_token)
+
+    def _known_token(self, capture_key: str) -> str | None:
+        """The token this client opened ``capture_key`` with, if it knows it."""
+        if self.token_for is not None:
+            return self.token_for(capture_key)
+        with self._tokens_lock:
+            return self._tokens.get(capture_key)
+
     def _proposed_token(self, capture_key: str) -> str:
-        """The token to open ``capture_key`` with: the one proposed before, else a new one."""
+        """The token to open ``capture_key`` with: ``token_for``'s when given, else the one
+        proposed before, else a new one."""
+        if self.token_for is not None:
+            return self.token_for(capture_key)
         with self._tokens_lock:
             token = self._tokens.pop(capture_key, None) or secrets.token_urlsafe(32)
             self._tokens[capture_key] = token
@@ -233,6 +268,13 @@ class Attempt:
         import anthropic
 
         return anthropic.AsyncAnthropic(**self._anthropic_bound(kwargs))
+
+    def last_committed_call(self) -> str | None:
+        """The id of the attempt's last committed call (None: it committed none): where a
+        harness that died in flight resumes, as a fork of it (``docs/fork.md``, "Resume")."""
+        calls = self.status()["calls"]
+        committed = [c["call_id"] for c in calls if c["status"] == "committed" and not c["late"]]
+        return committed[-1] if committed else None
 
     def status(self) -> dict[str, Any]:
         """The attempt as the ledger knows it now (``GET /v1/attempts/{capture_key}``)."""

@@ -20,6 +20,8 @@ from typing import Any, Final
 import httpx
 from openai import OpenAI
 
+from grove.client import SOURCE_TOKEN_HEADER
+
 __all__ = ["OPENING", "Conversation", "TurnAgent", "call_id", "observation"]
 
 OPENING: Final = (
@@ -77,9 +79,11 @@ class TurnAgent:
             "prompt_group": group,
             "rollout_index": index,
         }
+        headers: dict[str, str] = {}
         if fork_from is not None:
             body["fork_from"] = {"capture_key": fork_from[0], "call_id": fork_from[1]}
-        answer = self._post("/v1/attempts", body, {})
+            headers[SOURCE_TOKEN_HEADER] = self.tokens[fork_from[0]]  # a fork needs it
+        answer = self._post("/v1/attempts", body, headers)
         self.tokens[key] = answer["attempt_token"]
         return answer
 

@@ -14,7 +14,9 @@ group (``harness_failed``) and its drop budget decides whether training goes on.
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import hmac
 import importlib
 import math
 import os
@@ -33,6 +35,7 @@ __all__ = [
     "Harness",
     "HarnessError",
     "RolloutSpec",
+    "attempt_tokens",
     "fork_task",
     "open_rollout",
     "post_result",
@@ -111,6 +114,19 @@ class RolloutSpec:
     seed: int
     policy_version: int = 0
     fork_from: tuple[str, str] | None = None
+
+
+def attempt_tokens(secret: str) -> Callable[[str], str]:
+    """The attempt token of each capture key of a run whose attempt secret is ``secret``
+    (HMAC-SHA256, URL-safe base64: 43 characters), so the run can present the token of any
+    attempt it opened, a resumed run included (forks need their source's token)."""
+    key = secret.encode()
+
+    def token_for(capture_key: str) -> str:
+        digest = hmac.new(key, capture_key.encode(), hashlib.sha256).digest()
+        return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+    return token_for
 
 
 def open_rollout(

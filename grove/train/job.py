@@ -171,6 +171,7 @@ def _lead_training(
                         run_id=run.run_id,
                         store=store,
                         base_url=base_url,
+                        attempt_secret=run.attempt_secret(),
                     )
                 loop = _Loop(config, training, policy, player, store)
                 with RunLog(run.path, tensorboard=config.logging.tensorboard) as log:

@@ -49,6 +49,7 @@ from grove.train.harness import (
     Harness,
     HarnessError,
     RolloutSpec,
+    attempt_tokens,
     open_rollout,
     post_result,
     rollout_seed,
@@ -136,6 +137,7 @@ class StepPlayer:
         run_id: str,
         store: EventStore,
         base_url: str,
+        attempt_secret: str,
     ) -> None:
         self.config = config
         self.harness = harness
@@ -143,6 +145,7 @@ class StepPlayer:
         self.run_id = run_id
         self.log = AttemptLog(store)
         self.base_url = base_url
+        self.token_for = attempt_tokens(attempt_secret)  # the same tokens after a resume
         data = config.data
         self.order = task_order(
             len(tasks), shuffle=data.shuffle, seed=data.shuffle_seed, epochs=data.epochs
@@ -294,7 +297,8 @@ class StepPlayer:
         running: set[_Slot] = set()
         done: queue.Queue[_Done] = queue.Queue()
         failures: list[RolloutFailure] = []
-        with GroveClient(self.base_url, api_key=config.engine.auth_token or "grove") as grove:
+        api_key = config.engine.auth_token or "grove"
+        with GroveClient(self.base_url, api_key=api_key, token_for=self.token_for) as grove:
             while waiting or running:
                 while waiting and len(running) < config.harness.concurrency:
                     spec = waiting.popleft()

@@ -1,17 +1,21 @@
 """Where a training run keeps its files: ``WORKDIR/runs/RUN/`` and its checkpoint directory.
 
 A run directory holds ``run.json`` (run id, configuration source, the gateway's URL once
-serving), ``config.json`` (the whole resolved configuration), ``metrics.jsonl`` and
-``tensorboard/`` (``grove/train/run_log.py``). ``WORKDIR/runs/latest`` names the newest run, which
-``grove train --resume`` continues unless told another. The run's checkpoints live under
-``checkpointing.checkpoint_dir/RUN`` (relative to the workdir unless absolute), with a copy of
-``config.json`` beside them so ``grove export`` can rebuild the model from a checkpoint alone.
+serving), ``config.json`` (the whole resolved configuration), ``metrics.jsonl``,
+``tensorboard/`` (``grove/train/run_log.py``) and ``attempt.secret`` (owner-only: the secret the
+attempt tokens of the run's in-process rollouts derive from, so a resumed run can still open
+forks of the attempts it played before, ``grove/train/harness.py``). ``WORKDIR/runs/latest``
+names the newest run, which ``grove train --resume`` continues unless told another. The run's
+checkpoints live under ``checkpointing.checkpoint_dir/RUN`` (relative to the workdir unless
+absolute), with a copy of ``config.json`` beside them so ``grove export`` can rebuild the model
+from a checkpoint alone.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import time
 import uuid
 from dataclasses import dataclass
@@ -36,6 +40,7 @@ __all__ = [
 
 CONFIG_FILE = "config.json"
 RUN_FILE = "run.json"
+SECRET_FILE = "attempt.secret"
 RUNS_DIR = "runs"
 LATEST = "latest"
 
@@ -59,6 +64,19 @@ class RunDirectory:
     def info(self) -> dict[str, Any]:
         """The contents of ``run.json``."""
         return dict(json.loads((self.path / RUN_FILE).read_text()))
+
+    def attempt_secret(self) -> str:
+        """The run's attempt secret (``attempt.secret``), made on first use."""
+        path = self.path / SECRET_FILE
+        try:
+            return path.read_text().strip()
+        except FileNotFoundError:
+            pass
+        secret = secrets.token_urlsafe(32)
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as out:
+            out.write(secret + "\n")
+        return secret
 
     def record(self, **values: Any) -> None:
         """Add ``values`` to ``run.json`` (written whole through a temporary file)."""

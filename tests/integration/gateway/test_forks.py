@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from grove.capture.capabilities import SOURCE_TOKEN_HEADER
 from grove.capture.gateway import CALL_ID_HEADER, CAPTURE_KEY_HEADER
 from grove.ledger.attempt import AttemptError
 from grove.ledger.event_replay import CheckOutcome, verify_admissions
@@ -31,7 +32,9 @@ def _source(gateway: Gateway) -> tuple[list[dict[str, Any]], str, str]:
     return history, first_headers["x-grove-call-id"], "c2"
 
 
-def _fork(gateway: Gateway, key: str, source: str, call_id: str) -> Any:
+def _fork(gateway: Gateway, key: str, source: str, call_id: str, **headers: str) -> Any:
+    """Open ``key`` as a fork of call ``call_id`` of ``source``, with the source's token (when
+    this gateway's clients opened it) unless ``headers`` say otherwise."""
     body = {
         "capture_key": key,
         "rollout_id": f"r-{key}",
@@ -39,7 +42,10 @@ def _fork(gateway: Gateway, key: str, source: str, call_id: str) -> Any:
         "rollout_index": 0,
         "fork_from": {"capture_key": source, "call_id": call_id},
     }
-    return gateway.http.post("/v1/attempts", json=body)
+    assert gateway.tokens is not None
+    token = gateway.tokens.by_key.get(source)
+    sent = {SOURCE_TOKEN_HEADER: token} if token is not None else {}
+    return gateway.http.post("/v1/attempts", json=body, headers={**sent, **headers})
 
 
 def _chain(gateway: Gateway, capture_key: str, call_id: str) -> tuple[int, ...]:
@@ -132,12 +138,38 @@ def test_a_fork_of_an_unknown_call_is_refused_and_writes_nothing(local_gateway: 
     assert gateway.written() == before
 
 
-def test_a_fork_of_an_unopened_attempt_is_refused_and_writes_nothing(local_gateway: Gateway):
+def test_a_fork_of_an_unopened_attempt_is_refused_as_a_wrong_token_and_writes_nothing(
+    local_gateway: Gateway,
+):
     gateway = local_gateway
     before = gateway.written()
-    answer = _fork(gateway, "fork-1", "nowhere", "c1")
-    assert answer.status_code == 409
-    assert "'nowhere' is not an opened attempt" in answer.json()["error"]["message"]
+    answer = _fork(gateway, "fork-1", "nowhere", "c1", **{SOURCE_TOKEN_HEADER: "t" * 43})
+    assert (answer.status_code, answer.json()["error"]["code"]) == (403, "invalid_source_token")
+    assert gateway.written() == before
+
+
+def test_a_fork_without_its_sources_token_is_refused_401_and_writes_nothing(
+    local_gateway: Gateway,
+):
+    gateway = local_gateway
+    _, c1, _ = _source(gateway)
+    before = gateway.written()
+    answer = _fork(gateway, "fork-1", "src", c1, **{SOURCE_TOKEN_HEADER: ""})
+    assert (answer.status_code, answer.json()["error"]["code"]) == (401, "missing_source_token")
+    assert SOURCE_TOKEN_HEADER in answer.json()["error"]["message"]
+    assert gateway.written() == before
+
+
+def test_a_fork_with_another_attempts_token_is_refused_403_and_writes_nothing(
+    local_gateway: Gateway,
+):
+    gateway = local_gateway
+    _, c1, _ = _source(gateway)
+    gateway.open("other")
+    before = gateway.written()
+    wrong = {SOURCE_TOKEN_HEADER: gateway.token("other")}
+    answer = _fork(gateway, "fork-1", "src", c1, **wrong)
+    assert (answer.status_code, answer.json()["error"]["code"]) == (403, "invalid_source_token")
     assert gateway.written() == before
 
 
