@@ -20,8 +20,9 @@ obtained two ways:
 Figures: generated tokens (``usage.completion_tokens``) per continuation obtained, each side, and
 ``replay_over_fork_generated_tokens`` (aim >= 3). Replays are counted honestly: the tokens they
 spent over the continuations they obtained. When none reaches the state the ratio has no finite
-value; the key then holds the best case for replays, every replay counted as a continuation
-(``replay_ratio_basis`` says which), a lower bound of the true ratio. The probability that one
+value yet; the key then holds what it would be at best had one more replay reached the state:
+the tokens spent plus one more replay's, over that one continuation (``replay_ratio_basis`` says
+which), a lower bound of the true ratio given what was observed. The probability that one
 replay reaches the state is measured too: at temperature 1 it is the product of the recorded
 probabilities of the source chain's generated tokens, so ``replay_reach_probability_log10`` is
 their logprob sum over ln 10 (the most reachable source), and
@@ -120,15 +121,16 @@ class Side:
 def replay_ratio(fork: Side, replay: Side) -> tuple[float, str]:
     """``replay_over_fork_generated_tokens`` and its basis: replay tokens per continuation
     obtained over fork tokens per continuation (``obtained``); when no replay obtained one, the
-    best case for replays, every replay counted as one (``best_case_all_reached``), a lower
-    bound of the true ratio."""
+    ratio had the next replay reached the state: the tokens spent plus one more replay's over
+    one continuation (``at_least_one_more_replay``), a lower bound of the true ratio."""
     per_fork = fork.per_continuation
     if per_fork is None:
         raise ValueError("forks obtained no continuation: there is nothing to compare with")
     per_replay = replay.per_continuation
     if per_replay is not None:
         return per_replay / per_fork, "obtained"
-    return replay.generated_tokens / replay.rollouts / per_fork, "best_case_all_reached"
+    next_replay = replay.generated_tokens / replay.rollouts
+    return (replay.generated_tokens + next_replay) / per_fork, "at_least_one_more_replay"
 
 
 @contextlib.contextmanager
@@ -272,8 +274,8 @@ def run_benchmark(workload: Workload) -> dict[str, Any]:
     if basis != "obtained":
         notes.append(
             f"no replay reached the state at turn {workload.fork_turn} ({replay.rollouts} "
-            "played): replay_over_fork_generated_tokens is the best case for replays (each "
-            "counted as a continuation), a lower bound; the true ratio has no finite value"
+            "played): replay_over_fork_generated_tokens is the ratio had one more replay "
+            "reached it, a lower bound; the true ratio has no finite value yet"
         )
     notes.append(f"ran {time.perf_counter() - began:.0f} s; load average {os.getloadavg()[0]:.2f}")
     # at temperature 1 a replay reaches the state with the product of the recorded probabilities
