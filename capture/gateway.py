@@ -49,7 +49,12 @@ from grove.capture.capabilities import (
     gateway_token_check,
 )
 from grove.capture.chat_api import ChatCompletion, ChatCompletionRequest, chat_completion
-from grove.capture.conversations import chain_conversation, chat_messages
+from grove.capture.conversations import (
+    chain_conversation,
+    chat_messages,
+    messages_conversation,
+    responses_input,
+)
 from grove.capture.gateway_service import GatewayService, Selector
 from grove.capture.headers import (
     CALL_ID_HEADER,
@@ -334,7 +339,7 @@ S = TypeVar("S", bound=AttemptStatus)
 
 def _with_source_answer(service: CaptureService, status: S) -> S:
     """``status`` with its fork source's answer (the source call's exact generated text) and
-    conversation (its context and answer as Chat messages, ``grove.capture.conversations``)."""
+    conversation, in each API's form (``grove.capture.conversations``)."""
     if status.fork_from is None:
         return status
     view = service.views.view(status.capture_key, read=False)
@@ -343,5 +348,9 @@ def _with_source_answer(service: CaptureService, status: S) -> S:
         return status
     answer = service.views.parent_outputs(view, fork.source_call_id)[-1].text
     items = chain_conversation(service.blobs, fork.chain)
-    update = {"answer": answer, "messages": None if items is None else chat_messages(items)}
+    update: dict[str, Any] = {"answer": answer}
+    if items is not None:
+        update["messages"] = chat_messages(items)
+        update["input"] = responses_input(items)
+        update["messages_api"] = messages_conversation(items)
     return status.model_copy(update={"fork_from": status.fork_from.model_copy(update=update)})

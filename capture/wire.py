@@ -340,16 +340,20 @@ class AttemptCall(WireReply):
 
 class AttemptFork(WireReply):
     """The call an attempt forks: its attempt and id, the length of its chain, its answer (the
-    exact generated text) and its conversation (``messages``: the source call's context and
-    answer as Chat messages, to send again with the fork's next observation; None where the
-    source chain was recorded before Grove recorded conversations). The last two are filled
-    where the gateway reads the source's blobs."""
+    exact generated text) and its conversation through that answer, to send again with the
+    fork's next observation, in each API's form (``grove.capture.conversations``): ``messages``
+    (Chat Completions messages), ``input`` (Responses input items) and ``messages_api`` (the
+    Messages API's ``system`` and ``messages``). A form is None where the conversation has no
+    exact such form, and all are None where the source chain was recorded before Grove recorded
+    conversations. All but the first three are filled where the gateway reads the blobs."""
 
     source_capture_key: str
     source_call_id: str
     source_cum_len: int
     answer: str | None = None
     messages: list[dict[str, Any]] | None = None
+    input: list[dict[str, Any]] | None = None
+    messages_api: dict[str, Any] | None = None
 
 
 class AttemptSelection(WireReply):

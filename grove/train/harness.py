@@ -173,9 +173,10 @@ def run_harness(
 
 def fork_task(spec: RolloutSpec, attempt: Attempt) -> dict[str, Any]:
     """The task record the harness receives: the rollout's task and, for a fork, ``fork``: the
-    source call (``capture_key``, ``call_id``), its conversation through its answer
-    (``messages``, Chat messages), which the harness continues, and the tokens of that
-    conversation (``cum_len``) (``docs/fork.md``)."""
+    source call (``capture_key``, ``call_id``), its conversation through its answer, which the
+    harness continues, as Chat messages (``messages``), Responses items (``input``) and a
+    Messages API conversation (``messages_api``), and the tokens of that conversation
+    (``cum_len``) (``docs/fork.md``)."""
     task = dict(spec.task)
     if spec.fork_from is None:
         return task
@@ -192,6 +193,8 @@ def fork_task(spec: RolloutSpec, attempt: Attempt) -> dict[str, Any]:
         "capture_key": spec.fork_from[0],
         "call_id": spec.fork_from[1],
         "messages": messages,
+        "input": source.get("input"),
+        "messages_api": source.get("messages_api"),
         "cum_len": source.get("source_cum_len"),
     }
     return task

@@ -10,8 +10,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from grove.capture.conversations import chain_conversation
-from grove.capture.gateway import CALL_ID_HEADER
+from grove.capture.conversations import (
+    chain_conversation,
+    messages_conversation,
+    responses_input,
+)
+from grove.capture.gateway import CALL_ID_HEADER, CAPTURE_KEY_HEADER
 from grove.ledger.events import SourceCall
 from grove.storage import CallDelta, staging_key
 
@@ -112,3 +116,74 @@ def test_a_chain_with_a_blob_that_records_no_conversation_has_none(local_gateway
         )
     ]
     assert chain_conversation(blobs, chain) is None
+
+
+def test_a_responses_source_continues_from_its_input_items_sent_again(local_gateway: Gateway):
+    gateway = local_gateway
+    gateway.open("src")
+    first = gateway.client("src").responses.create(
+        model=MODEL, instructions="Be brief.", input="How many apples?", max_output_tokens=6
+    )
+    call_id = gateway.status("src")["calls"][0]["call_id"]
+    forked = _fork(gateway, "fork-1", "src", call_id).json()["fork_from"]
+    assert forked["input"][:2] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "How many apples?"},
+    ]
+    assert forked["input"][2]["content"][0]["text"] == first.output_text
+    raw = gateway.client("fork-1").responses.with_raw_response.create(
+        model=MODEL,
+        input=[*forked["input"], {"role": "user", "content": "And pears?"}],
+        max_output_tokens=6,
+    )
+    assert (raw.headers["x-grove-decision"], raw.headers["x-grove-parent-call-id"]) == (
+        "continuation",
+        call_id,
+    )
+
+
+MESSAGES_WEATHER = {"name": "get_weather", "input_schema": {"type": "object"}}  # short: 256 tokens
+
+
+def _messages_call(gateway: Gateway, capture_key: str, messages: list) -> Any:
+    body = {"model": MODEL, "max_tokens": 40, "messages": messages, "tools": [MESSAGES_WEATHER]}
+    answer = gateway.http.post("/v1/messages", json=body, headers={CAPTURE_KEY_HEADER: capture_key})
+    assert answer.status_code == 200, answer.text
+    return answer
+
+
+def test_a_messages_source_continues_from_its_messages_api_form_sent_again(
+    local_scripted_gateway: Gateway,
+):
+    gateway = local_scripted_gateway
+    gateway.open()
+    gateway.engine.say(CALL)
+    question = {"role": "user", "content": "Weather in Paris?"}
+    first = _messages_call(gateway, "att-1", [question])
+    use = first.json()["content"][-1]
+    call_id = first.headers["x-grove-call-id"]
+    forked = _fork(gateway, "fork-1", "att-1", call_id).json()["fork_from"]
+    conversation = forked["messages_api"]
+    assert conversation["messages"][1]["content"][-1] == {
+        "type": "tool_use",
+        "id": use["id"],
+        "name": "get_weather",
+        "input": {"city": "Paris", "unit": "C"},
+    }
+    result = {"type": "tool_result", "tool_use_id": use["id"], "content": "sunny, 21 C"}
+    gateway.engine.say(ANSWER)
+    turns = [*conversation["messages"], {"role": "user", "content": [result]}]
+    answer = _messages_call(gateway, "fork-1", turns)
+    assert (answer.headers["x-grove-decision"], answer.headers["x-grove-parent-call-id"]) == (
+        "continuation",
+        call_id,
+    )
+
+
+def test_a_conversation_with_a_late_system_message_has_no_messages_api_form():
+    normalized = [
+        {"role": "user", "content": "hi"},
+        {"role": "system", "content": "a rule set mid-way"},
+    ]
+    assert messages_conversation(normalized) is None
+    assert responses_input(normalized) == normalized

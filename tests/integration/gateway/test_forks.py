@@ -63,12 +63,28 @@ def test_opening_a_fork_records_its_source_call_and_answers_its_answer(gateway: 
     assert (opened.fork_from.source_capture_key, opened.fork_from.source_call_id) == ("src", c1)
     assert opened.fork_from.source_chain_digest == source.chain_digest
     assert opened.fork_from.source_cum_len == source.cum_len
+    text = history[1]["content"]
     assert answer.json()["fork_from"] == {
         "source_capture_key": "src",
         "source_call_id": c1,
         "source_cum_len": source.cum_len,
-        "answer": history[1]["content"],
-        "messages": [USER, {"role": "assistant", "content": history[1]["content"]}],
+        "answer": text,
+        "messages": [USER, {"role": "assistant", "content": text}],
+        "input": [
+            USER,
+            {
+                "type": "message",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": text}],
+            },
+        ],
+        "messages_api": {
+            "system": None,
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": USER["content"]}]},
+                {"role": "assistant", "content": [{"type": "text", "text": text}]},
+            ],
+        },
     }
     assert gateway.status("fork-1")["fork_from"] == answer.json()["fork_from"]
 
