@@ -166,7 +166,10 @@ def _opened_built_per_event(conn: Connection, item: event_appliers.Folded) -> bo
     """The opening's applier as it was: its statement built (and its cache key generated) for
     every event, then executed with the event's values."""
     statement = event_appliers._open_statement(event_appliers.dialect_insert(conn))
-    return conn.execute(statement, event_appliers._open_parameters(item)).first() is not None
+    event = item.event
+    assert isinstance(event, AttemptOpened)  # the opening's applier folds openings only
+    parameters = event_appliers._open_parameters(item, event)
+    return conn.execute(statement, parameters).first() is not None
 
 
 @contextmanager

@@ -102,7 +102,7 @@ def test_the_installed_migrations_bring_a_ledger_to_head(installed: Path, tmp_pa
     )
     assert Path(found["module"]).is_relative_to(installed)
     assert Path(found["scripts"]) == installed / "grove" / "migrations"
-    assert found["current"] == found["head"] == "0005"
+    assert found["current"] == found["head"] == "0006"
 
 
 def test_the_installed_demo_configuration_names_the_installed_agent(
