@@ -11,9 +11,9 @@ could never train, so it is refused; a fork opened before is held by the cleanup
 from __future__ import annotations
 
 from grove.ledger.attempt import AttemptError, AttemptState, CallState
-from grove.ledger.events import ForkSource, SourceCall
+from grove.ledger.events import CallCommitted, ForkSource, SourceCall
 
-__all__ = ["fork_source"]
+__all__ = ["chain_link", "fork_source"]
 
 
 def fork_source(capture_key: str, source: AttemptState, source_call_id: str) -> ForkSource:
@@ -79,19 +79,7 @@ def _source_chain(source: AttemptState, call_id: str) -> tuple[SourceCall, ...]:
         call = source.calls[current]
         committed = call.committed
         assert committed is not None  # a committed call's ancestors are committed
-        own.append(
-            SourceCall(
-                capture_key=source.capture_key,
-                call_id=current,
-                blob_key=committed.blob_key,
-                blob_sha256=committed.blob_sha256,
-                blob_bytes=committed.blob_bytes,
-                chain_digest=committed.chain_digest,
-                finish_reason=committed.finish_reason,
-                response_id=committed.response_id,
-                output_fingerprint=committed.output_fingerprint,
-            )
-        )
+        own.append(chain_link(source.capture_key, committed))
         if call.intended.source_capture_key is not None:
             assert source.opened is not None and source.opened.fork_from is not None
             inherited = source.opened.fork_from.chain
@@ -107,3 +95,19 @@ def _fork_refusal_status(call: CallState) -> str:
     if call.failure is not None:
         return f"failed ({call.failure.reason})"
     return call.status.value
+
+
+def chain_link(capture_key: str, committed: CallCommitted) -> SourceCall:
+    """Committed call ``committed`` of attempt ``capture_key`` as a link of a chain: what a
+    fork's source chain records per call, and what its tokens are read from."""
+    return SourceCall(
+        capture_key=capture_key,
+        call_id=committed.call_id,
+        blob_key=committed.blob_key,
+        blob_sha256=committed.blob_sha256,
+        blob_bytes=committed.blob_bytes,
+        chain_digest=committed.chain_digest,
+        finish_reason=committed.finish_reason,
+        response_id=committed.response_id,
+        output_fingerprint=committed.output_fingerprint,
+    )

@@ -213,9 +213,9 @@ class Attempt:
     """One opened attempt: bound ``openai`` clients, rejection, status and the result.
     ``attempt_token`` is its secret, sent with every request on it (never shown in ``repr``).
     ``fork`` is the call a fork continues, as the opening answered it (``source_capture_key``,
-    ``source_call_id``, ``source_cum_len``, ``answer`` and ``messages``: the source call's
-    conversation through its answer, to send again with the next observation); None for an
-    attempt that forks nothing."""
+    ``source_call_id``, ``source_cum_len``, ``answer``, and the source call's conversation
+    through its answer, to send again with the next observation, in each API's form:
+    ``messages``, ``input``, ``messages_api``); None for an attempt that forks nothing."""
 
     grove: GroveClient
     capture_key: str
@@ -273,8 +273,12 @@ class Attempt:
         """The id of the attempt's last committed call (None: it committed none): where a
         harness that died in flight resumes, as a fork of it (``docs/fork.md``, "Resume")."""
         calls = self.status()["calls"]
-        committed = [c["call_id"] for c in calls if c["status"] == "committed" and not c["late"]]
-        return committed[-1] if committed else None
+        forkable = [
+            c["call_id"]
+            for c in calls
+            if c["status"] == "committed" and not c["late"] and c["failure_reason"] is None
+        ]  # a late or rejected response is never a parent
+        return forkable[-1] if forkable else None
 
     def status(self) -> dict[str, Any]:
         """The attempt as the ledger knows it now (``GET /v1/attempts/{capture_key}``)."""

@@ -46,7 +46,7 @@ from transformers import PreTrainedTokenizerBase
 
 from grove.capture.embedded import EmbeddedEngine
 from grove.capture.engine import Generation, SamplingParams
-from grove.capture.forks import fork_source
+from grove.capture.forks import chain_link, fork_source
 from grove.config import GroveConfig, load_config
 from grove.engines.models import LoadedModel, context_length, load_model
 from grove.engines.policy import EmbeddedPolicy
@@ -154,17 +154,7 @@ def _own_link(state: AttemptState, call: CallState) -> SourceCall:
     """``call`` itself as a link of its chain (what a fork's source chain records per call)."""
     committed = call.committed
     assert committed is not None  # _called checked it
-    return SourceCall(
-        capture_key=state.capture_key,
-        call_id=call.call_id,
-        blob_key=committed.blob_key,
-        blob_sha256=committed.blob_sha256,
-        blob_bytes=committed.blob_bytes,
-        chain_digest=committed.chain_digest,
-        finish_reason=committed.finish_reason,
-        response_id=committed.response_id,
-        output_fingerprint=committed.output_fingerprint,
-    )
+    return chain_link(state.capture_key, committed)
 
 
 def _chain(state: AttemptState, call: CallState) -> tuple[SourceCall, ...]:

@@ -22,8 +22,9 @@ seeded with ``rollout_seed(seed, s, N + k, r)``, playing task ``replacement_task
 from the whole task file seeded by ``data.shuffle_seed``, ``s`` and ``k`` alone, so a resumed run
 plays the same replacements whatever was dropped.
 
-Fork group ``j`` of step ``s`` (``grpo.forks``, ``grove.train.fork_groups``) takes the place of
-task group ``N - 1 - j``: the attempts ``{run}-s{s}-f{j}-r{r}``, seeded with
+The K fork groups of step ``s`` (``grpo.forks``, ``grove.train.fork_groups``) take the places of
+its last K task groups, whose tasks are not played. Fork group ``j`` is the attempts
+``{run}-s{s}-f{j}-r{r}``, seeded with
 ``rollout_seed(seed, s, -(j + 1), r)``, each opened as a fork of the picked call and playing that
 call's task with the conversation to continue in ``task["fork"]``.
 """

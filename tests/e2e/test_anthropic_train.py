@@ -1,11 +1,9 @@
 """``grove train examples/anthropic.yaml``: a harness on the official ``anthropic`` client trains
 like the demo, through ``POST /v1/messages``, and ``grove replay --verify`` holds on its attempts.
 
-The shipped configuration runs with a few keys overridden so that two steps take well under a
-minute and a half on two cores: no warm start (the demo's test fits it; a random model answers
-with noise, which the agent still returns, is scored on and compacts after), two prompt groups of
-two rollouts, and compaction after every question but the last (``compact_at_tokens: 1``), so
-every rollout (two questions) compacts once and starts a new root whatever the model writes.
+The shipped configuration runs with the overrides of ``tests/e2e/fast_config.py`` (no warm start,
+two prompt groups of two rollouts, a compaction after every question but the last), so that two
+steps take well under a minute and a half on two cores.
 """
 
 from __future__ import annotations
@@ -17,16 +15,15 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from grove.ledger.attempt import AttemptLog, AttemptState
 from grove.ledger.store import EventStore
 from grove.storage import open_blob_store
 from grove.tools.replay import replay
 from grove.workspace import Workspace
+from tests.e2e.fast_config import EXAMPLES, fast_config
 
 GROVE = str(Path(sys.executable).parent / "grove")
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 GROUPS, ROLLOUTS, STEPS = 2, 2, 2
 
 pytestmark = pytest.mark.xdist_group("grove-anthropic-train")
@@ -46,28 +43,12 @@ def grove(workdir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def fast_config(directory: Path) -> Path:
-    """``examples/anthropic.yaml`` with the overrides of the module docstring, in ``directory``."""
-    config = yaml.safe_load((EXAMPLES / "anthropic.yaml").read_text())
-    config["model"]["warm_start"] = False
-    config["data"]["path"] = str((EXAMPLES / config["data"]["path"]).resolve())
-    config["harness"]["options"]["compact_at_tokens"] = 1
-    config["grpo"].update(num_prompts_per_step=GROUPS, num_generations_per_prompt=ROLLOUTS)
-    config["policy"].update(
-        train_global_batch_size=GROUPS * ROLLOUTS,
-        train_micro_batch_size=ROLLOUTS,
-        logprob_micro_batch_size=ROLLOUTS,
-    )
-    path = directory / "anthropic.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, list[AttemptState]]:
     """Two steps of the Messages agent: the workdir, the run's summary and its attempts."""
     workdir = tmp_path_factory.mktemp("anthropic")
-    result = grove(workdir, "train", str(fast_config(workdir)), "--steps", str(STEPS))
+    config = fast_config("anthropic.yaml", workdir, groups=GROUPS, rollouts=ROLLOUTS)
+    result = grove(workdir, "train", str(config), "--steps", str(STEPS))
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads(result.stdout)
     store = EventStore.open(Workspace.resolve(workdir).database_url, pool=False)

@@ -1,8 +1,8 @@
 """``grove train examples/fork.yaml``: per-state groups with the demo's agent (``docs/fork.md``).
 
-The shipped configuration runs with a few keys overridden so that three steps take well under a
-minute on two cores, as ``tests/e2e/test_anthropic_train.py`` does: no warm start, two prompt
-groups of two rollouts, compaction after every question but the last. From step 1 on, one of
+The shipped configuration runs with the overrides of ``tests/e2e/fast_config.py`` (no warm start,
+two prompt groups of two rollouts, a compaction after every question but the last), so that three
+steps take well under a minute on two cores. From step 1 on, one of
 the two groups of each step is a fork group: two forks of one turn of the previous step.
 """
 
@@ -15,43 +15,25 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from grove.ledger.attempt import AttemptLog, AttemptState
 from grove.ledger.store import EventStore
 from grove.storage import open_blob_store
 from grove.tools.replay import replay
 from grove.workspace import Workspace
+from tests.e2e.fast_config import fast_config
 
 GROVE = str(Path(sys.executable).parent / "grove")
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 GROUPS, ROLLOUTS, STEPS = 2, 2, 3
 
 pytestmark = pytest.mark.xdist_group("grove-fork-train")
-
-
-def fast_config(directory: Path) -> Path:
-    """``examples/fork.yaml`` with the overrides of the module docstring, in ``directory``."""
-    config = yaml.safe_load((EXAMPLES / "fork.yaml").read_text())
-    config["model"]["warm_start"] = False
-    config["data"]["path"] = str((EXAMPLES / config["data"]["path"]).resolve())
-    config["harness"]["options"]["compact_at_tokens"] = 1
-    config["grpo"].update(num_prompts_per_step=GROUPS, num_generations_per_prompt=ROLLOUTS)
-    config["policy"].update(
-        train_global_batch_size=GROUPS * ROLLOUTS,
-        train_micro_batch_size=ROLLOUTS,
-        logprob_micro_batch_size=ROLLOUTS,
-    )
-    path = directory / "fork.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, list[AttemptState]]:
     """Three steps with forks: the workdir, the run's summary and every fork attempt."""
     workdir = tmp_path_factory.mktemp("fork-train")
-    config = str(fast_config(workdir))
+    config = str(fast_config("fork.yaml", workdir, groups=GROUPS, rollouts=ROLLOUTS))
     result = subprocess.run(
         [GROVE, "train", config, "--steps", str(STEPS), "--json", "--workdir", str(workdir)],
         capture_output=True,
