@@ -16,9 +16,10 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from grove.capture.errors import NormalizationError
 from grove.capture.messages_api import TOOL_ERROR_PREFIX, MessagesRequest, messages_items
 from grove.capture.refusals import Refused
-from grove.capture.render import NormalizationError, normalize_messages
+from grove.capture.render import normalize_messages
 from grove.ledger.events import SourceCall
 from grove.storage import BlobRef, BlobStore
 
