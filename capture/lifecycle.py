@@ -352,7 +352,7 @@ class CaptureService:
             sampling=sampling,
             images=images,
             tools=call.options.tools is not None,
-            messages=_new_messages(request, plan),
+            messages=plan.added_items(request),
             source_capture_key=self.views.source_capture_key(view, plan.decision.parent_call_id),
         )
 
@@ -592,11 +592,3 @@ def _require_open(state: AttemptState, capture_key: str, call_id: str | None) ->
         raise AttemptError(
             capture_key, "admissions are closed: the harness already returned", call_id
         )
-
-
-def _new_messages(request: NormalizedRequest, plan: PromptPlan) -> tuple[dict[str, Any], ...]:
-    """The request's items after its parent's conversation (the parent's request and answer,
-    ``prefix_item_count`` items); a root's whole request."""
-    if plan.prev_len == 0:
-        return request.messages
-    return request.messages[plan.decision.boundary.prefix_item_count :]

@@ -127,6 +127,14 @@ class PromptPlan:
         """The number of prompt tokens the engine will see."""
         return len(self.prompt_token_ids)
 
+    def added_items(self, request: NormalizedRequest) -> tuple[dict[str, Any], ...]:
+        """The items of ``request`` (the request planned) after the parent's conversation, the
+        parent's request and answer (``prefix_item_count`` items); a root's whole request: what
+        the call adds to its conversation before its answer (``docs/fork.md``)."""
+        if self.prev_len == 0:
+            return request.messages
+        return request.messages[self.decision.boundary.prefix_item_count :]
+
 
 def plan_call(
     renderer: Renderer,
