@@ -135,10 +135,7 @@ def require_attempt_token(state: AttemptState, token: str | None) -> None:
             "with the attempt_token that POST /v1/attempts answered (grove.client's Attempt and "
             "the openai clients it makes send it)",
         )
-    recorded = state.attempt_token_digest
-    presented = attempt_token_digest(key, token)
-    matches = hmac.compare_digest(recorded or _NO_DIGEST, presented)
-    if recorded is None or not matches:
+    if not _holds_token(state, token):
         raise Refused(
             403,
             "invalid_attempt_token",
@@ -159,9 +156,7 @@ def require_source_token(source: AttemptState, token: str | None) -> None:
             f"attempt's token: send the {SOURCE_TOKEN_HEADER} header with the attempt_token "
             "that opening it answered (grove.client's open_attempt sends it: source_token)",
         )
-    recorded = source.attempt_token_digest
-    matches = hmac.compare_digest(recorded or _NO_DIGEST, attempt_token_digest(key, token))
-    if recorded is None or not matches:
+    if not _holds_token(source, token):
         raise Refused(
             403,
             "invalid_source_token",
@@ -170,14 +165,19 @@ def require_source_token(source: AttemptState, token: str | None) -> None:
         )
 
 
+def _holds_token(state: AttemptState, token: str) -> bool:
+    """Whether ``token`` is the secret of ``state``'s attempt (never for an attempt with no
+    recorded digest), compared in constant time."""
+    recorded = state.attempt_token_digest
+    presented = attempt_token_digest(state.capture_key, token)
+    return hmac.compare_digest(recorded or _NO_DIGEST, presented) and recorded is not None
+
+
 def refuse_reopening(state: AttemptState, proposed: str | None) -> str:
     """The token of an attempt that is already open, when the opening carries it; else 409
     ``attempt_exists`` (saying nothing about the attempt)."""
-    recorded = state.attempt_token_digest
-    if recorded is not None and proposed is not None:
-        presented = attempt_token_digest(state.capture_key, proposed)
-        if hmac.compare_digest(recorded, presented):
-            return proposed
+    if proposed is not None and _holds_token(state, proposed):
+        return proposed
     raise Refused(
         409,
         "attempt_exists",
