@@ -43,6 +43,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.sql.dml import Insert, Update
 from sqlalchemy.sql.elements import BindParameter
 
+from grove.ledger.compiled import CompiledStatement
 from grove.ledger.errors import InvalidEventPayload
 from grove.ledger.events import (
     AdmissionsClosed,
@@ -141,8 +142,8 @@ def _open_statement(dialect_insert: DialectInsert) -> Insert:
 
 
 _OPEN = {
-    "postgresql": _open_statement(postgres_insert),
-    "sqlite": _open_statement(sqlite_insert),
+    "postgresql": CompiledStatement(_open_statement(postgres_insert)),
+    "sqlite": CompiledStatement(_open_statement(sqlite_insert)),
 }
 
 
@@ -160,7 +161,8 @@ def _open_parameters(item: Folded, event: AttemptOpened) -> dict[str, object]:
 
 
 def _opened(conn: Connection, item: Folded, event: AttemptOpened) -> bool:
-    return conn.execute(_OPEN[conn.dialect.name], _open_parameters(item, event)).first() is not None
+    parameters = _open_parameters(item, event)
+    return _OPEN[conn.dialect.name].execute(conn, parameters).first() is not None
 
 
 def _attempt_update(**values: object) -> Update:
@@ -172,25 +174,29 @@ def _attempt_update(**values: object) -> Update:
     )
 
 
-_CLOSE = _attempt_update(admissions_closed=True)
-_SETTLE = _attempt_update(
-    settled=True, admissions_closed=True, settle_timed_out=bindparam("p_timed_out", type_=Boolean)
+_CLOSE = CompiledStatement(_attempt_update(admissions_closed=True))
+_SETTLE = CompiledStatement(
+    _attempt_update(
+        settled=True,
+        admissions_closed=True,
+        settle_timed_out=bindparam("p_timed_out", type_=Boolean),
+    )
 )
-_CLEAN = _attempt_update(cleaned=True)
+_CLEAN = CompiledStatement(_attempt_update(cleaned=True))
 
 
 def _closed(conn: Connection, item: Folded) -> bool:
-    return conn.execute(_CLOSE, {"p_key": item.stream_id}).rowcount == 1
+    return _CLOSE.execute(conn, {"p_key": item.stream_id}).rowcount == 1
 
 
 def _settled(conn: Connection, item: Folded, event: AttemptSettled) -> bool:
     parameters = {"p_key": item.stream_id, "p_timed_out": event.timed_out}
-    return conn.execute(_SETTLE, parameters).rowcount == 1
+    return _SETTLE.execute(conn, parameters).rowcount == 1
 
 
 def _cleaned(conn: Connection, item: Folded) -> bool:
     # Keys of an attempt never opened may be cleaned too: nothing to show, nothing contradicted.
-    conn.execute(_CLEAN, {"p_key": item.stream_id})
+    _CLEAN.execute(conn, {"p_key": item.stream_id})
     return True
 
 
@@ -226,8 +232,8 @@ def _intent_statement(dialect_insert: DialectInsert) -> Insert:
 
 
 _INTENT = {
-    "postgresql": _intent_statement(postgres_insert),
-    "sqlite": _intent_statement(sqlite_insert),
+    "postgresql": CompiledStatement(_intent_statement(postgres_insert)),
+    "sqlite": CompiledStatement(_intent_statement(sqlite_insert)),
 }
 
 
@@ -243,7 +249,7 @@ def _intended(conn: Connection, item: Folded, event: CallIntended) -> bool:
         "p_policy_version": event.policy_version,
         "p_source_capture_key": event.source_capture_key,
     }
-    return conn.execute(_INTENT[conn.dialect.name], parameters).first() is not None
+    return _INTENT[conn.dialect.name].execute(conn, parameters).first() is not None
 
 
 _COMMIT_COLUMNS = (
@@ -291,7 +297,7 @@ def _commit_statement() -> Update:
     )
 
 
-_COMMIT = _commit_statement()
+_COMMIT = CompiledStatement(_commit_statement())
 
 
 def _committed(conn: Connection, item: Folded, event: CallCommitted) -> bool:
@@ -303,7 +309,7 @@ def _committed(conn: Connection, item: Folded, event: CallCommitted) -> bool:
         p_policy_version=event.policy_version,
         p_position=item.position,
     )
-    return conn.execute(_COMMIT, parameters).rowcount == 1
+    return _COMMIT.execute(conn, parameters).rowcount == 1
 
 
 def _fail_statement() -> Update:
@@ -327,7 +333,7 @@ def _fail_statement() -> Update:
     )
 
 
-_FAIL = _fail_statement()
+_FAIL = CompiledStatement(_fail_statement())
 
 
 def _failed(conn: Connection, item: Folded, event: CallFailed) -> bool:
@@ -338,7 +344,7 @@ def _failed(conn: Connection, item: Folded, event: CallFailed) -> bool:
         "p_detail": event.detail,
         "p_position": item.position,
     }
-    return conn.execute(_FAIL, parameters).rowcount == 1
+    return _FAIL.execute(conn, parameters).rowcount == 1
 
 
 # -- rollouts ------------------------------------------------------------------------------------
@@ -428,7 +434,7 @@ def _selected(conn: Connection, item: Folded, event: RolloutSelected) -> bool:
     return True
 
 
-_FINALIZE = (
+_FINALIZE = CompiledStatement(
     update(PROJ_ROLLOUTS)
     .where(
         PROJ_ROLLOUTS.c.capture_key == bindparam("p_key", type_=String),
@@ -449,7 +455,7 @@ def _finalized(conn: Connection, item: Folded, event: RolloutFinalized) -> bool:
         "p_masked_reason": event.masked_reason,
         "p_rows": len(event.paths),
     }
-    return conn.execute(_FINALIZE, parameters).rowcount == 1
+    return _FINALIZE.execute(conn, parameters).rowcount == 1
 
 
 _PUBLISH = (

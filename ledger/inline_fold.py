@@ -27,6 +27,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.sql.dml import Insert
 
 from grove.ledger.append_batch import AppendBatch, Landed
+from grove.ledger.compiled import CompiledStatement
 from grove.ledger.contradictions import (
     ContradictionRow,
     contradiction_lines,
@@ -157,8 +158,11 @@ def _claim_new(dialect_insert: DialectInsert) -> Insert:
 # A stream's first append claims it by inserting its mark (no attempt of it can be open yet);
 # a later one by moving the mark on from the version just before its first event, reading in
 # the same statement whether its attempt is open.
-_CLAIM_NEW = {"postgresql": _claim_new(postgres_insert), "sqlite": _claim_new(sqlite_insert)}
-_CLAIM_NEXT = (
+_CLAIM_NEW = {
+    "postgresql": CompiledStatement(_claim_new(postgres_insert)),
+    "sqlite": CompiledStatement(_claim_new(sqlite_insert)),
+}
+_CLAIM_NEXT = CompiledStatement(
     update(PROJ_STREAMS)
     .where(
         PROJ_STREAMS.c.stream_id == bindparam("p_stream"),
@@ -179,8 +183,8 @@ def _claim(conn: Connection, stream_id: str, first: int, last: int) -> tuple[boo
     stream was folded up to ``first - 1``), and whether its attempt is open."""
     parameters = {"p_stream": stream_id, "p_first": first - 1, "p_last": last}
     if first == 1:
-        return conn.execute(_CLAIM_NEW[conn.dialect.name], parameters).first() is not None, False
-    row = conn.execute(_CLAIM_NEXT, parameters).first()
+        return _CLAIM_NEW[conn.dialect.name].execute(conn, parameters).first() is not None, False
+    row = _CLAIM_NEXT.execute(conn, parameters).first()
     return row is not None, row is not None and bool(row.opened)
 
 

@@ -53,6 +53,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from grove.ledger.append_batch import AppendBatch, AppendedRow, Landed, Meanwhile
 from grove.ledger.appending import append_statement
+from grove.ledger.compiled import CompiledStatement
 from grove.ledger.errors import ImportConflict
 from grove.ledger.events import LedgerPosition
 from grove.ledger.pgcopy import as_sqlalchemy_errors, copy_parts, copy_text, driver_connection
@@ -109,7 +110,7 @@ def _append_insert() -> Insert:
     return append_statement(rows)
 
 
-_APPEND = _append_insert()
+_APPEND = CompiledStatement(_append_insert())
 
 
 ESCAPE = "\uffff"
@@ -231,7 +232,7 @@ class PostgresBackend:
             "stream_id": batch.stream_id,
             "expected": expected_version,
         }
-        return conn.execute(_APPEND, parameters).all() or None
+        return _APPEND.execute(conn, parameters).all() or None
 
     @staticmethod
     def _copy_append(

@@ -11,11 +11,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Connection, Integer, Row, String, bindparam, insert, select, union_all
-from sqlalchemy.sql.dml import Insert
 from sqlalchemy.types import TypeEngine
 
 from grove.ledger.append_batch import AppendBatch, Meanwhile
 from grove.ledger.appending import append_statement
+from grove.ledger.compiled import CompiledStatement
 from grove.ledger.events import LedgerPosition
 from grove.ledger.schema import EVENTS
 
@@ -31,14 +31,14 @@ _TYPES: dict[str, TypeEngine[Any]] = {
 
 
 @functools.cache
-def _append(count: int) -> Insert:
+def _append(count: int) -> CompiledStatement:
     """The append of ``count`` rows: each row's values are parameters ``NAME_INDEX``."""
     selects = [
         select(*(bindparam(f"{name}_{i}", type_=_TYPES[name]).label(name) for name in _TYPES))
         for i in range(count)
     ]
     rows = selects[0].subquery("rows") if count == 1 else union_all(*selects).subquery("rows")
-    return append_statement(rows)
+    return CompiledStatement(append_statement(rows))
 
 
 class SqliteBackend:
@@ -77,7 +77,7 @@ class SqliteBackend:
             parameters[f"event_type_{index}"] = event.type
             parameters[f"schema_version_{index}"] = event.schema_version
             parameters[f"payload_{index}"] = payload
-        return conn.execute(_append(len(batch)), parameters).all() or None
+        return _append(len(batch)).execute(conn, parameters).all() or None
 
     def read_after(self, conn: Connection, mark: LedgerPosition, limit: int) -> Sequence[Row]:
         """Committed events after ``mark`` in commit order."""

@@ -73,3 +73,13 @@ def test_sixteen_connections_at_once_are_kept_for_the_next_burst(store: EventSto
         for conn in held:
             conn.close()
     assert len(opened_connections) == 16 - 1  # the fixture's append left one in the pool
+
+
+def test_an_append_on_a_connection_whose_session_ended_fails_once_then_the_pool_reconnects(
+    store: EventStore, postgres_url: str
+):
+    end_sessions(postgres_url)  # the append's statements run on the driver's cursor
+    with pytest.raises(DatabaseUnavailable):
+        store.append("att-2", [opened("att-2")], expected_version=0)
+    store.append("att-2", [opened("att-2")], expected_version=0)
+    assert [e.event_type for e in store.read_stream("att-2")] == ["attempt.opened"]
