@@ -21,22 +21,33 @@ codec name, its version, the media descriptors in order and, where recorded, ``m
 conversation items the call adds to its context (``docs/fork.md``, "The conversation").
 safetensors orders the tensors itself, so equal deltas always encode to identical bytes — the
 write-once store relies on that for idempotent retries.
+
+``encode_delta`` is on the capture path of every model call, so it skips the Python side of
+``safetensors.torch.save`` (its shared-memory search and per-tensor ``ctypes`` views, meant for
+whole models) and hands each validated tensor to safetensors' own serializer by pointer, as that
+function does last: the bytes are the ones ``safetensors.torch.save`` writes
+(``tests/unit/storage/test_codec.py`` checks that on random deltas). Validation reads each tensor
+through one zero-copy numpy view: construction checks the tensors, ``encode_delta`` checks them
+again (a tensor may have been changed in place since), and ``CallDelta.from_lists`` does not
+recheck the token ids it has just checked while converting them.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import struct
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 import numpy as np
+import safetensors
 import safetensors.torch
 import torch
 from safetensors import SafetensorError
 
-from grove.storage.digests import media_digest, token_ids_array
+from grove.storage.digests import TokenIds, media_digest, token_ids_array
 from grove.storage.errors import BlobFormatError, InvalidDeltaError
 from grove.storage.keys import capture_key_of
 
@@ -74,6 +85,15 @@ MEDIA_DTYPES = frozenset(
 MediaKind = Literal["image", "video"]
 _MEDIA_KINDS = ("image", "video")
 _FIXED_TENSORS = ("prompt_delta", "generated", "logprobs")
+# The dtype names ``safetensors.torch.save`` gives safetensors' serializer: ``str(dtype)``'s tail.
+_DTYPE_NAMES = {dtype: str(dtype).removeprefix("torch.") for dtype in MEDIA_DTYPES | ROUTE_DTYPES}
+# The ``grove`` metadata's canonical JSON: sorted keys, no spaces, no NaN (one encoder, reused).
+_HEADER_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False)
+# safetensors >= 0.8 takes each tensor by pointer (``TensorSpec``); older versions take its bytes.
+_TENSOR_SPEC: Any = getattr(safetensors, "TensorSpec", None)
+# A live, non-null address for empty tensors, whose own pointer may be null (0 bytes are read).
+_EMPTY = np.zeros(8, dtype=np.uint8)
+_EMPTY_ADDRESS: int = _EMPTY.ctypes.data
 
 
 @dataclass(frozen=True)
@@ -160,10 +180,13 @@ class CallDelta:
     messages: tuple[dict[str, Any], ...] | None = None
 
     def __post_init__(self) -> None:
+        self._settle(tokens_checked=False)
+
+    def _settle(self, *, tokens_checked: bool) -> None:
         object.__setattr__(self, "media", tuple(self.media))
         if self.messages is not None:
             object.__setattr__(self, "messages", tuple(self.messages))
-        _validate(self)
+        _validate(self, tokens_checked=tokens_checked)
 
     @classmethod
     def from_lists(
@@ -181,14 +204,20 @@ class CallDelta:
             logprob_array = np.asarray(logprobs, dtype=np.float64)
         except (TypeError, ValueError) as exc:
             raise InvalidDeltaError("logprobs", "must be a sequence of floats", exc) from None
-        return cls(
-            prompt_delta=_int32_tensor(prompt_delta, "prompt_delta"),
-            generated=_int32_tensor(generated, "generated"),
-            logprobs=torch.from_numpy(logprob_array.astype(np.float32)),
-            routes=routes,
-            media=tuple(media),
-            messages=None if messages is None else tuple(messages),
+        values = (
+            _int32_tensor(prompt_delta, "prompt_delta"),
+            _int32_tensor(generated, "generated"),
+            torch.from_numpy(logprob_array.astype(np.float32)),
+            routes,
+            media,
+            messages,
         )
+        # The dataclass's own __init__ would check the token ids token_ids_array just checked.
+        delta = object.__new__(cls)
+        for name, value in zip(_FIELD_NAMES, values, strict=True):
+            object.__setattr__(delta, name, value)
+        delta._settle(tokens_checked=True)
+        return delta
 
     @property
     def delta_len(self) -> int:
@@ -220,8 +249,17 @@ class CallDelta:
     __hash__ = None  # type: ignore[assignment]
 
 
-def _int32_tensor(tokens: Sequence[int], field: str) -> torch.Tensor:
-    return torch.from_numpy(token_ids_array(tokens, field).astype(np.int32))
+_FIELD_NAMES = tuple(field.name for field in fields(CallDelta))
+_DESCRIPTOR_FIELDS = tuple(field.name for field in fields(MediaDescriptor))
+
+
+def _int32_tensor(tokens: TokenIds, field: str) -> torch.Tensor:
+    """Checked int32 token ids in a tensor of their own: copied only where the array
+    ``token_ids_array`` made is (or views) the caller's memory."""
+    array = token_ids_array(tokens, field).astype(np.int32, copy=False)
+    if array is tokens or not array.flags.owndata or not array.flags.writeable:
+        array = array.copy()
+    return torch.from_numpy(array)
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -246,63 +284,106 @@ def _require(condition: bool, field: str, rule: str, got: object) -> None:
         raise InvalidDeltaError(field, rule, got)
 
 
-def _validate_tokens(value: object, field: str) -> torch.Tensor:
-    tensor = _require_tensor(value, field)
-    _require(tensor.dtype == torch.int32, field, "must have dtype torch.int32", tensor.dtype)
-    _require(tensor.dim() == 1, field, "must be one-dimensional", f"shape {tuple(tensor.shape)}")
-    if tensor.numel():
-        low = int(tensor.min())
-        _require(low >= 0, field, "must hold token ids >= 0", f"minimum {low}")
+def _host(tensor: torch.Tensor, field: str) -> torch.Tensor:
+    """``tensor`` as its blob holds it: dense, on the CPU, contiguous, out of autograd — the
+    tensor itself where it already is (the usual case), else a copy or view that is."""
+    if tensor.layout != torch.strided:
+        raise InvalidDeltaError(field, "must be a dense (strided) tensor", tensor.layout)
+    if not tensor.is_cpu:
+        tensor = tensor.cpu()
+    if tensor.requires_grad:
+        tensor = tensor.detach()
+    if not tensor.is_contiguous():
+        tensor = tensor.contiguous()
     return tensor
 
 
-def _validate(delta: CallDelta) -> None:
-    prompt = _validate_tokens(delta.prompt_delta, "prompt_delta")
-    generated = _validate_tokens(delta.generated, "generated")
-    logprobs = _require_tensor(delta.logprobs, "logprobs")
-    _require(
-        logprobs.dtype == torch.float32, "logprobs", "must have dtype torch.float32", logprobs.dtype
-    )
-    _require(
-        logprobs.shape == generated.shape,
-        "logprobs",
-        f"must have one value per generated token, shape ({generated.numel()},)",
-        f"shape {tuple(logprobs.shape)}",
-    )
-    nan = int(torch.isnan(logprobs).sum())
-    _require(nan == 0, "logprobs", "must not be NaN", f"{nan} NaN value(s)")
-    positive_inf = int(torch.isposinf(logprobs).sum())
-    _require(positive_inf == 0, "logprobs", "must not be +inf", f"{positive_inf} +inf value(s)")
+def _validate_tokens(value: object, field: str) -> torch.Tensor:
+    tensor = _require_tensor(value, field)
+    if tensor.dtype != torch.int32:
+        raise InvalidDeltaError(field, "must have dtype torch.int32", tensor.dtype)
+    if tensor.dim() != 1:
+        raise InvalidDeltaError(field, "must be one-dimensional", f"shape {tuple(tensor.shape)}")
+    host = _host(tensor, field)
+    if host.numel():
+        low = int(host.numpy().min())
+        _require(low >= 0, field, "must hold token ids >= 0", f"minimum {low}")
+    return host
+
+
+def _validate_logprobs(value: object, generated: torch.Tensor) -> torch.Tensor:
+    logprobs = _require_tensor(value, "logprobs")
+    if logprobs.dtype != torch.float32:
+        raise InvalidDeltaError("logprobs", "must have dtype torch.float32", logprobs.dtype)
+    if logprobs.shape != generated.shape:
+        raise InvalidDeltaError(
+            "logprobs",
+            f"must have one value per generated token, shape ({generated.numel()},)",
+            f"shape {tuple(logprobs.shape)}",
+        )
+    host = _host(logprobs, "logprobs")
+    if host.numel():
+        values = host.numpy()
+        top = float(values.max())  # NaN if any value is NaN: a maximum propagates NaN
+        if math.isnan(top) or top == math.inf:  # count them only to name them in the error
+            nan = int(np.isnan(values).sum())
+            _require(nan == 0, "logprobs", "must not be NaN", f"{nan} NaN value(s)")
+            positive_inf = int(np.isposinf(values).sum())
+            _require(
+                positive_inf == 0, "logprobs", "must not be +inf", f"{positive_inf} +inf value(s)"
+            )
+    return host
+
+
+def _validate(delta: CallDelta, *, tokens_checked: bool = False) -> dict[str, torch.Tensor]:
+    """Check every rule of ``delta`` (``InvalidDeltaError``, the first broken); its tensors by
+    blob name, as the blob holds them (``_host``). ``tokens_checked``: the token ids are int32
+    host tensors ``from_lists`` has just made from arrays ``token_ids_array`` checked."""
+    if tokens_checked:
+        prompt, generated = delta.prompt_delta, delta.generated
+    else:
+        prompt = _validate_tokens(delta.prompt_delta, "prompt_delta")
+        generated = _validate_tokens(delta.generated, "generated")
+    tensors = {
+        "prompt_delta": prompt,
+        "generated": generated,
+        "logprobs": _validate_logprobs(delta.logprobs, generated),
+    }
     if delta.routes is not None:
         routes = _require_tensor(delta.routes, "routes")
         _require(routes.dtype in ROUTE_DTYPES, "routes", "must have an integer dtype", routes.dtype)
         rows = prompt.numel() + generated.numel()
-        _require(
-            routes.dim() in (2, 3) and routes.shape[0] == rows and min(routes.shape[1:]) >= 1,
-            "routes",
-            f"must have shape ({rows}, top_k) or ({rows}, layers, top_k), each >= 1 (one row "
-            "per delta token)",
-            f"shape {tuple(routes.shape)}",
-        )
-    _validate_media(delta.media, prompt.numel())
+        if not (routes.dim() in (2, 3) and routes.shape[0] == rows and min(routes.shape[1:]) >= 1):
+            raise InvalidDeltaError(
+                "routes",
+                f"must have shape ({rows}, top_k) or ({rows}, layers, top_k), each >= 1 (one row "
+                "per delta token)",
+                f"shape {tuple(routes.shape)}",
+            )
+        tensors["routes"] = _host(routes, "routes")
+    for index, pixels in enumerate(_validate_media(delta.media, prompt.numel())):
+        tensors[f"media.{index}"] = pixels
     _validate_messages(delta.messages)
+    return tensors
 
 
 def _validate_messages(messages: tuple[dict[str, Any], ...] | None) -> None:
     if messages is None:
         return
     for index, message in enumerate(messages):
-        _require(
-            isinstance(message, dict) and isinstance(message.get("role"), str),
-            f"messages[{index}]",
-            "must be a JSON object with a string role",
-            type(message).__name__,
-        )
+        if not (isinstance(message, dict) and isinstance(message.get("role"), str)):
+            raise InvalidDeltaError(
+                f"messages[{index}]",
+                "must be a JSON object with a string role",
+                type(message).__name__,
+            )
 
 
-def _validate_media(media: tuple[MediaTensor, ...], prompt_len: int) -> None:
+def _validate_media(media: tuple[MediaTensor, ...], prompt_len: int) -> list[torch.Tensor]:
+    """Check the media items' rules; their pixels in order, as the blob holds them (``_host``)."""
     seen: set[str] = set()
     previous_end = 0
+    pixels_in_order = []
     for index, item in enumerate(media):
         field = f"media[{index}]"
         _require(isinstance(item, MediaTensor), field, "must be a MediaTensor", type(item).__name__)
@@ -358,38 +439,56 @@ def _validate_media(media: tuple[MediaTensor, ...], prompt_len: int) -> None:
             "must not be empty",
             f"shape {tuple(pixels.shape)}",
         )
-        actual = media_digest(pixels)
+        host = _host(pixels, f"{field}.pixels")
+        actual = media_digest(host)
         _require(actual == d.digest, field, f"digest must be the pixels' digest {actual}", d.digest)
+        pixels_in_order.append(host)
+    return pixels_in_order
 
 
 def encode_delta(delta: CallDelta) -> bytes:
     """The safetensors bytes of ``delta``; revalidates first, so bad input never reaches a store."""
     if not isinstance(delta, CallDelta):
         raise InvalidDeltaError("delta", "must be a CallDelta", type(delta).__name__)
-    _validate(delta)
-    tensors = {
-        "prompt_delta": delta.prompt_delta,
-        "generated": delta.generated,
-        "logprobs": delta.logprobs,
-    }
-    if delta.routes is not None:
-        tensors["routes"] = delta.routes
-    for index, item in enumerate(delta.media):
-        tensors[f"media.{index}"] = item.pixels
-    tensors = {name: t.detach().cpu().contiguous() for name, t in tensors.items()}
+    tensors = _validate(delta)
     header: dict[str, Any] = {
         "codec": CODEC_NAME,
         "version": CODEC_VERSION,
-        "media": [asdict(item.descriptor) for item in delta.media],
+        "media": [
+            {name: getattr(item.descriptor, name) for name in _DESCRIPTOR_FIELDS}
+            for item in delta.media
+        ],
     }
     if delta.messages is not None:
         header["messages"] = list(delta.messages)
     try:
-        grove = json.dumps(header, sort_keys=True, separators=(",", ":"), allow_nan=False)
+        grove = _HEADER_JSON.encode(header)
     except (TypeError, ValueError) as exc:
         raise InvalidDeltaError("messages", "must be JSON-serializable", str(exc)) from None
-    metadata = {"grove": grove}
-    return safetensors.torch.save(tensors, metadata=metadata)
+    return _serialize(tensors, {"grove": grove})
+
+
+def _serialize(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
+    """``safetensors.torch.save(tensors, metadata=metadata)`` for dense, contiguous CPU tensors of
+    Grove's dtypes on a little-endian host: the call to safetensors' serializer that it ends with,
+    without its checks for model state dicts. Tensors that share memory are written as copies
+    would be (``save`` refuses them). ``tensors`` keeps every pointer alive during the call."""
+    if _TENSOR_SPEC is None:
+        specs: dict[str, Any] = {
+            name: {"dtype": _DTYPE_NAMES[t.dtype], "shape": list(t.shape), "data": _raw(t)}
+            for name, t in tensors.items()
+        }
+    else:
+        specs = {
+            name: _TENSOR_SPEC(
+                dtype=_DTYPE_NAMES[t.dtype],
+                shape=t.shape,
+                data_ptr=t.data_ptr() or _EMPTY_ADDRESS,
+                data_len=t.nbytes,
+            )
+            for name, t in tensors.items()
+        }
+    return bytes(safetensors.serialize(specs, metadata=metadata))
 
 
 class _Malformed(Exception):
