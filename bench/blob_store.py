@@ -21,6 +21,14 @@ Usage: ``python -m bench.blob_store [--quick] [--json]``
   so there ``get_over_raw`` measures the store's checks alone. Measured on a local
   directory and on a moto S3 server started in a subprocess; the top-level figure is the lower
   of the two (aim >= 0.8).
+- ``put_delta_cpu_over_torch_save``: the CPU time (``time.thread_time``: this thread's user and
+  system time, the fsyncs' kernel time included) of one local ``put_delta`` of a typical gateway
+  call's delta (60 new prompt tokens, 18 generated tokens with logprobs, two short messages) over
+  that of the same put encoded as the codec did before its own encoder: the torch-op checks, then
+  ``safetensors.torch.save`` (``torch_save_encode`` below, the baseline; same bytes). Measured in
+  the same process, put by put, alternating which goes first; lower is better. ``put_delta_cpu``
+  also holds each figure in microseconds (trimmed mean), the same ratio for the encoding alone
+  (``encode_cpu_over_torch_save``) and the CPU of ``CallDelta.from_lists`` of the same delta.
 """
 
 from __future__ import annotations
@@ -39,10 +47,19 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+import safetensors.torch
 import torch
 from botocore.exceptions import EndpointConnectionError
 
-from grove.storage import BlobRef, BlobStore, CallDelta, encode_delta, open_blob_store, staging_key
+from grove.storage import (
+    BlobRef,
+    BlobStore,
+    CallDelta,
+    InvalidDeltaError,
+    encode_delta,
+    open_blob_store,
+    staging_key,
+)
 from grove.storage.local import sync_directory
 
 CALL_COUNTS = (2, 20, 50)
@@ -155,6 +172,110 @@ def _put_into(
     refs[index] = store.put(key, blob)
 
 
+def gateway_call(seed: int = 0) -> tuple[list[int], list[int], list[float], list[dict[str, str]]]:
+    """A typical gateway call's delta as its HTTP response has it: 60 new prompt tokens, 18
+    generated tokens and their logprobs, and two short messages."""
+    generator = torch.Generator().manual_seed(seed)
+    prompt = _tokens(generator, 60).tolist()
+    generated = _tokens(generator, 18).tolist()
+    logprobs = (-torch.rand(18, generator=generator)).tolist()
+    messages = [
+        {"role": "user", "content": "What is the weather in Paris today?"},
+        {"role": "assistant", "content": "Sunny, 21 degrees."},
+    ]
+    return prompt, generated, logprobs, messages
+
+
+def _refuse(field: str, rule: str, got: object) -> None:
+    raise InvalidDeltaError(field, rule, got)
+
+
+def torch_save_encode(delta: CallDelta) -> bytes:
+    """The baseline: ``encode_delta`` as it was before the codec's own encoder — its checks of a
+    delta without routes or media in torch ops, then ``safetensors.torch.save``."""
+    if delta.routes is not None or delta.media:
+        raise ValueError("the baseline encodes deltas without routes or media")
+    for field, tokens in (("prompt_delta", delta.prompt_delta), ("generated", delta.generated)):
+        if tokens.dtype != torch.int32 or tokens.dim() != 1:
+            _refuse(field, "must be one-dimensional torch.int32", tokens.dtype)
+        if tokens.numel() and int(tokens.min()) < 0:
+            _refuse(field, "must hold token ids >= 0", f"minimum {int(tokens.min())}")
+    logprobs = delta.logprobs
+    if logprobs.dtype != torch.float32 or logprobs.shape != delta.generated.shape:
+        _refuse("logprobs", "must be float32, one per generated token", logprobs.shape)
+    if nan := int(torch.isnan(logprobs).sum()):
+        _refuse("logprobs", "must not be NaN", f"{nan} NaN value(s)")
+    if positive_inf := int(torch.isposinf(logprobs).sum()):
+        _refuse("logprobs", "must not be +inf", f"{positive_inf} +inf value(s)")
+    tensors = {
+        "prompt_delta": delta.prompt_delta,
+        "generated": delta.generated,
+        "logprobs": logprobs,
+    }
+    for index, message in enumerate(delta.messages or ()):
+        if not (isinstance(message, dict) and isinstance(message.get("role"), str)):
+            _refuse(f"messages[{index}]", "must be a JSON object with a string role", message)
+    tensors = {name: t.detach().cpu().contiguous() for name, t in tensors.items()}
+    header: dict[str, Any] = {"codec": "grove.call-delta", "version": 1, "media": []}
+    if delta.messages is not None:
+        header["messages"] = list(delta.messages)
+    grove = json.dumps(header, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return safetensors.torch.save(tensors, metadata={"grove": grove})
+
+
+def _torch_save_put(store: BlobStore, key: str, delta: CallDelta) -> BlobRef:
+    """The baseline's ``put_delta``: the key checked, ``torch_save_encode``, then ``put``."""
+    return store.put(key, torch_save_encode(delta))
+
+
+def _cpu(operation: Callable[[], object]) -> float:
+    start = time.thread_time()
+    operation()
+    return time.thread_time() - start
+
+
+def put_delta_cpu(store: BlobStore, rounds: int, puts: int) -> dict[str, float]:
+    """CPU microseconds of ``put_delta`` of a typical gateway call's delta against the baseline
+    (``torch_save_encode``, then ``put``), put by put in alternating order; the same for the
+    encoding alone, and of ``CallDelta.from_lists`` (module docstring)."""
+    prompt, generated, logprobs, messages = gateway_call()
+    delta = CallDelta.from_lists(prompt, generated, logprobs, messages=messages)
+    if encode_delta(delta) != torch_save_encode(delta):
+        raise AssertionError("the codec's encoder and the baseline wrote different bytes")
+    times: dict[str, list[float]] = {
+        name: [] for name in ("put_delta", "torch_save_put", "encode", "torch_save_encode")
+    }
+    times["from_lists"] = []
+    for round_ in range(rounds):
+        run = f"cpu-{round_}-{uuid.uuid4().hex[:8]}"
+        for i in range(puts):
+            pair = [
+                ("put_delta", partial(store.put_delta, staging_key(run, f"n{i}"), delta)),
+                (
+                    "torch_save_put",
+                    partial(_torch_save_put, store, staging_key(run, f"b{i}"), delta),
+                ),
+            ]
+            for name, operation in pair if i % 2 else reversed(pair):
+                times[name].append(_cpu(operation))
+            encodes = [
+                ("encode", partial(encode_delta, delta)),
+                ("torch_save_encode", partial(torch_save_encode, delta)),
+            ]
+            for name, operation in encodes if i % 2 else reversed(encodes):
+                times[name].append(_cpu(operation))
+            convert = partial(CallDelta.from_lists, prompt, generated, logprobs, messages=messages)
+            times["from_lists"].append(_cpu(convert))
+    result = {f"{name}_us": round(_trimmed_mean(v) * 1e6, 1) for name, v in times.items()}
+    result["put_delta_cpu_over_torch_save"] = round(
+        result["put_delta_us"] / result["torch_save_put_us"], 3
+    )
+    result["encode_cpu_over_torch_save"] = round(
+        result["encode_us"] / result["torch_save_encode_us"], 3
+    )
+    return result
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -210,6 +331,7 @@ def run(quick: bool) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="grove-bench-") as directory:
         local = open_blob_store(directory)
         ratios = storage_ratios(local)
+        cpu = put_delta_cpu(local, rounds, local_blobs)
         deltas, _ = rollout_deltas(20, seed=1)
         payloads = [encode_delta(delta) for delta in deltas]
         backends = {"local": throughput(local, _repeat(payloads, local_blobs), rounds)}
@@ -226,6 +348,8 @@ def run(quick: bool) -> dict[str, Any]:
         "get_over_raw": min(b["get_over_raw"] for b in backends.values()),
         "blob_bytes": len(payloads[0]),
         "backends": backends,
+        "put_delta_cpu_over_torch_save": cpu["put_delta_cpu_over_torch_save"],
+        "put_delta_cpu": cpu,
         "quick": quick,
     }
 
@@ -256,6 +380,16 @@ def _print_table(result: dict[str, Any]) -> None:
         puts = [round(b["raw_put_per_s"]), round(b["put_per_s"]), b["put_over_raw"]]
         gets = [round(b["raw_get_per_s"]), round(b["get_per_s"]), b["get_over_raw"]]
         print(_row([name, *puts, *gets], widths))
+    cpu = result["put_delta_cpu"]
+    print("\nCPU per put of a typical gateway call's delta, us (trimmed mean; thread_time)")
+    print(_row(["", "codec", "baseline", "ratio"], [8, 9, 9, 8]))
+    for name, ours, baseline in (
+        ("put", "put_delta", "torch_save_put"),
+        ("encode", "encode", "torch_save_encode"),
+    ):
+        ratio = round(cpu[f"{ours}_us"] / cpu[f"{baseline}_us"], 3)
+        print(_row([name, cpu[f"{ours}_us"], cpu[f"{baseline}_us"], ratio], [8, 9, 9, 8]))
+    print(f"CallDelta.from_lists: {cpu['from_lists_us']} us")
     summary = f"put_over_raw {result['put_over_raw']}, get_over_raw {result['get_over_raw']}"
     print(f"\n{summary} (lower of the backends; aim >= 0.8)")
 
