@@ -93,12 +93,8 @@ class AttemptViews:
         with self._lock:
             view = self._views.get(capture_key)
             if view is None:
-                view = AttemptView(AttemptState(capture_key), AdmissionIndex())
-                self._views[capture_key] = view
-                read = True
+                view, read = self._new_view(capture_key), True
             self._views.move_to_end(capture_key)
-            while len(self._views) > self.capacity:
-                self._views.popitem(last=False)
         if not read:
             return view
         # Read outside every lock; concurrent readers of one attempt may read overlapping
@@ -113,6 +109,14 @@ class AttemptViews:
             for event in fresh:
                 index_call_event(view.index, view.state, event)
             self.log.keep(view.state)  # the log's next append expects this version, unread
+        return view
+
+    def _new_view(self, capture_key: str) -> AttemptView:
+        """An empty view of the attempt, held as the most recently used (the least recently
+        used dropped beyond capacity); the caller holds the cache's lock."""
+        view = self._views[capture_key] = AttemptView(AttemptState(capture_key), AdmissionIndex())
+        while len(self._views) > self.capacity:
+            self._views.popitem(last=False)
         return view
 
     def _index_fork_source(self, view: AttemptView) -> None:
@@ -137,12 +141,17 @@ class AttemptViews:
         """Take the log's state after the service's own attempt-level append (opened, closed,
         settled, selected) into the attempt's view when the two differ by no call: the view's
         admission index, built from call events alone, then stays exact, and the next request
-        finds the view current without reading. Otherwise the view stays as it is, and is read
-        when next needed."""
+        finds the view current without reading. An attempt with no view yet whose state holds
+        no call (one just opened) gets its view from that state. Otherwise the view stays as it
+        is, and is read when next needed."""
         held = self.log.held(capture_key)
+        if held is None:
+            return
         with self._lock:
             view = self._views.get(capture_key)
-        if held is None or view is None:
+            if view is None and not held.calls:
+                view = self._new_view(capture_key)
+        if view is None:
             return
         with view.lock:
             if held.version > view.state.version and held.calls == view.state.calls:

@@ -149,18 +149,27 @@ class AttemptLog:
                 self._held.popitem(last=False)
         return state
 
-    def _record(self, capture_key: str, event_id: str, event: Event, check: Check) -> int | None:
+    def _record(
+        self,
+        capture_key: str,
+        event_id: str,
+        event: Event,
+        check: Check,
+        assumed: AttemptState | None = None,
+    ) -> int | None:
         """Append ``event`` if ``check(state)`` passes, retrying when another writer got in first.
 
-        The first try appends from the held state, without reading; a conflict, or a refusal
-        by ``check`` on a state not read by this call, reads the events after it and tries again.
+        The first try appends from the held state (or, when none is held, from ``assumed``:
+        what the caller expects of an attempt it has not read), without reading; a conflict, or
+        a refusal by ``check`` on a state not read by this call, reads the events after it and
+        tries again.
         When ``check`` says the event is already recorded, the append is an idempotent retry: the
         same event id with the same payload is accepted, anything else is ``EventIdConflict``.
         Returns the stream's version after this call appended the event, None when it was
         already recorded.
         """
         validate_stream_id(capture_key)
-        state, read = self._hold(capture_key), False
+        state, read = self._hold(capture_key) or assumed, False
         if state is None:
             state, read = self.load(capture_key), True
         for _ in range(self.retries):
@@ -198,7 +207,10 @@ class AttemptLog:
                 raise AttemptError(opened.capture_key, "the stream already holds other events")
             return None
 
-        return self._record(opened.capture_key, f"{opened.capture_key}:opened", opened, check)
+        # A new attempt's stream is empty: append at version 0 without reading first (a stream
+        # that holds events fails the version check, and is then read and checked).
+        key = opened.capture_key
+        return self._record(key, f"{key}:opened", opened, check, assumed=AttemptState(key))
 
     def intend(
         self, capture_key: str, intended: CallIntended, *, at: AttemptState | None = None

@@ -1,7 +1,8 @@
 """What one model call costs the ledger through the gateway: no read (the capture service's view
 of the attempt holds the gateway's own appends), one plan, two appends; and what the attempt
-requests cost: opening reads once and appends once, a result reads once and appends once (closed,
-settled and selected together)."""
+requests cost: opening appends once and reads nothing (a new attempt's stream is empty until the
+append says otherwise), and the first call after it reads nothing either; a result reads once
+and appends once (closed, settled and selected together)."""
 
 from __future__ import annotations
 
@@ -54,11 +55,18 @@ def test_a_continuation_reads_nothing_plans_once_and_appends_intent_and_commit(
     assert (counts["SELECT"], counts["INSERT"], len(plans)) == (0, 2, 1)
 
 
-def test_opening_an_attempt_reads_once_and_appends_once(gateway: Gateway):
+def test_opening_an_attempt_appends_once_and_reads_nothing(gateway: Gateway):
     with statements(gateway.service.log.store) as counts:
         status = gateway.open("att-2")
-    assert (counts["SELECT"], counts["INSERT"]) == (1, 1)
+    assert (counts["SELECT"], counts["INSERT"]) == (0, 1)
     assert (status["capture_key"], status["closed"]) == ("att-2", False)
+
+
+def test_the_first_call_after_opening_reads_nothing(gateway: Gateway):
+    gateway.open("att-2")
+    with statements(gateway.service.log.store) as counts:
+        gateway.client("att-2").chat.completions.create(model="grove/test-tiny", messages=MESSAGES)
+    assert (counts["SELECT"], counts["INSERT"]) == (0, 2)
 
 
 def test_a_result_reads_once_and_appends_settlement_and_selection_together(gateway: Gateway):
