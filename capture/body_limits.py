@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -94,30 +93,31 @@ class BodyLimits:
         declared = _content_length(scope)
         if declared is not None and declared > limit:
             raise _too_large(f"Content-Length says {declared} bytes", limit)
-        deadline = time.monotonic() + self.limits.body_timeout_s
         chunks: list[bytes] = []
         size = 0
-        while True:
-            remaining = deadline - time.monotonic()
-            try:
-                message = await asyncio.wait_for(receive(), timeout=max(remaining, 0.0))
-            except TimeoutError:
-                raise LimitExceeded(
-                    408,
-                    "body_timeout",
-                    "body_timeout_s",
-                    f"the request body did not arrive within {self.limits.body_timeout_s} s "
-                    f"({size} bytes came)",
-                ) from None
-            if message["type"] == "http.disconnect":
-                return None
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise _too_large(f"the body passed {limit} bytes while it streamed in", limit)
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
+        try:
+            async with asyncio.timeout(self.limits.body_timeout_s):  # one timer for the body
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        return None
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > limit:
+                        raise _too_large(
+                            f"the body passed {limit} bytes while it streamed in", limit
+                        )
+                    chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        break
+        except TimeoutError:
+            raise LimitExceeded(
+                408,
+                "body_timeout",
+                "body_timeout_s",
+                f"the request body did not arrive within {self.limits.body_timeout_s} s "
+                f"({size} bytes came)",
+            ) from None
         return b"".join(chunks)
 
     def _check(self, scope: Scope, body: bytes) -> None:

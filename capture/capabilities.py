@@ -31,7 +31,7 @@ import hashlib
 import hmac
 import re
 import secrets
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Final
 
 from fastapi import Depends, Header
@@ -237,12 +237,13 @@ def open_with_token(
     return OpenedAttempt(**attempt_status(state).model_dump(), attempt_token=token)
 
 
-def gateway_token_check(token: str) -> Callable[..., None]:
+def gateway_token_check(token: str) -> Callable[..., Awaitable[None]]:
     """The dependency that every ``/v1`` route of a gateway with an auth token runs: 401
-    ``invalid_api_key`` unless ``Authorization: Bearer <token>`` holds ``token``."""
+    ``invalid_api_key`` unless ``Authorization: Bearer <token>`` holds ``token`` (checked on the
+    event loop: it reads nothing)."""
     expected = token.encode()
 
-    def authorize(credentials: BearerCredentials) -> None:
+    async def authorize(credentials: BearerCredentials) -> None:
         if credentials is None or not hmac.compare_digest(
             credentials.credentials.encode(), expected
         ):

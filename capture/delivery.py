@@ -7,11 +7,12 @@ committed call whose answer was not delivered records ``call.failed`` with ``CAL
 selection, with nothing pending, that cancellation masks nothing (``docs/forest.md``, "Failures
 and drops"), so a harness that retried still trains.
 
-Two checks, both after the commit: ``caller_disconnected`` asks the server, from the endpoint's
-worker thread, whether the connection is already closed (before a plain answer or a stream is
-sent); ``DeliveredStream`` notices a stream that ends before its last event was handed to the
-server (the server cancels a stream whose client disconnects). Both are uvicorn/Starlette
-behaviour: a closed connection is reported as ``http.disconnect`` by the ASGI ``receive``.
+Two checks, both after the commit: ``caller_disconnected`` asks the server, on the event loop
+once the call's worker thread is done, whether the connection is already closed (before a plain
+answer or a stream is sent); ``DeliveredStream`` notices a stream that ends before its last event
+was handed to the server (the server cancels a stream whose client disconnects). Both are
+uvicorn/Starlette behaviour: a closed connection is reported as ``http.disconnect`` by the ASGI
+``receive``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from collections.abc import Callable, Iterator
 from typing import Final
 
 import anyio
-import anyio.from_thread
 import anyio.to_thread
 from fastapi import Request
 from fastapi.responses import StreamingResponse
@@ -33,10 +33,10 @@ CALLER_GONE: Final = "request_finished_without_staged_coordinates"
 delivered (one of ``grove.capture.failure_reasons.FAILURE_REASONS``)."""
 
 
-def caller_disconnected(connection: Request) -> bool:
-    """Whether the client of ``connection`` has closed it; called from an endpoint's worker
-    thread (a synchronous FastAPI endpoint), it asks the event loop without waiting."""
-    return anyio.from_thread.run(connection.is_disconnected)
+async def caller_disconnected(connection: Request) -> bool:
+    """Whether the client of ``connection`` has closed it, asked on the event loop without
+    waiting (a closed connection is already reported by ``receive``)."""
+    return await connection.is_disconnected()
 
 
 class DeliveredStream(StreamingResponse):

@@ -34,11 +34,12 @@ call; a committed call whose answer was not delivered records the cancellation
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, Final, TypeVar
 
 from fastapi import APIRouter, Depends, FastAPI, Header, Request, Response
+from starlette.concurrency import run_in_threadpool
 
 from grove.capture.attempt_settings import AttemptSettings
 from grove.capture.body_limits import BodyLimits
@@ -63,7 +64,7 @@ from grove.capture.headers import (
     PARENT_CALL_ID_HEADER,
     ROOT_REASON_HEADER,
 )
-from grove.capture.lifecycle import CaptureService
+from grove.capture.lifecycle import CallOutcome, CaptureService
 from grove.capture.limits import GatewayLimits
 from grove.capture.media import MediaRenderer
 from grove.capture.messages_api import (
@@ -108,6 +109,9 @@ _ANSWERS: Final[dict[int | str, dict[str, Any]]] = {
     status: {"model": ErrorBody} for status in (400, 401, 403, 404, 409, 422, 500, 501, 502, 503)
 }
 
+
+_Answered = tuple[CallOutcome, Any, Iterator[str] | None]
+"""A model call's outcome, its answer object and, when streamed, its events (to deliver)."""
 
 CaptureKey = Annotated[
     str | None,
@@ -192,23 +196,23 @@ def create_app(
     api = APIRouter(prefix="/v1", dependencies=dependencies, responses=_ANSWERS)
 
     @app.get("/health", response_model=HealthStatus)
-    def health() -> HealthStatus:
+    async def health() -> HealthStatus:
         """Liveness; open even when a token is required."""
         return HealthStatus(model=model_name)
 
     @api.get("/models", response_model=ModelList)
-    def models() -> ModelList:
+    async def models() -> ModelList:
         """The one model this gateway serves."""
         return ModelList(data=[ModelCard(id=model_name)])
 
-    def attempt_in_path(capture_key: str, token: AttemptToken = None) -> None:
+    async def attempt_in_path(capture_key: str, token: AttemptToken = None) -> None:
         """A route on an attempt checks the attempt's token first, before reading its body."""
-        gateway.authorized(capture_key, token)
+        await gateway.authorize(capture_key, token)
 
-    def attempt_in_header(capture_key: CaptureKey = None, token: AttemptToken = None) -> None:
+    async def attempt_in_header(capture_key: CaptureKey = None, token: AttemptToken = None) -> None:
         """A model call checks its attempt's token first (naming no attempt: refused later)."""
         if capture_key:
-            gateway.authorized(capture_key, token)
+            await gateway.authorize(capture_key, token)
 
     on_attempt, on_named_attempt = [Depends(attempt_in_path)], [Depends(attempt_in_header)]
 
@@ -218,7 +222,7 @@ def create_app(
         responses={200: {"content": {"text/event-stream": {}}}},
         dependencies=on_named_attempt,
     )
-    def chat_completions(
+    async def chat_completions(
         request: ChatCompletionRequest,
         response: Response,
         connection: Request,
@@ -227,13 +231,17 @@ def create_app(
     ) -> Any:
         """One model call in OpenAI Chat Completions form (``n`` = 1); ``stream=true`` answers
         with buffered chunks."""
-        converted = gateway.converter.chat_call(request, call_id)
-        outcome = gateway.generate(capture_key, converted)
-        logprobs = gateway.token_logprobs(outcome) if converted.logprobs else None
-        answer = chat_completion(outcome, model_name, logprobs)
-        usage = bool((request.stream_options or {}).get("include_usage"))
-        events = chat_sse(answer, include_usage=usage) if request.stream else None
-        return gateway.deliver(connection, response, outcome, answer, events)
+
+        def call() -> _Answered:
+            converted = gateway.converter.chat_call(request, call_id)
+            outcome = gateway.generate(capture_key, converted)
+            logprobs = gateway.token_logprobs(outcome) if converted.logprobs else None
+            answer = chat_completion(outcome, model_name, logprobs)
+            usage = bool((request.stream_options or {}).get("include_usage"))
+            events = chat_sse(answer, include_usage=usage) if request.stream else None
+            return outcome, answer, events
+
+        return await gateway.deliver(connection, response, *await run_in_threadpool(call))
 
     @api.post(
         "/responses",
@@ -241,7 +249,7 @@ def create_app(
         responses={200: {"content": {"text/event-stream": {}}}},
         dependencies=on_named_attempt,
     )
-    def responses(
+    async def responses(
         request: ResponsesRequest,
         response: Response,
         connection: Request,
@@ -249,12 +257,16 @@ def create_app(
         call_id: CallId = None,
     ) -> Any:
         """One model call in OpenAI Responses form; ``stream=true`` answers with buffered SSE."""
-        converted = gateway.converter.responses_call(request, call_id)
-        outcome = gateway.generate(capture_key, converted)
-        logprobs = gateway.token_logprobs(outcome) if converted.logprobs else None
-        answer = response_object(outcome, model_name, request, logprobs)
-        events = responses_sse(answer) if request.stream else None
-        return gateway.deliver(connection, response, outcome, answer, events)
+
+        def call() -> _Answered:
+            converted = gateway.converter.responses_call(request, call_id)
+            outcome = gateway.generate(capture_key, converted)
+            logprobs = gateway.token_logprobs(outcome) if converted.logprobs else None
+            answer = response_object(outcome, model_name, request, logprobs)
+            events = responses_sse(answer) if request.stream else None
+            return outcome, answer, events
+
+        return await gateway.deliver(connection, response, *await run_in_threadpool(call))
 
     @api.post(
         "/messages",
@@ -262,7 +274,7 @@ def create_app(
         responses={200: {"content": {"text/event-stream": {}}}},
         dependencies=on_named_attempt,
     )
-    def messages(
+    async def messages(
         request: MessagesRequest,
         response: Response,
         connection: Request,
@@ -271,64 +283,84 @@ def create_app(
     ) -> Any:
         """One model call in Anthropic Messages form (``capture/messages_api.py``); errors in
         Anthropic's envelope; ``stream=true`` answers with buffered Messages events."""
-        converted = gateway.converter.messages_call(request, call_id)
-        outcome = gateway.generate(capture_key, converted)
-        stops = zip(
-            converted.call.sampling.stop_token_ids, request.stop_sequences or (), strict=True
-        )
-        answer = message_object(outcome, model_name, dict(stops))
-        events = messages_sse(answer) if request.stream else None
-        return gateway.deliver(connection, response, outcome, answer, events)
+
+        def call() -> _Answered:
+            converted = gateway.converter.messages_call(request, call_id)
+            outcome = gateway.generate(capture_key, converted)
+            stops = zip(
+                converted.call.sampling.stop_token_ids, request.stop_sequences or (), strict=True
+            )
+            answer = message_object(outcome, model_name, dict(stops))
+            events = messages_sse(answer) if request.stream else None
+            return outcome, answer, events
+
+        return await gateway.deliver(connection, response, *await run_in_threadpool(call))
 
     @api.post("/attempts", response_model=OpenedAttempt)
-    def open_attempt(
+    async def open_attempt(
         request: OpenAttemptRequest, token: AttemptToken = None, source_token: SourceToken = None
     ) -> OpenedAttempt:
         """Open an attempt: one execution of the harness for one logical rollout. Answers its
         token (``token``: the caller's proposal, or the token of a repeated opening). A fork
         (``fork_from``) needs its source attempt's token (``source_token``)."""
-        opened = gateway.open(request, token, source_token)
-        return _with_source_answer(gateway.service, opened)
+
+        def opening() -> OpenedAttempt:
+            opened = gateway.open(request, token, source_token)
+            return _with_source_answer(gateway.service, opened)
+
+        return await run_in_threadpool(opening)
 
     @api.get("/attempts/{capture_key}", response_model=AttemptStatus, dependencies=on_attempt)
-    def get_attempt(capture_key: str) -> AttemptStatus:
+    async def get_attempt(capture_key: str) -> AttemptStatus:
         """The attempt's calls (status, parent, decision), pending calls, and selection; for a
         fork, its source call and that call's answer."""
-        return _with_source_answer(gateway.service, attempt_status(gateway.opened(capture_key)))
+
+        def status() -> AttemptStatus:
+            return _with_source_answer(gateway.service, attempt_status(gateway.opened(capture_key)))
+
+        return await run_in_threadpool(status)
 
     @api.post(
         "/attempts/{capture_key}/close", response_model=AttemptStatus, dependencies=on_attempt
     )
-    def close_attempt(capture_key: str) -> AttemptStatus:
+    async def close_attempt(capture_key: str) -> AttemptStatus:
         """The harness returned: the attempt admits no more calls."""
-        return gateway.close(capture_key)
+        return await run_in_threadpool(gateway.close, capture_key)
 
     @api.post(
         "/attempts/{capture_key}/result", response_model=AttemptStatus, dependencies=on_attempt
     )
-    def post_result(capture_key: str, result: HarnessResult) -> AttemptStatus:
+    async def post_result(capture_key: str, result: HarnessResult) -> AttemptStatus:
         """The harness's ordinary result: settle, then record the selection and reward."""
-        return gateway.result(capture_key, result.model_dump(exclude_unset=True))
+        fields = result.model_dump(exclude_unset=True)
+        return await run_in_threadpool(gateway.result, capture_key, fields)
 
     @api.post(
         "/attempts/{capture_key}/calls/{call_id}/reject",
         response_model=AttemptStatus,
         dependencies=on_attempt,
     )
-    def reject_call(
+    async def reject_call(
         capture_key: str, call_id: str, request: RejectRequest | None = None
     ) -> AttemptStatus:
         """The harness rejected this completed response (``rejected_by_harness``)."""
-        return gateway.reject(capture_key, call_id, "" if request is None else request.detail)
+        detail = "" if request is None else request.detail
+        return await run_in_threadpool(gateway.reject, capture_key, call_id, detail)
 
     @api.post(
         "/attempts/{capture_key}/measure", response_model=Measurement, dependencies=on_attempt
     )
-    def measure(capture_key: str, request: ChatCompletionRequest | ResponsesRequest) -> Measurement:
+    async def measure(
+        capture_key: str, request: ChatCompletionRequest | ResponsesRequest
+    ) -> Measurement:
         """Prompt tokens and decision for a chat or responses body; writes nothing."""
-        if isinstance(request, ChatCompletionRequest):
-            return gateway.measure(capture_key, gateway.converter.chat_call(request, None))
-        return gateway.measure(capture_key, gateway.converter.responses_call(request, None))
+
+        def measured() -> Measurement:
+            if isinstance(request, ChatCompletionRequest):
+                return gateway.measure(capture_key, gateway.converter.chat_call(request, None))
+            return gateway.measure(capture_key, gateway.converter.responses_call(request, None))
+
+        return await run_in_threadpool(measured)
 
     app.include_router(api)
     return app

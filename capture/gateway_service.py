@@ -15,6 +15,7 @@ from dataclasses import replace
 from typing import Any, Final
 
 from fastapi import Request, Response
+from starlette.concurrency import run_in_threadpool
 
 from grove.capture import errors as capture_errors
 from grove.capture.attempt_settings import AttemptSettings
@@ -106,6 +107,16 @@ class GatewayService:
         whether or not the attempt exists (``capture/capabilities.py``)."""
         require_attempt_token(self._read(capture_key, read=False), token)
 
+    async def authorize(self, capture_key: str, token: str | None) -> None:
+        """``authorized``, from the event loop: in memory when this process holds the attempt's
+        opening (its token digest never changes), else in a worker thread, which may read the
+        ledger (the loop never waits on the database)."""
+        held = self.service.log.held(validate_stream_id(capture_key))
+        if held is not None and held.opened is not None:
+            require_attempt_token(held, token)
+        else:
+            await run_in_threadpool(self.authorized, capture_key, token)
+
     def _read(self, capture_key: str, read: bool) -> AttemptState:
         key = validate_stream_id(capture_key)
         state = self.service.state(key) if read else self.service.current_state(key)
@@ -189,7 +200,7 @@ class GatewayService:
             "the client disconnected before the answer was delivered",
         )
 
-    def deliver(
+    async def deliver(
         self,
         connection: Request,
         response: Response,
@@ -199,14 +210,14 @@ class GatewayService:
     ) -> Any:
         """The answer of a committed call: ``answer``, or ``events`` as server-sent events.
 
-        Runs in the endpoint's worker thread, after the commit: a client that has already
-        disconnected is recorded now (``CALLER_GONE``); a stream cut before its last event
-        records it when it ends.
+        Runs on the event loop, after the commit (made in a worker thread): a client that has
+        already disconnected is recorded now (``CALLER_GONE``, appended in a worker thread); a
+        stream cut before its last event records it when it ends.
         """
         capture_key, call_id = outcome.capture_key, outcome.call_id
         headers = decision_headers(outcome)
-        if caller_disconnected(connection):
-            self.caller_gone(capture_key, call_id)
+        if await caller_disconnected(connection):
+            await run_in_threadpool(self.caller_gone, capture_key, call_id)
         if events is not None:
             return DeliveredStream(events, headers, lambda: self.caller_gone(capture_key, call_id))
         response.headers.update(headers)

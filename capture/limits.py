@@ -40,6 +40,7 @@ import json
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields
+from itertools import accumulate
 from typing import Any, Final
 
 import numpy as np
@@ -59,6 +60,9 @@ CONVERSATION_KEYS: Final = frozenset({"messages", "input", "instructions", "syst
 """Top-level fields of a model call that hold its conversation (rendered, not stored as text)."""
 _MODEL_CALL_SUFFIXES: Final = ("/chat/completions", "/responses", "/messages", "/measure")
 _SCAN_CHUNK: Final = 1 << 20
+_SHORT_REST: Final = 512  # bytes outside strings scanned in Python up to this many
+_NOT_BRACKETS: Final = bytes(b for b in range(256) if b not in b"[]{}")
+_STEPS: Final = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
 _DATA_URL_HEAD: Final = 64  # room for "data:image/...;base64," before the image's base64
 _STRING: Final = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 
@@ -136,11 +140,18 @@ def json_shape(body: bytes) -> tuple[int, int]:
 
     One pass without recursion and without parsing: every string (a quote, then characters
     other than quote and backslash or escaped pairs, then a quote) is removed by one regular
-    expression, then the running count of openers minus closers is taken in chunks (numpy);
-    its maximum is the depth, the openers counted are the containers. Malformed JSON gets some
-    count; the parser refuses it later.
+    expression, then the running count of openers minus closers is taken: in Python over the
+    brackets of a short rest (a model call's body, whose rest is its keys' punctuation; numpy's
+    set-up costs more there), in chunks with numpy otherwise. Its maximum is the depth, the
+    openers counted are the containers. Malformed JSON gets some count; the parser refuses it
+    later.
     """
-    data = np.frombuffer(_STRING.sub(b"", body), dtype=np.uint8)
+    stripped = _STRING.sub(b"", body)
+    if len(stripped) <= _SHORT_REST:
+        brackets = stripped.translate(None, _NOT_BRACKETS)
+        containers = brackets.count(b"[") + brackets.count(b"{")
+        return max(accumulate((_STEPS[b] for b in brackets), initial=0)), containers
+    data = np.frombuffer(stripped, dtype=np.uint8)
     depth = peak = containers = 0
     for start in range(0, len(data), _SCAN_CHUNK):
         chunk = data[start : start + _SCAN_CHUNK]

@@ -212,6 +212,18 @@ def test_a_head_that_arrives_in_time_is_served(serve_gateway: Callable[..., Gate
     assert (status, body["status"]) == (200, "ok")
 
 
+def test_the_next_heads_clock_starts_after_each_answer(
+    serve_gateway: Callable[..., Gateway],
+) -> None:
+    gateway = limited(serve_gateway, header_timeout_s=0.5, keep_alive_timeout_s=60)
+    sock = connect(gateway)
+    sock.sendall(b"GET /health HTTP/1.1\r\nHost: gateway\r\n\r\n")
+    assert read_answer(sock)[0] == 200
+    sock.sendall(b"GET /health HTTP/1.1\r\nHost: gateway\r\n")  # the second head never ends
+    assert closed_by_server(sock)
+    sock.close()
+
+
 # -- gateway.limits.keep_alive_timeout_s ---------------------------------------------------
 
 
@@ -247,6 +259,34 @@ def test_a_head_still_incomplete_past_max_header_bytes_is_refused(
     sock = connect(gateway)
     sock.sendall(b"GET /health HTTP/1.1\r\nX-Padding: " + b"p" * 3000)  # no end of head yet
     assert read_answer(sock)[0] == 400
+    sock.close()
+
+
+def test_a_head_sent_in_pieces_is_refused_once_its_bytes_pass_max_header_bytes(
+    serve_gateway: Callable[..., Gateway],
+) -> None:
+    gateway = limited(serve_gateway, max_header_bytes=2048)
+    sock = connect(gateway)
+    sock.sendall(b"GET /health HTTP/1.1\r\n")
+    for index in range(4):  # 4 headers of 535 bytes, each its own read: 2162 with the line
+        sock.sendall(f"X-Padding-{index}: {'p' * 520}\r\n".encode())
+        time.sleep(0.02)
+    assert read_answer(sock)[0] == 400
+    assert closed_by_server(sock)
+    sock.close()
+
+
+def test_each_head_on_a_keep_alive_connection_has_its_own_max_header_bytes(
+    serve_gateway: Callable[..., Gateway],
+) -> None:
+    gateway = limited(serve_gateway, max_header_bytes=2048)
+    sock = connect(gateway)
+    head = f"GET /health HTTP/1.1\r\nHost: gateway\r\nX-Padding: {'p' * 1200}\r\n\r\n"
+    for _ in range(3):  # 3 heads of about 1250 bytes: more than the limit together
+        sock.sendall(head[:600].encode())
+        time.sleep(0.02)
+        sock.sendall(head[600:].encode())
+        assert read_answer(sock)[0] == 200
     sock.close()
 
 
