@@ -96,10 +96,34 @@ class CompiledStatement:
 
     def execute(self, conn: Connection, parameters: Mapping[str, Any]) -> DriverResult:
         """Run the statement with ``parameters`` in ``conn``'s transaction."""
+        form = self._form(conn)
+        values = form.parameters(parameters)
+        cursor = self._run(conn, form, values, lambda cursor: cursor.execute(form.sql, values))
+        rows = cursor.fetchall() if form.returns_rows else []
+        if rows:
+            if form.row_type is None:
+                names = [column[0] for column in cursor.description]
+                form.row_type = namedtuple("Row", names, rename=True)  # type: ignore[misc]
+            rows = [form.row_type._make(row) for row in rows]
+        return DriverResult(rows, cursor.rowcount)
+
+    def execute_many(self, conn: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Run the statement once per parameter set of ``rows`` (one batch: the driver sends
+        them together), in ``conn``'s transaction."""
+        form = self._form(conn)
+        values = [form.parameters(row) for row in rows]
+        self._run(conn, form, values, lambda cursor: cursor.executemany(form.sql, values))
+
+    def _form(self, conn: Connection) -> _Form:
         form = self._forms.get(conn.dialect.name)
         if form is None:
             form = self._forms[conn.dialect.name] = _Form(self.statement, conn.dialect)
-        values = form.parameters(parameters)
+        return form
+
+    @staticmethod
+    def _run(conn: Connection, form: _Form, values: Any, run: Callable[[Any], object]) -> Any:
+        """``run(cursor)`` on the connection's kept driver cursor (listeners told first), its
+        driver errors raised as SQLAlchemy's; the cursor."""
         record = conn.connection
         driver = record.driver_connection
         kept = record.info.get(_CURSOR)
@@ -107,10 +131,9 @@ class CompiledStatement:
             kept = record.info[_CURSOR] = (driver, driver.cursor())  # type: ignore[union-attr]
         cursor = kept[1]
         for listener in conn.dispatch.before_cursor_execute:
-            listener(conn, cursor, form.sql, values, None, False)
+            listener(conn, cursor, form.sql, values, None, not isinstance(values, dict | tuple))
         try:
-            cursor.execute(form.sql, values)
-            rows = cursor.fetchall() if form.returns_rows else []
+            run(cursor)
         except conn.dialect.loaded_dbapi.Error as error:
             record.info.pop(_CURSOR, None)
             lost = conn.dialect.is_disconnect(error, driver, cursor)
@@ -125,9 +148,4 @@ class CompiledStatement:
             if lost:
                 conn.invalidate(error)
             raise wrapped from error
-        if rows:
-            if form.row_type is None:
-                names = [column[0] for column in cursor.description]
-                form.row_type = namedtuple("Row", names, rename=True)  # type: ignore[misc]
-            rows = [form.row_type._make(row) for row in rows]
-        return DriverResult(rows, cursor.rowcount)
+        return cursor

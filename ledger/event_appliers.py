@@ -19,6 +19,7 @@ more CPU than running it (``docs/benchmarks.md``, "ledger appends").
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple, TypeVar
 
@@ -32,6 +33,7 @@ from sqlalchemy import (
     Table,
     bindparam,
     case,
+    false,
     func,
     literal,
     select,
@@ -360,15 +362,16 @@ _SELECTION_VALUES = {
 }
 
 
-def _select_statement(dialect_insert: DialectInsert) -> Insert:
-    # Only when every call it names is intended: as many intended calls among ``:p_calls`` as
-    # it names distinct ones (none named, none counted).
+def _select_statement(dialect_insert: DialectInsert, count: int) -> Insert:
+    # Only when every call it names is intended: as many intended calls among the ``count``
+    # distinct calls it names (``:p_call_0`` ...) as it names (none named, none counted).
+    named = [bindparam(f"p_call_{index}", type_=String) for index in range(count)]
     intended = (
         select(func.count())
         .select_from(PROJ_CALLS)
         .where(
             PROJ_CALLS.c.capture_key == bindparam("p_key", type_=String),
-            PROJ_CALLS.c.call_id.in_(bindparam("p_calls", expanding=True, type_=String)),
+            PROJ_CALLS.c.call_id.in_(named) if named else false(),
         )
         .scalar_subquery()
     )
@@ -393,13 +396,16 @@ def _select_statement(dialect_insert: DialectInsert) -> Insert:
     )
 
 
-_SELECT = {
-    "postgresql": _select_statement(postgres_insert),
-    "sqlite": _select_statement(sqlite_insert),
-}
+@functools.lru_cache(maxsize=256)
+def _select(dialect: str, count: int) -> CompiledStatement:
+    """The selection's statement for ``count`` distinct calls named (one per count: the calls
+    are parameters, so their number shapes the statement)."""
+    dialect_insert = postgres_insert if dialect == "postgresql" else sqlite_insert
+    return CompiledStatement(_select_statement(dialect_insert, count))
+
 
 # One row per call named, executed as one batch; a call named twice keeps its last index.
-_INDEX = (
+_INDEX = CompiledStatement(
     update(PROJ_CALLS)
     .where(
         PROJ_CALLS.c.capture_key == bindparam("p_key", type_=String),
@@ -410,10 +416,10 @@ _INDEX = (
 
 
 def _selected(conn: Connection, item: Folded, event: RolloutSelected) -> bool:
-    wanted = set(event.call_ids)
+    wanted = sorted(set(event.call_ids))
     parameters = {
         "p_key": item.stream_id,
-        "p_calls": sorted(wanted),
+        **{f"p_call_{index}": call_id for index, call_id in enumerate(wanted)},
         "p_distinct": len(wanted),
         "p_policy": event.policy,
         "p_reward": event.reward,
@@ -422,7 +428,7 @@ def _selected(conn: Connection, item: Folded, event: RolloutSelected) -> bool:
         "p_status": "selected",
         "p_selected_position": item.position,
     }
-    if conn.execute(_SELECT[conn.dialect.name], parameters).first() is None:
+    if _select(conn.dialect.name, len(wanted)).execute(conn, parameters).first() is None:
         return False
     indexes = {call_id: index for index, call_id in enumerate(event.call_ids)}
     if indexes:
@@ -430,7 +436,7 @@ def _selected(conn: Connection, item: Folded, event: RolloutSelected) -> bool:
             {"p_key": item.stream_id, "p_call_id": call_id, "p_index": index}
             for call_id, index in indexes.items()
         ]
-        conn.execute(_INDEX, rows)
+        _INDEX.execute_many(conn, rows)
     return True
 
 
