@@ -81,6 +81,7 @@ from bench.servers.gateway import (
 from bench.servers.process_cpu import ENDED, MACHINE, OTHERS, CpuMeter
 
 MODEL: Final = "grove/embedded-tiny"
+KEEPALIVE_S: Final = 2.0  # the client's reuse of an idle connection, below the server's 5 s
 MAX_TOKENS: Final = 32  # above the engine's 18 tokens: every call ends with end of turn
 SYSTEM: Final = {"role": "system", "content": "You are a careful research agent. Be brief."}
 TASK: Final = {"role": "user", "content": "Find the weather in Paris, then summarize it."}
@@ -169,13 +170,13 @@ class Harness:
         self.openai = OpenAI(
             base_url=f"{base_url}/v1", api_key="bench", max_retries=0, timeout=CALL_TIMEOUT_S
         )
-        # A fresh connection per attempt request: the result follows the opening by a whole
-        # attempt's calls, and a kept-alive connection that the server closes as idle meanwhile
-        # (uvicorn: after 5 s) can fail the request that reuses it.
+        # Connections kept alive, as grove.client keeps them, but never reused after sitting
+        # idle for longer than the server keeps them (uvicorn closes an idle one after 5 s, and
+        # a request on a connection the server closes meanwhile fails).
         self.http = httpx.Client(
             base_url=base_url,
             timeout=CALL_TIMEOUT_S,
-            limits=httpx.Limits(max_keepalive_connections=0),
+            limits=httpx.Limits(keepalive_expiry=KEEPALIVE_S),
         )
 
     def play(self, key: str, calls: int, phase: Phase) -> None:
