@@ -233,10 +233,18 @@ class GatewayService:
         generation selects no call: its result is recorded whatever its evidence, so its
         rollout is finalized (masked) and its prompt group completes. A reward that is not
         finite or beyond the bound is refused first (``capture/reward_bound.py``).
+
+        The state this process holds is tried first, unread: when it selects and is still the
+        attempt's latest, the one append lands and nothing was read. Anything else (another
+        writer appended since, a call is pending, the selector refuses, a result is recorded)
+        is decided on the state read from the ledger, as if the first try had not happened.
         """
         self._selector()  # refused before anything is read
-        state = self.opened(capture_key)
+        state = self.opened(capture_key, read=False)
         check_reward(capture_key, result.get("reward"), self.max_abs_reward)
+        if self._settled_unread(state, result):
+            return attempt_status(self.opened(capture_key, read=False))
+        state = self.opened(capture_key)
         if state.selection is not None:
             self._refuse_second_result(state, result)
             return attempt_status(state)
@@ -247,6 +255,18 @@ class GatewayService:
         settled = self.service.settle(capture_key, self.settle_timeout_s)
         self.service.select(capture_key, self._select(settled, result))
         return attempt_status(self.opened(capture_key, read=False))
+
+    def _settled_unread(self, state: AttemptState, result: dict[str, Any]) -> bool:
+        """Close, settle and select in one append from ``state`` (not read for this request),
+        when it has nothing pending, is unsettled, selects, and is the attempt's latest;
+        whether that append landed (nothing is written otherwise)."""
+        if state.selection is not None or state.settled is not None or state.pending_call_ids:
+            return False
+        try:
+            selected = self._select(state, result)
+        except Refused:
+            return False  # decided again on the state read from the ledger
+        return self.service.settle_selecting(state.capture_key, selected, at=state) is not None
 
     def _selector(self) -> Selector:
         """The selection policy; a gateway started without one records capture only (501)."""

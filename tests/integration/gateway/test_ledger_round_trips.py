@@ -1,8 +1,9 @@
 """What one model call costs the ledger through the gateway: no read (the capture service's view
 of the attempt holds the gateway's own appends), one plan, two appends; and what the attempt
 requests cost: opening appends once and reads nothing (a new attempt's stream is empty until the
-append says otherwise), and the first call after it reads nothing either; a result reads once
-and appends once (closed, settled and selected together)."""
+append says otherwise), and the first call after it reads nothing either; a result reads nothing
+and appends once (closed, settled and selected together) when the attempt's state this process
+holds is its latest."""
 
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ def test_the_first_call_after_opening_reads_nothing(gateway: Gateway):
     assert (counts["SELECT"], counts["INSERT"]) == (0, 2)
 
 
-def test_a_result_reads_once_and_appends_settlement_and_selection_together(gateway: Gateway):
+def test_a_result_reads_nothing_and_appends_settlement_and_selection_together(gateway: Gateway):
     client = gateway.client("att-1")
     first = client.chat.completions.create(model="grove/test-tiny", messages=MESSAGES)
     output = [*MESSAGES, first.choices[0].message.model_dump(exclude_none=True)]
@@ -78,7 +79,7 @@ def test_a_result_reads_once_and_appends_settlement_and_selection_together(gatew
     with statements(gateway.service.log.store) as counts:
         answer = gateway.http.post("/v1/attempts/att-1/result", json=body)
     assert answer.status_code == 200, answer.text
-    assert (counts["SELECT"], counts["INSERT"]) == (1, 1)
+    assert (counts["SELECT"], counts["INSERT"]) == (0, 1)
     status = answer.json()
     assert (status["closed"], status["settled"], status["selection"]["call_ids"]) == (
         True,
