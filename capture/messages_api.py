@@ -352,6 +352,8 @@ def _block(where: str, block: Any) -> dict[str, Any]:
     extra = set(fields) - _BLOCK_KEYS[kind]
     if extra:
         raise _unsupported_field(where, sorted(extra)[0])
+    if kind == "text" and not isinstance(fields.get("text"), str):
+        raise _invalid(where, "a text block's text must be a string")
     return fields
 
 

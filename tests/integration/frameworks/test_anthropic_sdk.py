@@ -227,6 +227,20 @@ def test_an_image_block_is_refused_as_a_bad_request_and_nothing_is_written(
     assert gateway.status(key)["calls"] == []
 
 
+def test_a_text_block_whose_text_is_no_string_is_refused_and_nothing_is_written(
+    gateway: Gateway,
+) -> None:
+    key = open_attempt(gateway, "anthropic-number-text")
+    blocks = [{"type": "text", "text": 2147483647}, {"type": "text", "text": "a"}]
+    with pytest.raises(anthropic.BadRequestError, match="text must be a string"):
+        bound(gateway, key).messages.create(
+            model=MODEL,
+            max_tokens=8,
+            messages=[{"role": "user", "content": blocks}],
+        )
+    assert gateway.status(key)["calls"] == []
+
+
 def test_prompt_caching_is_refused_and_nothing_is_written(gateway: Gateway) -> None:
     key = open_attempt(gateway, "anthropic-cache")
     block = {"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}
