@@ -1,9 +1,13 @@
-"""``grove.services.serve.build_gateway``: a workspace's ledger, blobs and the embedded engine."""
+"""``grove.services.serve.build_gateway``: a workspace's ledger, blobs and the embedded engine;
+``ServerThread``: the event loop it serves on."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
+import httpx
+from fastapi import FastAPI
 from openai import OpenAI
 
 from grove.capture.capabilities import ATTEMPT_TOKEN_HEADER
@@ -47,3 +51,16 @@ def test_build_gateway_serves_a_workspace_on_the_embedded_defaults(tmp_path: Pat
     staged = workspace.workdir / "blobs" / "staging" / "att-1"
     assert [blob.name for blob in staged.iterdir()] == [raw.headers["x-grove-call-id"]]
     assert raw.parse().model == EMBEDDED_MODEL_NAME
+
+
+def test_a_server_thread_serves_on_uvloops_event_loop():
+    app = FastAPI()
+
+    @app.get("/loop")
+    async def loop() -> str:
+        return type(asyncio.get_running_loop()).__module__
+
+    with ServerThread(app) as server:
+        answer = httpx.get(f"{server.base_url}/loop", timeout=10)
+
+    assert answer.json().startswith("uvloop")
