@@ -1,17 +1,18 @@
 """Grove's gateway CPU per call beside an earlier revision's, in one run, phases interleaved.
 
-Usage: ``python -m bench.gateway_cpu [--baseline REV] [--without PACKAGE ...] [--quick] [--json]``
+Usage: ``python -m bench.gateway_cpu [--baseline REV [--without PACKAGE ...]] [--quick] [--json]``
 
 Two server processes as ``bench/gateway.py`` starts them (``bench/servers/gateway.py``: the plain
 server and Grove on PostgreSQL + local blobs, the instant engine): one imports the checkout's
-Grove, the other ``REV``'s (``bench/baseline.py``; ``--without uvloop`` hides a package the
-revision did not use, as it was installed). One client plays attempts of 3 chained calls (opening
-and result included, as in ``bench/gateway.py``), in short phases that alternate between the two
-processes, and between Grove and the plain server in each, the order reversed every round, so
-that both revisions see the same load. Each process's own CPU clock over its phases gives
-``grove_server_cpu_ms_per_call`` and ``plain_server_cpu_ms_per_call`` per revision, and
-``cpu_over_baseline`` (today's Grove over the revision's; ``plain_over_baseline`` the same for the
-plain server, which follows the server settings of its revision's Grove).
+Grove, the other ``REV``'s (``bench/support/baseline.py``; ``--without uvloop`` hides a package
+the revision did not use, as it was installed). Without ``--baseline`` both run the checkout: an
+A/A run, whose ratio shows the bench's own spread. One client plays attempts of 3 chained calls
+(opening and result included, as in ``bench/gateway.py``), in short phases that alternate
+between the two processes, and between Grove and the plain server in each, the order reversed
+every round, so that both revisions see the same load. Each process's own CPU clock over its
+phases gives ``grove_server_cpu_ms_per_call`` and ``plain_server_cpu_ms_per_call`` per revision,
+and ``cpu_over_baseline`` (today's Grove over the revision's; ``plain_over_baseline`` the same
+for the plain server, which follows the server settings of its revision's Grove).
 
 PostgreSQL as for ``bench/gateway.py``; none reachable: the bench says so and exits.
 """
@@ -26,17 +27,20 @@ import tempfile
 from pathlib import Path
 from typing import Any, Final
 
-from bench.baseline import baseline_tree
 from bench.gateway import run_phase
 from bench.servers.gateway import ServerProcess, postgres_databases
+from bench.support.baseline import baseline_tree
 
 CALLS: Final = 3
 SIDES: Final = ("current", "baseline")
 
 
-def measure(revision: str, without: tuple[str, ...], rounds: int, attempts: int) -> dict[str, Any]:
-    """Interleaved phases on both revisions; the figures per revision and their ratios."""
-    tree = baseline_tree(revision, without)
+def measure(
+    revision: str | None, without: tuple[str, ...], rounds: int, attempts: int
+) -> dict[str, Any]:
+    """Interleaved phases on both revisions (None: the checkout on both sides); the figures per
+    revision and their ratios."""
+    tree = None if revision is None else baseline_tree(revision, without)
     with contextlib.ExitStack() as stack:
         databases = stack.enter_context(postgres_databases(SIDES))
         if isinstance(databases, str):
@@ -55,7 +59,7 @@ def measure(revision: str, without: tuple[str, ...], rounds: int, attempts: int)
                     "workdir": str(workdir / side),
                 },
             ]
-            env = {"PYTHONPATH": str(tree)} if side == "baseline" else {}
+            env = {"PYTHONPATH": str(tree)} if side == "baseline" and tree else {}
             servers[side] = ServerProcess(specs, env, workdir / f"{side}.log")
             stack.callback(servers[side].stop)
         spent = {(side, kind): [0.0, 0] for side in SIDES for kind in ("grove", "plain")}
@@ -74,7 +78,11 @@ def measure(revision: str, without: tuple[str, ...], rounds: int, attempts: int)
                     if round_ >= 0:
                         spent[side, kind][0] += server.command("take")["cpu_s"]
                         spent[side, kind][1] += phase.calls
-    figures: dict[str, Any] = {"revision": revision, "without": list(without), "rounds": rounds}
+    figures: dict[str, Any] = {
+        "revision": revision or "the checkout",
+        "without": list(without),
+        "rounds": rounds,
+    }
     for side in SIDES:
         for kind in ("grove", "plain"):
             cpu_s, calls = spent[side, kind]
@@ -90,7 +98,7 @@ def measure(revision: str, without: tuple[str, ...], rounds: int, attempts: int)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--baseline", default="HEAD~1", help="the earlier revision (HEAD~1)")
+    parser.add_argument("--baseline", metavar="REV", help="the earlier revision (default: none)")
     parser.add_argument("--without", action="append", default=[], metavar="PACKAGE")
     parser.add_argument("--quick", action="store_true", help="4 rounds of 3 attempts")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON only")

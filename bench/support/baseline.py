@@ -1,6 +1,7 @@
 """Run a bench against an earlier revision of Grove: before and after on the same machine.
 
-Usage: ``python -m bench.baseline REV [--without PACKAGE ...] -- python -m bench.gateway --quick``
+Usage: ``python -m bench.support.baseline REV [--without PACKAGE ...] -- COMMAND``, e.g.
+``python -m bench.support.baseline 8e87f2b --without uvloop -- python -m bench.gateway --quick``
 
 The command runs from the checkout (so the bench is today's), with Grove itself imported from
 ``REV``: the revision is checked out once into a worktree under ``.grove/baseline/REV`` (git's,
@@ -23,9 +24,9 @@ import sys
 from pathlib import Path
 from typing import Final
 
-ROOT: Final = Path(__file__).resolve().parents[1]
+ROOT: Final = Path(__file__).resolve().parents[2]
 LAYERS: Final = ("ledger", "storage", "capture", "training", "migrations")
-SITECUSTOMIZE: Final = '''"""Import Grove from this tree (bench/baseline.py)."""
+SITECUSTOMIZE: Final = '''"""Import Grove from this tree (bench/support/baseline.py)."""
 import sys
 from importlib.machinery import PathFinder
 
