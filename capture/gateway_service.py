@@ -242,30 +242,33 @@ class GatewayService:
         self._selector()  # refused before anything is read
         state = self.opened(capture_key, read=False)
         check_reward(capture_key, result.get("reward"), self.max_abs_reward)
-        if self._settled_unread(state, result):
+        if self._settled_selecting(state, result, read=False):
             return attempt_status(self.opened(capture_key, read=False))
         state = self.opened(capture_key)
         if state.selection is not None:
             self._refuse_second_result(state, result)
             return attempt_status(state)
-        if state.settled is None and not state.pending_call_ids:
-            selected = self._select(state, result)
-            if self.service.settle_selecting(capture_key, selected, at=state) is not None:
-                return attempt_status(self.opened(capture_key, read=False))
+        if self._settled_selecting(state, result, read=True):
+            return attempt_status(self.opened(capture_key, read=False))
         settled = self.service.settle(capture_key, self.settle_timeout_s)
         self.service.select(capture_key, self._select(settled, result))
         return attempt_status(self.opened(capture_key, read=False))
 
-    def _settled_unread(self, state: AttemptState, result: dict[str, Any]) -> bool:
-        """Close, settle and select in one append from ``state`` (not read for this request),
-        when it has nothing pending, is unsettled, selects, and is the attempt's latest;
-        whether that append landed (nothing is written otherwise)."""
+    def _settled_selecting(
+        self, state: AttemptState, result: dict[str, Any], *, read: bool
+    ) -> bool:
+        """Close, settle and select in one append from ``state`` when it has no selection,
+        nothing pending, is unsettled and is the attempt's latest; whether that append landed
+        (nothing is written otherwise). A result that cannot select is refused (422) on a state
+        ``read`` for this request; on one not read, it is decided again after reading."""
         if state.selection is not None or state.settled is not None or state.pending_call_ids:
             return False
         try:
             selected = self._select(state, result)
         except Refused:
-            return False  # decided again on the state read from the ledger
+            if read:
+                raise
+            return False
         return self.service.settle_selecting(state.capture_key, selected, at=state) is not None
 
     def _selector(self) -> Selector:
