@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from grove.ledger.admission import AdmissionIndex, CallStatus
 from grove.ledger.errors import LedgerError
@@ -157,39 +158,38 @@ def _facts(state: AttemptState, event: Event) -> LifecycleFacts:
     )
 
 
-def _apply(state: AttemptState, event: Event) -> AttemptState:
+def _changes(state: AttemptState, event: Event) -> dict[str, Any]:
+    """The fields ``event`` changes in ``state`` (a contradiction changes only the list of them)."""
     calls = state.calls
     why = lifecycle_violation(_facts(state, event), event)
     if why is not None:
-        return replace(
-            state, contradictions=(*state.contradictions, contradiction_entry(event, why))
-        )
+        return {"contradictions": (*state.contradictions, contradiction_entry(event, why))}
     if isinstance(event, AttemptOpened):
-        return replace(state, opened=event)
+        return {"opened": event}
     if isinstance(event, CallIntended):
-        return replace(state, calls={**calls, event.call_id: CallState(event)})
+        return {"calls": {**calls, event.call_id: CallState(event)}}
     if isinstance(event, CallCommitted):
         call = calls[event.call_id]
         updated = replace(
             call, status=CallStatus.COMMITTED, committed=event, late=state.settled is not None
         )
-        return replace(state, calls={**calls, event.call_id: updated})
+        return {"calls": {**calls, event.call_id: updated}}
     if isinstance(event, CallFailed):
         call = calls[event.call_id]
         status = call.status if call.status is CallStatus.COMMITTED else CallStatus.FAILED
         updated = replace(call, status=status, failure=event)
-        return replace(state, calls={**calls, event.call_id: updated})
+        return {"calls": {**calls, event.call_id: updated}}
     if isinstance(event, AdmissionsClosed):
-        return replace(state, admissions_closed=True)
+        return {"admissions_closed": True}
     if isinstance(event, AttemptSettled):
-        return replace(state, settled=event, admissions_closed=True)
+        return {"settled": event, "admissions_closed": True}
     if isinstance(event, RolloutSelected):
-        return replace(state, selection=event)
+        return {"selection": event}
     if isinstance(event, RolloutFinalized):
-        return replace(state, finalized=event)
+        return {"finalized": event}
     if isinstance(event, AttemptCleaned):
-        return replace(state, cleaned_keys=state.cleaned_keys + event.keys)
-    return state
+        return {"cleaned_keys": state.cleaned_keys + event.keys}
+    return {}
 
 
 def fold_attempt(
@@ -198,7 +198,7 @@ def fold_attempt(
     """The attempt's state after ``events`` (its stream in version order), folded onto ``start``."""
     state = start or AttemptState(capture_key)
     for event in events:
-        state = replace(_apply(state, event), version=state.version + 1)
+        state = replace(state, version=state.version + 1, **_changes(state, event))
     return state
 
 
