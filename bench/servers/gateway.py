@@ -78,6 +78,20 @@ class InstantEngine:
 ROUTE: Final = contextvars.ContextVar[str]("bench_route", default="other")
 
 
+def thread_cpu_s() -> dict[str, float]:
+    """The CPU seconds so far of this process's live threads by name, threads of one name summed
+    (the event loop's ``grove-gateway``, the route bodies' ``AnyIO worker thread``, the intent
+    pool's ``grove-intent_0``); empty where threads have no CPU clocks (not POSIX)."""
+    spent: dict[str, float] = {}
+    for thread in threading.enumerate():
+        if thread.ident is None or not hasattr(time, "pthread_getcpuclockid"):
+            continue
+        with contextlib.suppress(OSError):  # the thread ended meanwhile
+            seconds = time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+            spent[thread.name] = spent.get(thread.name, 0.0) + seconds
+    return spent
+
+
 class StageClock:
     """Wall and CPU time of the server's request path by stage, per route kind (``call``: a chat
     completion; ``attempt``: opening an attempt or posting its result).
@@ -94,6 +108,7 @@ class StageClock:
         self._totals: dict[tuple[str, str], list[Any]] = {}
         self._local = threading.local()
         self._cpu = time.process_time()
+        self._threads = thread_cpu_s()
 
     def add(self, name: str, wall: float, own: tuple[float, float] | None = None) -> None:
         """Record one inclusive wall time of ``name`` (and a stage's own wall and CPU time)."""
@@ -138,15 +153,23 @@ class StageClock:
             setattr(owner, attribute, self.wrap(name, original, nested=nested))
 
     def take(self) -> dict[str, Any]:
-        """Since the last take: ``{"cpu_s": process CPU time, "routes": {route: {name: [count,
-        inclusive wall s, own wall s or None, own CPU s or None]}}}``."""
+        """Since the last take: ``{"cpu_s": process CPU time, "threads": {thread name: CPU s},
+        "routes": {route: {name: [count, inclusive wall s, own wall s or None, own CPU s or
+        None]}}}``."""
         with self._lock:
             totals, self._totals = self._totals, {}
             cpu, self._cpu = time.process_time() - self._cpu, time.process_time()
+            now, before = thread_cpu_s(), self._threads
+            self._threads = now
+        spent = {name: s - before.get(name, 0.0) for name, s in now.items()}
         routes: dict[str, dict[str, list[Any]]] = {}
         for (route, name), total in totals.items():
             routes.setdefault(route, {})[name] = total
-        return {"cpu_s": cpu, "routes": routes}
+        return {
+            "cpu_s": cpu,
+            "threads": {n: s for n, s in spent.items() if s > 0},
+            "routes": routes,
+        }
 
 
 CLOCK: Final = StageClock()
