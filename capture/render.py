@@ -29,7 +29,13 @@ from tokenizers import decoders
 from transformers import PreTrainedTokenizerBase
 
 from grove.capture.errors import NormalizationError, RenderError
-from grove.capture.template_tokens import RenderedText, SpecialTokenText, TemplateTokenError
+from grove.capture.template_tokens import (
+    BoundedCache,
+    RenderedText,
+    SpecialTokenText,
+    TemplateTokenError,
+    plain_repr,
+)
 from grove.ledger.admission import ASSISTANT_ROLE, PREFIX_DIGEST_SEED, AdmissionItem
 from grove.ledger.events import ReplaySummary
 
@@ -58,6 +64,13 @@ _TEXT_PART_TYPES: Final = frozenset({"text", "input_text", "output_text"})
 _ITEM_DIGEST_TAG: Final = f"grove.item.v{NORMALIZATION_VERSION}\n".encode()
 _OPTIONS_DIGEST_TAG: Final = b"grove.render_options.v1\n"
 _SCALARS: Final = (str, int, float)
+RENDERS_CACHED: Final = 256
+"""Renderings a :class:`Renderer` keeps (the roots of a prompt group render alike)."""
+RENDER_UNITS_CACHED: Final = 1 << 22
+"""Characters those renderings and their inputs' texts may hold together."""
+_UNSTABLE_TEMPLATE_NAMES: Final = ("strftime_now", "lipsum", "random")
+"""Names through which a template can render differently from the same input (the date, jinja's
+random text and choice): a template that mentions one is rendered every time."""
 
 
 @dataclass(frozen=True)
@@ -193,12 +206,17 @@ class Renderer:
 
     One per model; thread-safe as far as the tokenizer is. Text is tokenized without special
     tokens unless the options ask for them, and decoded without skipping or cleaning anything, so
-    the boundary check in ``capture/splice.py`` compares exact text.
+    the boundary check in ``capture/splice.py`` compares exact text. Renderings are kept per exact
+    input (bounded: :data:`RENDERS_CACHED`); the tokenizer's special tokens must not change after
+    construction (as for :class:`SpecialTokenText`).
     """
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         self.tokenizer = tokenizer
         self.special_text = SpecialTokenText(tokenizer)
+        self._renders: BoundedCache[tuple[str, bool, str], RenderedText] = BoundedCache(
+            RENDERS_CACHED, RENDER_UNITS_CACHED
+        )
 
     def chat_template(self, options: RenderOptions) -> str:
         """The template text the options select: their own, else the tokenizer's."""
@@ -223,7 +241,12 @@ class Renderer:
         special tokens the template wrote (``capture/template_tokens.py``); the generation prompt
         follows ``options`` unless ``add_generation_prompt`` overrides it (the splice renders
         prefixes without one). Raises ``RenderError`` where the template treats special-token
-        text inside message text unlike other text."""
+        text inside message text unlike other text.
+
+        A rendering is kept, keyed by the template's text, the generation prompt and the exact
+        text of the template's input (messages, tools, template kwargs; ``plain_repr``), when that
+        input is plain JSON data and the template cannot render it differently twice
+        (:data:`_UNSTABLE_TEMPLATE_NAMES`)."""
         generation = (
             options.add_generation_prompt
             if add_generation_prompt is None
@@ -234,13 +257,39 @@ class Renderer:
             kwargs["reasoning_effort"] = options.reasoning_effort
         tools = None if options.tools is None else [dict(t) for t in options.tools]
         plain = ([dict(m) for m in messages], tools, kwargs)
-        table: list[str] = []
+        dumped = plain_repr(list(plain))
+        template = self.tokenizer.get_chat_template(self.chat_template(options))
+        key = None
+        if dumped is not None and not any(n in template for n in _UNSTABLE_TEMPLATE_NAMES):
+            key = (template, generation, dumped)
+            cached = self._renders.get(key)
+            if cached is not None:
+                return cached
+        escape = dumped is None or self.special_text.may_escape(dumped)
+        rendered = self._render(options, plain, generation, escape=escape)
+        if key is not None:
+            self._renders.put(key, rendered, len(dumped or "") + len(rendered))
+        return rendered
+
+    def _render(
+        self,
+        options: RenderOptions,
+        plain: tuple[list[dict[str, Any]], list[dict[str, Any]] | None, dict[str, Any]],
+        generation: bool,
+        *,
+        escape: bool,
+    ) -> RenderedText:
+        """Render ``plain`` (messages, tools, kwargs); ``escape`` False when no string of it can
+        hold special-token text or a piece of one (nothing to escape, nothing to verify)."""
         special = self.special_text
-        escaped = (
-            special.escape(plain[0], table, keep_role=True),
-            special.escape(tools, table),
-            {k: special.escape(v, table) for k, v in kwargs.items()},
-        )
+        table: list[str] = []
+        if escape:
+            messages, tools, kwargs = plain
+            escaped = (
+                special.escape(messages, table, keep_role=True),
+                special.escape(tools, table),
+                {k: special.escape(v, table) for k, v in kwargs.items()},
+            )
         if not table:
             return special.rendered(self._apply(options, *plain, generation))
         try:

@@ -40,8 +40,10 @@ from __future__ import annotations
 import functools
 import re
 import secrets
-from collections.abc import Mapping, Sequence
-from typing import Any
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any, Final, Generic, TypeVar
 
 from tokenizers import AddedToken, Tokenizer
 from transformers import PreTrainedTokenizerBase
@@ -49,15 +51,24 @@ from transformers import PreTrainedTokenizerBase
 from grove.capture.errors import CaptureError
 
 __all__ = [
+    "BoundedCache",
     "RenderedText",
     "SpecialTokenText",
     "TemplateTokenError",
     "expand_template_token",
+    "plain_repr",
     "rendered_join",
     "rendered_slice",
 ]
 
 Span = tuple[int, int]
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+ENCODINGS_CACHED: Final = 256
+"""Encodings of renderings a :class:`SpecialTokenText` keeps (a prompt group's roots share one)."""
+ENCODING_UNITS_CACHED: Final = 1 << 20
+"""Characters and token ids those encodings may hold together."""
 
 
 class TemplateTokenError(CaptureError, ValueError):
@@ -140,6 +151,66 @@ def expand_template_token(text: str, token: str, counts: Sequence[int]) -> str:
     return RenderedText(expanded, moved) if isinstance(text, RenderedText) else expanded
 
 
+def plain_repr(value: Any) -> str | None:
+    """``repr(value)`` when ``value`` is built of exactly ``dict`` (with ``str`` keys), ``list``,
+    ``str``, ``int``, ``float``, ``bool`` and ``None`` — no subclass, no tuple — else None. On such
+    values the text is exact: two values with the same text are equal, of the same types and in
+    the same key order, so a template renders them alike (a cache key)."""
+    return repr(value) if _plain(value) else None
+
+
+def _plain(value: Any) -> bool:
+    kind = type(value)
+    if kind is str or kind is int or kind is float or kind is bool or value is None:
+        return True
+    if kind is dict:
+        return all(type(k) is str and _plain(v) for k, v in value.items())
+    if kind is list:
+        return all(map(_plain, value))
+    return False
+
+
+class BoundedCache(Generic[K, V]):
+    """A thread-safe least-recently-used map from exact keys to values, bounded by its number of
+    entries and by the summed size its callers give the entries (characters and token ids); the
+    least recently used go first. A value larger than the whole bound is not kept."""
+
+    def __init__(self, entries: int, units: int) -> None:
+        self.entries = entries
+        self.units = units
+        self.held = 0  # the summed size of the entries kept
+        self._items: OrderedDict[K, tuple[V, int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        """How many entries are kept."""
+        return len(self._items)
+
+    def get(self, key: K) -> V | None:
+        """The value kept for ``key`` (now the most recently used), or None."""
+        with self._lock:
+            found = self._items.get(key)
+            if found is None:
+                return None
+            self._items.move_to_end(key)
+            return found[0]
+
+    def put(self, key: K, value: V, units: int) -> None:
+        """Keep ``value`` for ``key`` (``units`` its size), dropping the least recently used
+        entries beyond the bounds."""
+        if units > self.units:
+            return
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self.held -= old[1]
+            self._items[key] = (value, units)
+            self.held += units
+            while len(self._items) > self.entries or self.held > self.units:
+                _, (_, dropped) = self._items.popitem(last=False)
+                self.held -= dropped
+
+
 class SpecialTokenText:
     """One tokenizer's special tokens as text: escaping, locating and encoding around them.
 
@@ -161,6 +232,12 @@ class SpecialTokenText:
         self._longest = max(map(len, self.ids), default=0)
         self._first_chars = frozenset(c[0] for c in self.ids)
         self._last_chars = frozenset(c[-1] for c in self.ids)
+        # repr keeps a printable character other than quotes and backslash as it is
+        edges = self._first_chars | self._last_chars
+        self._edges = None if any(not c.isprintable() or c in "'\"\\" for c in edges) else edges
+        self._encodings: BoundedCache[tuple[str, tuple[Span, ...], bool], tuple[int, ...]] = (
+            BoundedCache(ENCODINGS_CACHED, ENCODING_UNITS_CACHED)
+        )
         self._nonce = secrets.token_hex(8)
         self._anchor = f"\ue000grove{self._nonce}\ue001"  # unguessable: text cannot hold it
         specials = "" if self._pattern is None else f"|{self._pattern.pattern}"
@@ -188,6 +265,14 @@ class SpecialTokenText:
         if isinstance(value, list | tuple):
             return [self.escape(v, table, keep_role=keep_role) for v in value]
         return value
+
+    def may_escape(self, dumped: str) -> bool:
+        """Whether :meth:`escape` may change a value whose :func:`plain_repr` is ``dumped``:
+        False only when no character that starts or ends a special token's text is in it (an
+        escape changes a string only where one is)."""
+        if self._edges is None:
+            return True
+        return any(c in dumped for c in self._edges)
 
     def restore(self, escaped: str, table: Sequence[str]) -> RenderedText:
         """The rendering ``escaped`` with the escaped texts put back, and the spans of the special
@@ -224,7 +309,16 @@ class SpecialTokenText:
 
     def encode(self, text: RenderedText, *, add_special_tokens: bool = False) -> list[int]:
         """Token ids of ``text``: the template's special tokens as their ids, everything else as
-        ordinary text (module docstring, step 4)."""
+        ordinary text (module docstring, step 4). Kept per exact text, spans and flag (bounded:
+        :data:`ENCODINGS_CACHED`), so renderings shared by calls are encoded once."""
+        key = (str.__str__(text), text.template_tokens, add_special_tokens)
+        cached = self._encodings.get(key)
+        if cached is None:
+            cached = tuple(self._encode(text, add_special_tokens=add_special_tokens))
+            self._encodings.put(key, cached, len(text) + len(cached))
+        return list(cached)
+
+    def _encode(self, text: RenderedText, *, add_special_tokens: bool) -> list[int]:
         if self.find(text) == text.template_tokens:
             ids = list(self.tokenizer.encode(str(text), add_special_tokens=add_special_tokens))
             framing = [*self._frame[0], *self._frame[1]] if add_special_tokens else []
