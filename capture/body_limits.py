@@ -13,7 +13,8 @@ each HTTP request (``capture/limits.py`` states the rules):
    then parses it and checks its
    structure (``grove.capture.limits.check_document``);
 5. hands the application the body it read, then the client's own ``receive()`` (so the app still
-   sees a disconnect).
+   sees a disconnect), and the parsed document in the scope (``PARSED_BODY``): the gateway's
+   routes (``CheckedBodyRoute``) validate that document, so a body is parsed once.
 
 A refusal is answered here, as every gateway refusal is, with OpenAI's error object and
 ``Connection: close`` (the rest of an unread body is never read), and the application never
@@ -25,19 +26,25 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
+from typing import Any, Final
+
+from fastapi import Request, Response
+from fastapi.routing import APIRoute
 
 from grove.capture.limits import GatewayLimits, LimitExceeded, check_document, json_shape
 from grove.capture.wire import ErrorBody, ErrorDetail
 
-__all__ = ["BodyLimits"]
+__all__ = ["PARSED_BODY", "BodyLimits", "CheckedBodyRequest", "CheckedBodyRoute"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+PARSED_BODY: Final = "grove.parsed_body"
+"""Scope key: the JSON document ``BodyLimits`` parsed from the body (absent: not JSON, or empty)."""
 
 
 class BodyLimits:
@@ -146,6 +153,7 @@ class BodyLimits:
         except (ValueError, RecursionError):
             return  # not JSON: the application refuses it with its own message
         check_document(document, scope.get("path", ""), self.limits)
+        scope[PARSED_BODY] = document
 
 
 def _content_length(scope: Scope) -> int | None:
@@ -183,3 +191,44 @@ async def _refuse(send: Send, refusal: LimitExceeded) -> None:
     ]
     await send({"type": "http.response.start", "status": refusal.status, "headers": headers})
     await send({"type": "http.response.body", "body": payload})
+
+
+class CheckedBodyRequest(Request):
+    """The request a gateway route sees: ``json()`` answers the document ``BodyLimits`` parsed
+    (the same ``json.loads`` result) instead of parsing the body again, and
+    ``is_disconnected()`` asks ``receive()`` without an AnyIO cancel scope."""
+
+    async def json(self) -> Any:
+        """The parsed body (parsed here only when the door did not)."""
+        document = self.scope.get(PARSED_BODY, _UNPARSED)
+        return await super().json() if document is _UNPARSED else document
+
+    async def is_disconnected(self) -> bool:
+        """Whether the client went away, asked without waiting, as Starlette asks: ``receive()``
+        runs up to its first wait, and its message counts only when it came without one."""
+        if not self._is_disconnected:
+            poll = self._receive().__await__()
+            try:
+                poll.send(None)
+            except StopIteration as ready:
+                self._is_disconnected = ready.value.get("type") == "http.disconnect"
+            else:
+                poll.close()  # no message at once: the client is still there
+        return self._is_disconnected
+
+
+_UNPARSED: Final = object()
+
+
+class CheckedBodyRoute(APIRoute):
+    """FastAPI's route, handed the request body ``BodyLimits`` parsed (FastAPI's custom route
+    class hook): the body is parsed once, not once to check it and again to validate it."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        """FastAPI's handler, on a request that reuses the door's parse."""
+        handler = super().get_route_handler()
+
+        async def checked(request: Request) -> Response:
+            return await handler(CheckedBodyRequest(request.scope, request.receive))
+
+        return checked

@@ -38,11 +38,11 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, Final, TypeVar
 
-from fastapi import APIRouter, Depends, FastAPI, Header, Request, Response
+from fastapi import Depends, FastAPI, Header, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from grove.capture.attempt_settings import AttemptSettings
-from grove.capture.body_limits import BodyLimits
+from grove.capture.body_limits import BodyLimits, CheckedBodyRoute
 from grove.capture.capabilities import (
     AttemptToken,
     OpenedAttempt,
@@ -104,6 +104,10 @@ __all__ = [
 ]
 
 DEFAULT_MAX_TOKENS: Final = 256
+
+_NO_TELEMETRY: Final = {"tracing": False, "metrics": False, "logs": False}
+"""FastAPI's native OpenTelemetry off (a supported setting): otherwise every request looks up the
+global providers and an environment variable to find it has nothing to record."""
 
 _ANSWERS: Final[dict[int | str, dict[str, Any]]] = {
     status: {"model": ErrorBody} for status in (400, 401, 403, 404, 409, 422, 500, 501, 502, 503)
@@ -183,6 +187,7 @@ def create_app(
         version="1",
         summary="OpenAI-compatible endpoints that record every model call of an attempt.",
         lifespan=lifespan,
+        telemetry=_NO_TELEMETRY,
     )
     app.state.gateway = gateway
     app.state.limits = limits = limits or GatewayLimits()
@@ -192,8 +197,8 @@ def create_app(
         service.renderer.vision.limits = limits
     install_error_handlers(app)
 
-    dependencies = [] if auth_token is None else [Depends(gateway_token_check(auth_token))]
-    api = APIRouter(prefix="/v1", dependencies=dependencies, responses=_ANSWERS)
+    guard = [] if auth_token is None else [Depends(gateway_token_check(auth_token))]
+    api = _Routes(app, "/v1", guard)
 
     @app.get("/health", response_model=HealthStatus)
     async def health() -> HealthStatus:
@@ -362,11 +367,53 @@ def create_app(
 
         return await run_in_threadpool(measured)
 
-    app.include_router(api)
     return app
 
 
+class _Routes:
+    """Routes under ``prefix`` behind ``guard`` (run before a route's own dependencies), with
+    Grove's error answers documented, made on the app's own router as an ``APIRouter`` included
+    with that prefix would make them (same paths, dependencies and OpenAPI schema): FastAPI
+    matches an included router's routes twice per request. Each takes the parsed body from
+    ``BodyLimits`` (``CheckedBodyRoute``)."""
+
+    def __init__(self, app: FastAPI, prefix: str, guard: list[Any]) -> None:
+        self.app, self.prefix, self.guard = app, prefix, guard
+
+    def get(self, path: str, **options: Any) -> Callable[[_Endpoint], _Endpoint]:
+        """``@router.get``."""
+        return self._route("GET", path, **options)
+
+    def post(self, path: str, **options: Any) -> Callable[[_Endpoint], _Endpoint]:
+        """``@router.post``."""
+        return self._route("POST", path, **options)
+
+    def _route(
+        self,
+        method: str,
+        path: str,
+        *,
+        dependencies: list[Any] | None = None,
+        responses: dict[int | str, dict[str, Any]] | None = None,
+        **options: Any,
+    ) -> Callable[[_Endpoint], _Endpoint]:
+        def add(endpoint: _Endpoint) -> _Endpoint:
+            self.app.router.add_api_route(
+                self.prefix + path,
+                endpoint,
+                methods=[method],
+                dependencies=[*self.guard, *(dependencies or ())],
+                responses={**_ANSWERS, **(responses or {})},
+                route_class_override=CheckedBodyRoute,
+                **options,
+            )
+            return endpoint
+
+        return add
+
+
 S = TypeVar("S", bound=AttemptStatus)
+_Endpoint = TypeVar("_Endpoint", bound=Callable[..., Any])
 
 
 def _with_source_answer(service: CaptureService, status: S) -> S:
