@@ -20,13 +20,13 @@ import functools
 import hashlib
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import jinja2
-from tokenizers import decoders
-from transformers import PreTrainedTokenizerBase
+from tokenizers import Tokenizer, decoders
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from grove.capture.errors import NormalizationError, RenderError
 from grove.capture.template_tokens import (
@@ -64,10 +64,8 @@ _TEXT_PART_TYPES: Final = frozenset({"text", "input_text", "output_text"})
 _ITEM_DIGEST_TAG: Final = f"grove.item.v{NORMALIZATION_VERSION}\n".encode()
 _OPTIONS_DIGEST_TAG: Final = b"grove.render_options.v1\n"
 _SCALARS: Final = (str, int, float)
-RENDERS_CACHED: Final = 256
-"""Renderings a :class:`Renderer` keeps (the roots of a prompt group render alike)."""
-RENDER_UNITS_CACHED: Final = 1 << 22
-"""Characters those renderings and their inputs' texts may hold together."""
+RENDERS_CACHED: Final = 256  # renderings a Renderer keeps (a prompt group's roots render alike)
+RENDER_UNITS_CACHED: Final = 1 << 22  # characters they and their inputs' texts hold at most
 _UNSTABLE_TEMPLATE_NAMES: Final = ("strftime_now", "lipsum", "random")
 """Names through which a template can render differently from the same input (the date, jinja's
 random text and choice): a template that mentions one is rendered every time."""
@@ -247,11 +245,9 @@ class Renderer:
         text of the template's input (messages, tools, template kwargs; ``plain_repr``), when that
         input is plain JSON data and the template cannot render it differently twice
         (:data:`_UNSTABLE_TEMPLATE_NAMES`)."""
-        generation = (
-            options.add_generation_prompt
-            if add_generation_prompt is None
-            else add_generation_prompt
-        )
+        generation = options.add_generation_prompt
+        if add_generation_prompt is not None:
+            generation = add_generation_prompt
         kwargs = dict(options.template_kwargs)
         if options.reasoning_effort is not None:
             kwargs["reasoning_effort"] = options.reasoning_effort
@@ -267,8 +263,8 @@ class Renderer:
                 return cached
         escape = dumped is None or self.special_text.may_escape(dumped)
         rendered = self._render(options, plain, generation, escape=escape)
-        if key is not None:
-            self._renders.put(key, rendered, len(dumped or "") + len(rendered))
+        if key is not None and dumped is not None:
+            self._renders.put(key, rendered, len(dumped) + len(rendered))
         return rendered
 
     def _render(
@@ -344,11 +340,26 @@ class Renderer:
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """The exact text of ``token_ids``: special tokens kept, no clean-up of spaces."""
+        if self._backend_decode is not None:  # what the tokenizer's decode would call
+            return self._backend_decode(list(token_ids), skip_special_tokens=False)
         text = self.tokenizer.decode(
             list(token_ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
         )
         assert isinstance(text, str)  # one list of ids decodes to one string
         return text
+
+    @functools.cached_property
+    def _backend_decode(self) -> Callable[..., str] | None:
+        """The tokenizers backend's decode, where the tokenizer's decode (transformers' fast
+        tokenizer, neither method overridden) only hands the ids to it; None elsewhere."""
+        kind, backend = type(self.tokenizer), getattr(self.tokenizer, "_tokenizer", None)
+        if (
+            kind.decode is PreTrainedTokenizerBase.decode
+            and kind._decode is PreTrainedTokenizerFast._decode
+            and isinstance(backend, Tokenizer)
+        ):
+            return backend.decode
+        return None
 
     def token_bytes(self, token_id: int) -> bytes:
         """The exact bytes one token stands for, even when it ends inside a multi-byte character
