@@ -180,7 +180,10 @@ class Harness:
         )
 
     def play(self, key: str, calls: int, phase: Phase) -> None:
-        """One attempt of ``calls`` chained calls; each continues the one before."""
+        """One attempt of ``calls`` chained calls; each continues the one before. Every attempt
+        starts from the same system and task messages (the roots of one prompt group); the
+        observations name the attempt, so that its later calls' inputs are its own, as a real
+        rollout's are once its generations differ (the instant engine's answers never do)."""
         headers = {"X-Grove-Capture-Key": key} if self.grove else {}
         if self.grove:
             body = {"capture_key": key, "rollout_id": key, "prompt_group": "b", "rollout_index": 0}
@@ -190,7 +193,8 @@ class Harness:
         response_ids: dict[int, str] = {}
         for n in range(calls):
             if n:
-                messages.append({"role": "user", "content": f"Observation {n}: sunny, 21 C."})
+                observation = f"Observation {n} of {key}: sunny, 21 C."
+                messages.append({"role": "user", "content": observation})
             start = time.perf_counter()
             raw = self.openai.chat.completions.with_raw_response.create(
                 model=MODEL, messages=messages, max_tokens=MAX_TOKENS, extra_headers=headers
