@@ -156,6 +156,18 @@ class BodyLimits:
         scope[PARSED_BODY] = document
 
 
+def _poll(receive: Receive) -> Message | None:
+    """``receive()``'s message when it comes without waiting, else None (the wait abandoned,
+    nothing taken: the message stays for the next ``receive()``)."""
+    step = receive().__await__()
+    try:
+        step.send(None)
+    except StopIteration as ready:
+        return ready.value  # type: ignore[no-any-return]
+    step.close()
+    return None
+
+
 def _content_length(scope: Scope) -> int | None:
     for name, value in scope.get("headers", ()):
         if name.lower() == b"content-length":
@@ -207,13 +219,8 @@ class CheckedBodyRequest(Request):
         """Whether the client went away, asked without waiting, as Starlette asks: ``receive()``
         runs up to its first wait, and its message counts only when it came without one."""
         if not self._is_disconnected:
-            poll = self._receive().__await__()
-            try:
-                poll.send(None)
-            except StopIteration as ready:
-                self._is_disconnected = ready.value.get("type") == "http.disconnect"
-            else:
-                poll.close()  # no message at once: the client is still there
+            message = _poll(self._receive)
+            self._is_disconnected = message is not None and message["type"] == "http.disconnect"
         return self._is_disconnected
 
 

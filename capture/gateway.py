@@ -127,6 +127,34 @@ CallId = Annotated[
 ]
 
 
+async def _attempt_in_path(
+    connection: Request, capture_key: str, token: AttemptToken = None
+) -> str:
+    """A route on an attempt checks the attempt's token first, before reading its body; the
+    route takes the capture key from here (its path and headers are read once)."""
+    await connection.app.state.gateway.authorize(capture_key, token)
+    return capture_key
+
+
+async def _attempt_in_header(
+    connection: Request,
+    capture_key: CaptureKey = None,
+    call_id: CallId = None,
+    token: AttemptToken = None,
+) -> tuple[str | None, str | None]:
+    """A model call checks its attempt's token first (naming no attempt: refused later); the
+    route takes the capture key and call id its headers name from here."""
+    if capture_key:
+        await connection.app.state.gateway.authorize(capture_key, token)
+    return capture_key, call_id
+
+
+OnAttempt = Annotated[str, Depends(_attempt_in_path)]
+"""The capture key in a route's path, its attempt's token checked."""
+NamedCall = Annotated[tuple[str | None, str | None], Depends(_attempt_in_header)]
+"""``(capture key, call id)`` a model call names in its headers, its attempt's token checked."""
+
+
 def create_app(
     service: CaptureService,
     *,
@@ -210,32 +238,20 @@ def create_app(
         """The one model this gateway serves."""
         return ModelList(data=[ModelCard(id=model_name)])
 
-    async def attempt_in_path(capture_key: str, token: AttemptToken = None) -> None:
-        """A route on an attempt checks the attempt's token first, before reading its body."""
-        await gateway.authorize(capture_key, token)
-
-    async def attempt_in_header(capture_key: CaptureKey = None, token: AttemptToken = None) -> None:
-        """A model call checks its attempt's token first (naming no attempt: refused later)."""
-        if capture_key:
-            await gateway.authorize(capture_key, token)
-
-    on_attempt, on_named_attempt = [Depends(attempt_in_path)], [Depends(attempt_in_header)]
-
     @api.post(
         "/chat/completions",
         response_model=ChatCompletion,
         responses={200: {"content": {"text/event-stream": {}}}},
-        dependencies=on_named_attempt,
     )
     async def chat_completions(
         request: ChatCompletionRequest,
         response: Response,
         connection: Request,
-        capture_key: CaptureKey = None,
-        call_id: CallId = None,
+        named: NamedCall,
     ) -> Any:
         """One model call in OpenAI Chat Completions form (``n`` = 1); ``stream=true`` answers
         with buffered chunks."""
+        capture_key, call_id = named
 
         def call() -> _Answered:
             converted = gateway.converter.chat_call(request, call_id)
@@ -252,16 +268,15 @@ def create_app(
         "/responses",
         response_model=ResponseObject,
         responses={200: {"content": {"text/event-stream": {}}}},
-        dependencies=on_named_attempt,
     )
     async def responses(
         request: ResponsesRequest,
         response: Response,
         connection: Request,
-        capture_key: CaptureKey = None,
-        call_id: CallId = None,
+        named: NamedCall,
     ) -> Any:
         """One model call in OpenAI Responses form; ``stream=true`` answers with buffered SSE."""
+        capture_key, call_id = named
 
         def call() -> _Answered:
             converted = gateway.converter.responses_call(request, call_id)
@@ -277,17 +292,16 @@ def create_app(
         "/messages",
         response_model=AnthropicMessage,
         responses={200: {"content": {"text/event-stream": {}}}},
-        dependencies=on_named_attempt,
     )
     async def messages(
         request: MessagesRequest,
         response: Response,
         connection: Request,
-        capture_key: CaptureKey = None,
-        call_id: CallId = None,
+        named: NamedCall,
     ) -> Any:
         """One model call in Anthropic Messages form (``capture/messages_api.py``); errors in
         Anthropic's envelope; ``stream=true`` answers with buffered Messages events."""
+        capture_key, call_id = named
 
         def call() -> _Answered:
             converted = gateway.converter.messages_call(request, call_id)
@@ -315,8 +329,8 @@ def create_app(
 
         return await run_in_threadpool(opening)
 
-    @api.get("/attempts/{capture_key}", response_model=AttemptStatus, dependencies=on_attempt)
-    async def get_attempt(capture_key: str) -> AttemptStatus:
+    @api.get("/attempts/{capture_key}", response_model=AttemptStatus)
+    async def get_attempt(capture_key: OnAttempt) -> AttemptStatus:
         """The attempt's calls (status, parent, decision), pending calls, and selection; for a
         fork, its source call and that call's answer."""
 
@@ -325,17 +339,13 @@ def create_app(
 
         return await run_in_threadpool(status)
 
-    @api.post(
-        "/attempts/{capture_key}/close", response_model=AttemptStatus, dependencies=on_attempt
-    )
-    async def close_attempt(capture_key: str) -> AttemptStatus:
+    @api.post("/attempts/{capture_key}/close", response_model=AttemptStatus)
+    async def close_attempt(capture_key: OnAttempt) -> AttemptStatus:
         """The harness returned: the attempt admits no more calls."""
         return await run_in_threadpool(gateway.close, capture_key)
 
-    @api.post(
-        "/attempts/{capture_key}/result", response_model=AttemptStatus, dependencies=on_attempt
-    )
-    async def post_result(capture_key: str, result: HarnessResult) -> AttemptStatus:
+    @api.post("/attempts/{capture_key}/result", response_model=AttemptStatus)
+    async def post_result(capture_key: OnAttempt, result: HarnessResult) -> AttemptStatus:
         """The harness's ordinary result: settle, then record the selection and reward."""
         fields = result.model_dump(exclude_unset=True)
         return await run_in_threadpool(gateway.result, capture_key, fields)
@@ -343,7 +353,7 @@ def create_app(
     @api.post(
         "/attempts/{capture_key}/calls/{call_id}/reject",
         response_model=AttemptStatus,
-        dependencies=on_attempt,
+        dependencies=[Depends(_attempt_in_path)],  # beside the route's own: its path's order
     )
     async def reject_call(
         capture_key: str, call_id: str, request: RejectRequest | None = None
@@ -352,11 +362,9 @@ def create_app(
         detail = "" if request is None else request.detail
         return await run_in_threadpool(gateway.reject, capture_key, call_id, detail)
 
-    @api.post(
-        "/attempts/{capture_key}/measure", response_model=Measurement, dependencies=on_attempt
-    )
+    @api.post("/attempts/{capture_key}/measure", response_model=Measurement)
     async def measure(
-        capture_key: str, request: ChatCompletionRequest | ResponsesRequest
+        capture_key: OnAttempt, request: ChatCompletionRequest | ResponsesRequest
     ) -> Measurement:
         """Prompt tokens and decision for a chat or responses body; writes nothing."""
 

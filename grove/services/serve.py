@@ -28,6 +28,7 @@ rejected stay committed and are marked rejected; fingerprints are the ones captu
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
@@ -37,6 +38,7 @@ from typing import Any, cast
 import uvicorn
 from fastapi import FastAPI
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
+from uvicorn.config import LOG_LEVELS
 
 from grove.capture.attempt_settings import AttemptSettings
 from grove.capture.embedded import EMBEDDED_MODEL_NAME, EmbeddedEngine, build_tokenizer
@@ -292,7 +294,14 @@ class ServerThread:
         self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, *, log_level: str = "warning"
     ) -> None:
         config = uvicorn.Config(
-            app, host=host, port=port, log_level=log_level, lifespan="on", **_server_options(app)
+            app,
+            host=host,
+            port=port,
+            log_level=log_level,
+            lifespan="on",
+            # Below info level no access line is written: none is formatted either.
+            access_log=LOG_LEVELS[log_level] <= logging.INFO,
+            **_server_options(app),
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="grove-gateway", daemon=True)

@@ -64,3 +64,10 @@ def test_a_server_thread_serves_on_uvloops_event_loop():
         answer = httpx.get(f"{server.base_url}/loop", timeout=10)
 
     assert answer.json().startswith("uvloop")
+
+
+def test_a_server_thread_writes_access_lines_only_at_info_level_or_below():
+    app = FastAPI()
+    levels = ("debug", "info", "warning", "error")
+    access = [ServerThread(app, log_level=level).server.config.access_log for level in levels]
+    assert access == [True, True, False, False]
