@@ -332,7 +332,7 @@ class Renderer:
         template's own special tokens get their ids); a plain ``str`` is encoded as the tokenizer
         encodes it, every special-token text matched (stop strings name tokens so)."""
         if not isinstance(text, RenderedText):
-            return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+            return self.special_text.plain_encode(text, add_special_tokens=add_special_tokens)
         try:
             return self.special_text.encode(text, add_special_tokens=add_special_tokens)
         except TemplateTokenError as exc:

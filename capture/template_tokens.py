@@ -46,7 +46,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from typing import Any, Final, Generic, TypeVar
 
 from tokenizers import AddedToken, Tokenizer
-from transformers import PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from grove.capture.errors import CaptureError
 
@@ -320,7 +320,7 @@ class SpecialTokenText:
 
     def _encode(self, text: RenderedText, *, add_special_tokens: bool) -> list[int]:
         if self.find(text) == text.template_tokens:
-            ids = list(self.tokenizer.encode(str(text), add_special_tokens=add_special_tokens))
+            ids = self.plain_encode(str(text), add_special_tokens=add_special_tokens)
             framing = [*self._frame[0], *self._frame[1]] if add_special_tokens else []
             expected = len(text.template_tokens) + self._count(framing)
             if self._count(ids) == expected:
@@ -340,6 +340,38 @@ class SpecialTokenText:
                 at += len(rest) - len(rest.lstrip())
         ids += self._ordinary(str.__getitem__(text, slice(at, None)), first=at == 0)
         return self._framed(ids) if add_special_tokens else ids
+
+    def plain_encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
+        """``tokenizer.encode(text)`` (every special-token text matched): straight from the
+        tokenizers backend where transformers' fast tokenizer would only hand the text to it, its
+        backend already set as that encode sets it (no truncation, no padding, special tokens
+        matched)."""
+        backend = self._plain_backend
+        if (
+            backend is not None
+            and backend.truncation is None
+            and backend.padding is None
+            and not backend.encode_special_tokens
+            and not self.tokenizer.split_special_tokens
+        ):
+            return backend.encode(text, add_special_tokens=add_special_tokens).ids
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    @functools.cached_property
+    def _plain_backend(self) -> Tokenizer | None:
+        """The tokenizer's own backend where its encode (transformers' fast tokenizer, none of
+        the methods on the way overridden) only calls the backend."""
+        kind, backend = type(self.tokenizer), getattr(self.tokenizer, "_tokenizer", None)
+        base, fast = PreTrainedTokenizerBase, PreTrainedTokenizerFast
+        same = (
+            kind.encode is base.encode
+            and kind._get_padding_truncation_strategies is base._get_padding_truncation_strategies
+            and kind._encode_plus is fast._encode_plus
+            and getattr(kind, "set_truncation_and_padding", None) is fast.set_truncation_and_padding
+        )
+        if same and isinstance(backend, Tokenizer):
+            return backend
+        return None
 
     def _count(self, ids: Sequence[int]) -> int:
         """How many of ``ids`` are special tokens."""
