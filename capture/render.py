@@ -20,13 +20,13 @@ import functools
 import hashlib
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import jinja2
-from tokenizers import Tokenizer, decoders
-from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
+from tokenizers import decoders
+from transformers import PreTrainedTokenizerBase
 
 from grove.capture.errors import NormalizationError, RenderError
 from grove.capture.template_tokens import (
@@ -340,26 +340,7 @@ class Renderer:
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """The exact text of ``token_ids``: special tokens kept, no clean-up of spaces."""
-        if self._backend_decode is not None:  # what the tokenizer's decode would call
-            return self._backend_decode(list(token_ids), skip_special_tokens=False)
-        text = self.tokenizer.decode(
-            list(token_ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
-        )
-        assert isinstance(text, str)  # one list of ids decodes to one string
-        return text
-
-    @functools.cached_property
-    def _backend_decode(self) -> Callable[..., str] | None:
-        """The tokenizers backend's decode, where the tokenizer's decode (transformers' fast
-        tokenizer, neither method overridden) only hands the ids to it; None elsewhere."""
-        kind, backend = type(self.tokenizer), getattr(self.tokenizer, "_tokenizer", None)
-        if (
-            kind.decode is PreTrainedTokenizerBase.decode
-            and kind._decode is PreTrainedTokenizerFast._decode
-            and isinstance(backend, Tokenizer)
-        ):
-            return backend.decode
-        return None
+        return self.special_text.plain_decode(token_ids)
 
     def token_bytes(self, token_id: int) -> bytes:
         """The exact bytes one token stands for, even when it ends inside a multi-byte character
@@ -396,8 +377,21 @@ class Renderer:
         return self.render(absent, options) == self.render(empty, options)
 
 
-def replay_summary(items: Sequence[AdmissionItem], render_options_digest: str) -> ReplaySummary:
-    """The replay summary of ``items`` (a request, or a request plus its output) under options."""
+def replay_summary(
+    items: Sequence[AdmissionItem],
+    render_options_digest: str,
+    chains: Sequence[tuple[str, str]] | None = None,
+) -> ReplaySummary:
+    """The replay summary of ``items`` (a request, or a request plus its output) under options;
+    ``chains``: their prefix digests (``prefix_digests``) where the caller has them."""
+    if chains:
+        return ReplaySummary(
+            normalization_version=NORMALIZATION_VERSION,
+            item_count=len(items),
+            source_digest=chains[-1][0],
+            canonical_source_digest=chains[-1][1],
+            render_options_digest=render_options_digest,
+        )
     empty = ReplaySummary(
         normalization_version=NORMALIZATION_VERSION,
         item_count=0,

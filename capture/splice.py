@@ -64,6 +64,7 @@ from grove.ledger.admission import (
     RootReason,
     decide,
     locate_boundary,
+    prefix_digests,
 )
 from grove.ledger.attempt import AttemptState
 
@@ -164,7 +165,8 @@ def plan_call(
     fixed = fixed_options(options, renderer.chat_template(options))
     if attempt is not None:
         check_fixed_options(fixed, attempt)
-    boundary = locate_boundary(items)
+    chains = tuple(prefix_digests(items))  # hashed once: the boundary and the summary read them
+    boundary = locate_boundary(items, chains)
     decision = decide(boundary, render_options_digest=options_digest, index=index)
     if (
         decision.reason is RootReason.TOOL_CONTENT_NOT_EQUIVALENT
@@ -183,7 +185,7 @@ def plan_call(
         options,
         decision,
         None if parent is None else parent_tokens(parent),
-        replay_summary(items, options_digest),
+        replay_summary(items, options_digest, chains),
         () if parent is None or parent_outputs is None else parent_outputs(parent),
     )
     reason = plan.decision.reason

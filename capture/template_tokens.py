@@ -357,6 +357,24 @@ class SpecialTokenText:
             return backend.encode(text, add_special_tokens=add_special_tokens).ids
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
+    def plain_decode(self, token_ids: Sequence[int]) -> str:
+        """``tokenizer.decode(token_ids)`` keeping special tokens and spaces as they are: straight
+        from the tokenizers backend where transformers' fast tokenizer decode (neither method
+        overridden) would only hand the ids to it."""
+        kind = type(self.tokenizer)
+        backend = getattr(self.tokenizer, "_tokenizer", None)
+        if (
+            kind.decode is PreTrainedTokenizerBase.decode
+            and kind._decode is PreTrainedTokenizerFast._decode
+            and isinstance(backend, Tokenizer)
+        ):
+            return backend.decode(list(token_ids), skip_special_tokens=False)
+        text = self.tokenizer.decode(
+            list(token_ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
+        assert isinstance(text, str)  # one list of ids decodes to one string
+        return text
+
     @functools.cached_property
     def _plain_backend(self) -> Tokenizer | None:
         """The tokenizer's own backend where its encode (transformers' fast tokenizer, none of

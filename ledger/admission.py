@@ -365,15 +365,19 @@ class AdmissionDecision:
         )
 
 
-def locate_boundary(items: Sequence[AdmissionItem]) -> RequestBoundary:
-    """Chain the request's item digests in one pass and record its last-assistant boundary."""
+def locate_boundary(
+    items: Sequence[AdmissionItem], chains: Iterable[tuple[str, str]] | None = None
+) -> RequestBoundary:
+    """Chain the request's item digests in one pass and record its last-assistant boundary;
+    ``chains``: the request's :func:`prefix_digests`, where the caller has them already."""
     if not items:
         raise EmptyRequestError()
     boundary = 0
     boundary_strict: str | None = None
     boundary_canonical: str | None = None
     only_observations = True
-    chains = prefix_digests(items)
+    if chains is None:
+        chains = prefix_digests(items)
     for position, (item, (strict, canonical)) in enumerate(
         zip(items, chains, strict=True), start=1
     ):
