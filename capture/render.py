@@ -264,7 +264,7 @@ class Renderer:
         escape = dumped is None or self.special_text.may_escape(dumped)
         rendered = self._render(options, plain, generation, escape=escape)
         if key is not None and dumped is not None:
-            self._renders.put(key, rendered, len(dumped) + len(rendered))
+            self._renders.put(key, rendered, len(template) + len(dumped) + len(rendered))
         return rendered
 
     def _render(

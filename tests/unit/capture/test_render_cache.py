@@ -205,3 +205,14 @@ def test_a_bounded_cache_counts_a_replaced_entry_once() -> None:
     cache.put("a", 1, 6)
     cache.put("a", 2, 4)
     assert (cache.get("a"), cache.held, len(cache)) == (2, 4, 1)
+
+
+def test_a_kept_rendering_counts_its_template_input_and_text(
+    tokenizer: PreTrainedTokenizerFast, options: RenderOptions
+) -> None:
+    renderer = Renderer(tokenizer)
+    rendered = renderer.render(MESSAGES, options)
+    dumped = plain_repr([[dict(m) for m in MESSAGES], None, {}])
+    assert dumped is not None
+    expected = len(tokenizer.chat_template) + len(dumped) + len(rendered)
+    assert renderer._renders.held == expected
