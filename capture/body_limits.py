@@ -163,7 +163,7 @@ def _poll(receive: Receive) -> Message | None:
     try:
         step.send(None)
     except StopIteration as ready:
-        return ready.value  # type: ignore[no-any-return]
+        return ready.value
     step.close()
     return None
 

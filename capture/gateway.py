@@ -39,6 +39,7 @@ from contextlib import asynccontextmanager
 from typing import Annotated, Any, Final, TypeVar
 
 from fastapi import Depends, FastAPI, Header, Request, Response
+from fastapi.telemetry import TelemetryConfig
 from starlette.concurrency import run_in_threadpool
 
 from grove.capture.attempt_settings import AttemptSettings
@@ -105,7 +106,7 @@ __all__ = [
 
 DEFAULT_MAX_TOKENS: Final = 256
 
-_NO_TELEMETRY: Final = {"tracing": False, "metrics": False, "logs": False}
+_NO_TELEMETRY: Final = TelemetryConfig(tracing=False, metrics=False, logs=False)
 """FastAPI's native OpenTelemetry off (a supported setting): otherwise every request looks up the
 global providers and an environment variable to find it has nothing to record."""
 
@@ -113,6 +114,8 @@ _ANSWERS: Final[dict[int | str, dict[str, Any]]] = {
     status: {"model": ErrorBody} for status in (400, 401, 403, 404, 409, 422, 500, 501, 502, 503)
 }
 
+
+_Endpoint = TypeVar("_Endpoint", bound=Callable[..., Any])
 
 _Answered = tuple[CallOutcome, Any, Iterator[str] | None]
 """A model call's outcome, its answer object and, when streamed, its events (to deliver)."""
@@ -353,7 +356,8 @@ def create_app(
     @api.post(
         "/attempts/{capture_key}/calls/{call_id}/reject",
         response_model=AttemptStatus,
-        dependencies=[Depends(_attempt_in_path)],  # beside the route's own: its path's order
+        # the check as a dependency: the route's own path parameters keep their schema order
+        dependencies=[Depends(_attempt_in_path)],
     )
     async def reject_call(
         capture_key: str, call_id: str, request: RejectRequest | None = None
@@ -421,7 +425,6 @@ class _Routes:
 
 
 S = TypeVar("S", bound=AttemptStatus)
-_Endpoint = TypeVar("_Endpoint", bound=Callable[..., Any])
 
 
 def _with_source_answer(service: CaptureService, status: S) -> S:

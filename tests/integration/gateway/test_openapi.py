@@ -41,3 +41,21 @@ def test_refusals_are_documented_with_the_error_body(local_gateway: Gateway):
     assert answers["409"]["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/ErrorBody"
     }
+
+
+def test_parameters_keep_their_order_path_first_then_headers(local_gateway: Gateway):
+    paths = local_gateway.http.get("/openapi.json").json()["paths"]
+
+    def names(path: str) -> list[str]:
+        return [p["name"] for p in paths[path]["post"]["parameters"]]
+
+    assert names("/v1/attempts/{capture_key}/calls/{call_id}/reject") == [
+        "capture_key",
+        "call_id",
+        "X-Grove-Attempt-Token",
+    ]
+    assert names("/v1/chat/completions") == [
+        "X-Grove-Capture-Key",
+        "X-Grove-Call-Id",
+        "X-Grove-Attempt-Token",
+    ]
