@@ -13,8 +13,8 @@ each HTTP request (``capture/limits.py`` states the rules):
    then parses it and checks its
    structure (``grove.capture.limits.check_document``);
 5. hands the application the body it read, then the client's own ``receive()`` (so the app still
-   sees a disconnect), and the parsed document in the scope (``PARSED_BODY``): the gateway's
-   routes (``CheckedBodyRoute``) validate that document, so a body is parsed once.
+   sees a disconnect); the body and its parsed document are in the scope too (``CHECKED_BODY``),
+   where the gateway's routes (``CheckedBodyRoute``) take them: a body is parsed once.
 
 A refusal is answered here, as every gateway refusal is, with OpenAI's error object and
 ``Connection: close`` (the rest of an unread body is never read), and the application never
@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 from fastapi import Request, Response
@@ -35,7 +36,7 @@ from fastapi.routing import APIRoute
 from grove.capture.limits import GatewayLimits, LimitExceeded, check_document, json_shape
 from grove.capture.wire import ErrorBody, ErrorDetail
 
-__all__ = ["PARSED_BODY", "BodyLimits", "CheckedBodyRequest", "CheckedBodyRoute"]
+__all__ = ["CHECKED_BODY", "BodyLimits", "CheckedBody", "CheckedBodyRequest", "CheckedBodyRoute"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -43,8 +44,21 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-PARSED_BODY: Final = "grove.parsed_body"
-"""Scope key: the JSON document ``BodyLimits`` parsed from the body (absent: not JSON, or empty)."""
+CHECKED_BODY: Final = "grove.checked_body"
+"""Scope key: the request's ``CheckedBody``."""
+_UNPARSED: Final = object()
+
+
+@dataclass
+class CheckedBody:
+    """A request body as ``BodyLimits`` read and checked it: its bytes, the JSON document parsed
+    from them (``_UNPARSED``: empty, or not JSON), and whether a reader has taken the bytes (the
+    first reader does, through ``receive()`` or a ``CheckedBodyRequest``; later reads of
+    ``receive()`` go to the client's own)."""
+
+    data: bytes
+    document: Any = _UNPARSED
+    taken: bool = False
 
 
 class BodyLimits:
@@ -64,17 +78,15 @@ class BodyLimits:
             body = await self._read(scope, receive)
             if body is None:
                 return  # the client went away before its body arrived: nothing to answer
-            self._check(scope, body)
+            checked = scope[CHECKED_BODY] = CheckedBody(body, self._check(scope, body))
         except LimitExceeded as refusal:
             await _refuse(send, refusal)
             return
-        delivered = False
 
         async def replay() -> Message:
-            nonlocal delivered
-            if delivered:
+            if checked.taken:
                 return await receive()
-            delivered = True
+            checked.taken = True
             return {"type": "http.request", "body": body, "more_body": False}
 
         await self.app(scope, replay, send)
@@ -127,10 +139,11 @@ class BodyLimits:
             ) from None
         return b"".join(chunks)
 
-    def _check(self, scope: Scope, body: bytes) -> None:
-        """JSON depth and size on the bytes, then the parsed body's structure."""
+    def _check(self, scope: Scope, body: bytes) -> Any:
+        """JSON depth and size on the bytes, then the parsed body's structure; the document
+        (``_UNPARSED``: empty, or not JSON)."""
         if not body:
-            return
+            return _UNPARSED
         depth, containers = json_shape(body)
         if containers > self.limits.max_json_containers:
             raise LimitExceeded(
@@ -151,9 +164,9 @@ class BodyLimits:
         try:
             document = json.loads(body)
         except (ValueError, RecursionError):
-            return  # not JSON: the application refuses it with its own message
+            return _UNPARSED  # not JSON: the application refuses it with its own message
         check_document(document, scope.get("path", ""), self.limits)
-        scope[PARSED_BODY] = document
+        return document
 
 
 def _poll(receive: Receive) -> Message | None:
@@ -206,14 +219,25 @@ async def _refuse(send: Send, refusal: LimitExceeded) -> None:
 
 
 class CheckedBodyRequest(Request):
-    """The request a gateway route sees: ``json()`` answers the document ``BodyLimits`` parsed
-    (the same ``json.loads`` result) instead of parsing the body again, and
-    ``is_disconnected()`` asks ``receive()`` without an AnyIO cancel scope."""
+    """The request a gateway route sees: ``body()`` and ``json()`` answer what ``BodyLimits``
+    read and parsed (the same bytes and ``json.loads`` result) instead of reading and parsing
+    the body again, and ``is_disconnected()`` asks ``receive()`` without an AnyIO cancel scope."""
+
+    async def body(self) -> bytes:
+        """The body the door read, when no reader has taken it yet; else Starlette's."""
+        checked = self.scope.get(CHECKED_BODY)
+        if checked is None or checked.taken or hasattr(self, "_body"):
+            return await super().body()
+        checked.taken = True
+        self._body = checked.data
+        return self._body
 
     async def json(self) -> Any:
         """The parsed body (parsed here only when the door did not)."""
-        document = self.scope.get(PARSED_BODY, _UNPARSED)
-        return await super().json() if document is _UNPARSED else document
+        checked = self.scope.get(CHECKED_BODY)
+        if checked is None or checked.document is _UNPARSED:
+            return await super().json()
+        return checked.document
 
     async def is_disconnected(self) -> bool:
         """Whether the client went away, asked without waiting, as Starlette asks: ``receive()``
@@ -222,9 +246,6 @@ class CheckedBodyRequest(Request):
             message = _poll(self._receive)
             self._is_disconnected = message is not None and message["type"] == "http.disconnect"
         return self._is_disconnected
-
-
-_UNPARSED: Final = object()
 
 
 class CheckedBodyRoute(APIRoute):

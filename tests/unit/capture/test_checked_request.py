@@ -1,25 +1,40 @@
 """The request a gateway route sees (``capture/body_limits.py``, ``CheckedBodyRequest``): the
-body the door parsed, and a disconnect check that never waits."""
+body the door read and parsed, and a disconnect check that never waits."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
-from grove.capture.body_limits import PARSED_BODY, CheckedBodyRequest
+from grove.capture.body_limits import CHECKED_BODY, CheckedBody, CheckedBodyRequest
 
 
 def request(receive: Any, **scope: Any) -> CheckedBodyRequest:
     return CheckedBodyRequest({"type": "http", "headers": [], **scope}, receive)
 
 
+async def unread() -> dict[str, Any]:
+    raise AssertionError("the body is not read again")
+
+
 def test_json_answers_the_document_the_door_parsed_without_reading_the_body():
     document = {"messages": []}
+    checked = CheckedBody(b'{"messages": []}', document)
+    assert asyncio.run(request(unread, **{CHECKED_BODY: checked}).json()) is document
 
+
+def test_body_answers_the_bytes_the_door_read_and_takes_them():
+    checked = CheckedBody(b'{"messages": []}', {"messages": []})
+    assert asyncio.run(request(unread, **{CHECKED_BODY: checked}).body()) == checked.data
+    assert checked.taken
+
+
+def test_a_body_another_reader_took_is_read_from_receive():
     async def receive() -> dict[str, Any]:
-        raise AssertionError("the body is not read again")
+        return {"type": "http.request", "body": b"[]", "more_body": False}
 
-    assert asyncio.run(request(receive, **{PARSED_BODY: document}).json()) is document
+    checked = CheckedBody(b"[]", [], taken=True)
+    assert asyncio.run(request(receive, **{CHECKED_BODY: checked}).body()) == b"[]"
 
 
 def test_json_parses_the_body_when_the_door_did_not():
