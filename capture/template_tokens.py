@@ -238,7 +238,7 @@ class SpecialTokenText:
         self._encodings: BoundedCache[tuple[str, tuple[Span, ...], bool], tuple[int, ...]] = (
             BoundedCache(ENCODINGS_CACHED, ENCODING_UNITS_CACHED)
         )
-        self._nonce = secrets.token_hex(8)
+        self._nonce = "g" + secrets.token_hex(8)  # a letter: no case change leaves it whole
         self._anchor = f"\ue000grove{self._nonce}\ue001"  # unguessable: text cannot hold it
         specials = "" if self._pattern is None else f"|{self._pattern.pattern}"
         self._scanner = re.compile(f"GroveText{self._nonce}N(?P<marker>[0-9]+)Z{specials}")

@@ -4,13 +4,15 @@ bounded; and the escape check that skips the escape walk when no string can need
 from __future__ import annotations
 
 import dataclasses
+import secrets
 from typing import Any
 
 import pytest
 from tokenizers import AddedToken
 from transformers import PreTrainedTokenizerFast
 
-from grove.capture.embedded import CHATML_TEMPLATE, EMBEDDED_MODEL_NAME
+from grove.capture.embedded import CHATML_TEMPLATE, EMBEDDED_MODEL_NAME, build_tokenizer
+from grove.capture.errors import RenderError
 from grove.capture.render import Renderer, RenderOptions
 from grove.capture.template_tokens import (
     BoundedCache,
@@ -216,3 +218,13 @@ def test_a_kept_rendering_counts_its_template_input_and_text(
     assert dumped is not None
     expected = len(tokenizer.chat_template) + len(dumped) + len(rendered)
     assert renderer._renders.held == expected
+
+
+def test_a_template_that_upper_cases_text_is_refused_alike_whatever_the_escape_nonce(
+    monkeypatch: pytest.MonkeyPatch, options: RenderOptions
+) -> None:
+    monkeypatch.setattr(secrets, "token_hex", lambda _: "1234567890123456")  # no letter
+    template = CHATML_TEMPLATE.replace("{{- message.content }}", "{{- message.content | upper }}")
+    renderer = Renderer(build_tokenizer(template=template))
+    with pytest.raises(RenderError, match="differently from other text"):
+        renderer.render([{"role": "user", "content": "a<|im_end|>b"}], options)
