@@ -16,6 +16,7 @@ import functools
 import json
 import os
 import pstats
+import re
 import select
 import socket
 import subprocess
@@ -78,18 +79,35 @@ class InstantEngine:
 ROUTE: Final = contextvars.ContextVar[str]("bench_route", default="other")
 
 
-def thread_cpu_s() -> dict[str, float]:
-    """The CPU seconds so far of this process's live threads by name, threads of one name summed
-    (the event loop's ``grove-gateway``, the route bodies' ``AnyIO worker thread``, the intent
-    pool's ``grove-intent_0``); empty where threads have no CPU clocks (not POSIX)."""
-    spent: dict[str, float] = {}
+def thread_cpu_s() -> dict[int, tuple[str, float]]:
+    """Each live thread's name and CPU seconds so far, by thread id (empty where threads have no
+    CPU clocks: not POSIX)."""
+    spent: dict[int, tuple[str, float]] = {}
     for thread in threading.enumerate():
         if thread.ident is None or not hasattr(time, "pthread_getcpuclockid"):
             continue
         with contextlib.suppress(OSError):  # the thread ended meanwhile
             seconds = time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
-            spent[thread.name] = spent.get(thread.name, 0.0) + seconds
+            spent[thread.ident] = (thread.name, seconds)
     return spent
+
+
+def threads_spent(
+    before: Mapping[int, tuple[str, float]], now: Mapping[int, tuple[str, float]]
+) -> dict[str, float]:
+    """CPU seconds spent between two ``thread_cpu_s`` readings by kind of thread: its name
+    without a pool's index (the event loop's ``grove-gateway``, the route bodies' ``AnyIO worker
+    thread``, the intent pool's ``grove-intent``), threads of one kind summed. A thread that
+    ended in between is not counted; one that started since counts from zero (also where it took
+    an ended thread's id)."""
+    spent: dict[str, float] = {}
+    for ident, (name, seconds) in now.items():
+        kind = re.sub(r"_\d+$", "", name)
+        earlier = before.get(ident)
+        if earlier is not None and earlier[0] == name and earlier[1] <= seconds:
+            seconds -= earlier[1]
+        spent[kind] = spent.get(kind, 0.0) + seconds
+    return {kind: seconds for kind, seconds in spent.items() if seconds > 0}
 
 
 class StageClock:
@@ -153,7 +171,7 @@ class StageClock:
             setattr(owner, attribute, self.wrap(name, original, nested=nested))
 
     def take(self) -> dict[str, Any]:
-        """Since the last take: ``{"cpu_s": process CPU time, "threads": {thread name: CPU s},
+        """Since the last take: ``{"cpu_s": process CPU time, "threads": {thread kind: CPU s},
         "routes": {route: {name: [count, inclusive wall s, own wall s or None, own CPU s or
         None]}}}``."""
         with self._lock:
@@ -161,13 +179,12 @@ class StageClock:
             cpu, self._cpu = time.process_time() - self._cpu, time.process_time()
             now, before = thread_cpu_s(), self._threads
             self._threads = now
-        spent = {name: s - before.get(name, 0.0) for name, s in now.items()}
         routes: dict[str, dict[str, list[Any]]] = {}
         for (route, name), total in totals.items():
             routes.setdefault(route, {})[name] = total
         return {
             "cpu_s": cpu,
-            "threads": {n: s for n, s in spent.items() if s > 0},
+            "threads": threads_spent(before, now),
             "routes": routes,
         }
 

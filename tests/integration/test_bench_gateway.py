@@ -35,6 +35,6 @@ def test_gateway_bench_reports_every_figure_for_sqlite_at_each_concurrency() -> 
     stages = report["stages_per_call"]["sqlite+local"]["1"]
     for stage in ("server request", "intent append", "commit append", "blob put"):
         assert stage in stages["wall_ms"]
-    for thread in ("grove-gateway", "AnyIO worker thread", "grove-intent_0"):
+    for thread in ("grove-gateway", "AnyIO worker thread", "grove-intent"):
         assert stages["cpu_ms"][f"thread: {thread}"] > 0
     assert "server request" in report["stages_per_call"]["plain"]["1"]["wall_ms"]
