@@ -36,7 +36,12 @@ from grove.capture.template_tokens import (
     TemplateTokenError,
     plain_repr,
 )
-from grove.ledger.admission import ASSISTANT_ROLE, PREFIX_DIGEST_SEED, AdmissionItem
+from grove.ledger.admission import (
+    ASSISTANT_ROLE,
+    PREFIX_DIGEST_SEED,
+    AdmissionItem,
+    prefix_digests,
+)
 from grove.ledger.events import ReplaySummary
 
 __all__ = [
@@ -384,22 +389,16 @@ def replay_summary(
 ) -> ReplaySummary:
     """The replay summary of ``items`` (a request, or a request plus its output) under options;
     ``chains``: their prefix digests (``prefix_digests``) where the caller has them."""
-    if chains:
-        return ReplaySummary(
-            normalization_version=NORMALIZATION_VERSION,
-            item_count=len(items),
-            source_digest=chains[-1][0],
-            canonical_source_digest=chains[-1][1],
-            render_options_digest=render_options_digest,
-        )
-    empty = ReplaySummary(
+    if chains is None:
+        chains = list(prefix_digests(items))
+    strict, canonical = chains[-1] if chains else (PREFIX_DIGEST_SEED, PREFIX_DIGEST_SEED)
+    return ReplaySummary(
         normalization_version=NORMALIZATION_VERSION,
-        item_count=0,
-        source_digest=PREFIX_DIGEST_SEED,
-        canonical_source_digest=PREFIX_DIGEST_SEED,
+        item_count=len(items),
+        source_digest=strict,
+        canonical_source_digest=canonical,
         render_options_digest=render_options_digest,
     )
-    return empty.extended(items)
 
 
 _BYTE_FALLBACK: Final = re.compile(r"<0x([0-9A-Fa-f]{2})>")
